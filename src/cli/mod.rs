@@ -1,0 +1,227 @@
+//! The `synth` command line: argument definitions, logging setup and the mapping
+//! from outcomes to exit codes (0 ok, 1 quality gate, 2 runtime failure, 78 bad
+//! config, 130 interrupted). Each subcommand lives in its own file.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+mod graph;
+mod inspect;
+mod list;
+mod run;
+mod stats;
+mod validate;
+
+pub const EXIT_OK: i32 = 0;
+pub const EXIT_RUNTIME: i32 = 2;
+pub const EXIT_CONFIG: i32 = 78;
+pub const EXIT_INTERRUPTED: i32 = 130;
+
+#[derive(Parser, Debug)]
+#[command(name = "synth", version, about = "Run data-synthesis pipelines declared in TOML", long_about = None)]
+pub struct Cli {
+    /// More log output (-v debug, -vv trace).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+    /// Only warnings and errors; no progress display.
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
+    /// Log line format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Check a pipeline without network or side effects; report every problem.
+    Validate(ValidateArgs),
+    /// Show the stage graph.
+    Graph(GraphArgs),
+    /// List stage kinds with their options and defaults.
+    List,
+    /// Run a pipeline (incrementally: up-to-date stages are skipped).
+    Run(RunArgs),
+    /// Look into a Parquet file.
+    Inspect(InspectArgs),
+    /// Per-stage figures of the last run in an output directory.
+    Stats(StatsArgs),
+}
+
+/// Options shared by commands that load a pipeline.
+#[derive(Args, Debug, Clone)]
+pub struct PipelineArgs {
+    /// Pipeline file (TOML).
+    pub pipeline: PathBuf,
+    /// Apply the overrides of [profiles.NAME].
+    #[arg(long, value_name = "NAME")]
+    pub profile: Option<String>,
+    /// Short for --profile offline.
+    #[arg(long, conflicts_with = "profile")]
+    pub offline: bool,
+    /// Override a config value by dotted path (e.g. stages.sample.n=100); repeatable.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub sets: Vec<String>,
+}
+
+impl PipelineArgs {
+    pub fn load_options(&self) -> crate::config::LoadOptions {
+        crate::config::LoadOptions {
+            profile: if self.offline {
+                Some("offline".into())
+            } else {
+                self.profile.clone()
+            },
+            sets: self.sets.clone(),
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct ValidateArgs {
+    #[command(flatten)]
+    pub pipeline: PipelineArgs,
+    /// Treat warnings as errors.
+    #[arg(long)]
+    pub deny_warnings: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct GraphArgs {
+    #[command(flatten)]
+    pub pipeline: PipelineArgs,
+    #[arg(long, value_enum, default_value_t = GraphFormat::Text)]
+    pub format: GraphFormat,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum GraphFormat {
+    Text,
+    Dot,
+    Mermaid,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub pipeline: PipelineArgs,
+    /// Output directory (default: the pipeline's output_dir).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Run only this stage (its inputs must be up to date).
+    #[arg(long, value_name = "STAGE", conflicts_with = "from")]
+    pub only: Option<String>,
+    /// Re-run this stage and everything downstream of it.
+    #[arg(long, value_name = "STAGE")]
+    pub from: Option<String>,
+    /// Cap every source at N records.
+    #[arg(long, value_name = "N")]
+    pub limit: Option<u64>,
+    /// Rebuild even when up to date.
+    #[arg(long)]
+    pub force: bool,
+    /// Show what would run and what is up to date; run nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct InspectArgs {
+    /// A Parquet file.
+    pub file: PathBuf,
+    /// Rows to show.
+    #[arg(long, default_value_t = 10)]
+    pub rows: usize,
+    /// Show the schema and file metadata instead of rows.
+    #[arg(long)]
+    pub schema: bool,
+    /// Only rows whose column equals the value (as text).
+    #[arg(long = "where", value_name = "COL=VALUE")]
+    pub filter: Option<String>,
+    /// Print rows as JSON lines instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Truncate table cells to this many characters (0 = never).
+    #[arg(long, default_value_t = 60)]
+    pub width: usize,
+}
+
+#[derive(Args, Debug)]
+pub struct StatsArgs {
+    /// An output directory of `synth run`.
+    pub output_dir: PathBuf,
+    /// Print the figures as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Parse arguments, run the command, return the exit code.
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    init_logging(&cli);
+    match cli.command {
+        Command::Validate(a) => validate::run(&a),
+        Command::Graph(a) => graph::run(&a),
+        Command::List => list::run(),
+        Command::Run(a) => run::run(&a, cli.quiet),
+        Command::Inspect(a) => inspect::run(&a),
+        Command::Stats(a) => stats::run(&a),
+    }
+}
+
+fn init_logging(cli: &Cli) {
+    use tracing_subscriber::EnvFilter;
+    let level = match (cli.quiet, cli.verbose) {
+        (true, _) => "warn",
+        (false, 0) => "info",
+        (false, 1) => "debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_env("SYNTH_LOG").unwrap_or_else(|_| {
+        EnvFilter::new(format!(
+            "{level},hyper=warn,reqwest=warn,h2=warn,rustls=warn,hf_hub=warn"
+        ))
+    });
+    use std::io::IsTerminal;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(|| crate::progress::LogWriter);
+    match cli.log_format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.with_target(false).compact().init(),
+    }
+}
+
+/// Print config diagnostics; returns true when there were errors.
+pub fn report_diagnostics(diags: &crate::config::diag::Diagnostics) -> bool {
+    for d in diags.iter() {
+        eprintln!("{d}");
+    }
+    diags.has_errors()
+}
+
+/// Load a pipeline or print why not.
+pub fn load_or_report(args: &PipelineArgs) -> Result<crate::config::Pipeline, i32> {
+    let (pipeline, diags) = crate::config::load(&args.pipeline, &args.load_options());
+    report_diagnostics(&diags);
+    match pipeline {
+        Some(p) if !diags.has_errors() => Ok(p),
+        _ => {
+            eprintln!(
+                "{}: {} error(s); nothing was run",
+                args.pipeline.display(),
+                diags.n_errors()
+            );
+            Err(EXIT_CONFIG)
+        }
+    }
+}

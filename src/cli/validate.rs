@@ -1,0 +1,82 @@
+//! `synth validate`: check the pipeline (and each of its profiles) without network
+//! or side effects and print every problem as `path:line:col: stage "x": message`.
+
+use std::collections::BTreeSet;
+
+use super::{EXIT_CONFIG, EXIT_OK, ValidateArgs};
+use crate::config::{self, diag::Diagnostics};
+
+pub fn run(args: &ValidateArgs) -> i32 {
+    let opts = args.pipeline.load_options();
+    let (pipeline, mut diags) = config::load(&args.pipeline.pipeline, &opts);
+    // Without an explicit profile, every profile must be valid too.
+    if opts.profile.is_none() {
+        let mut seen: BTreeSet<String> = diags.iter().map(|d| d.to_string()).collect();
+        for name in profile_names(&args.pipeline.pipeline) {
+            let mut o = opts.clone();
+            o.profile = Some(name.clone());
+            let (_, more) = config::load(&args.pipeline.pipeline, &o);
+            let mut extra = Diagnostics::default();
+            for d in more.iter() {
+                if seen.insert(d.to_string()) {
+                    let mut d = d.clone();
+                    d.message = format!("{} (with --profile {name})", d.message);
+                    match d.severity {
+                        config::diag::Severity::Error => {
+                            extra.error(&d.span, d.subject.as_deref(), d.message)
+                        }
+                        config::diag::Severity::Warning => {
+                            extra.warning(&d.span, d.subject.as_deref(), d.message)
+                        }
+                    }
+                }
+            }
+            diags.extend(extra);
+        }
+        diags.sort();
+    }
+    if args.deny_warnings {
+        diags.deny_warnings();
+    }
+    super::report_diagnostics(&diags);
+    let file = args.pipeline.pipeline.display();
+    if diags.has_errors() {
+        eprintln!(
+            "{file}: {} error(s), {} warning(s)",
+            diags.n_errors(),
+            diags.n_warnings()
+        );
+        return EXIT_CONFIG;
+    }
+    match pipeline {
+        Some(p) => {
+            println!(
+                "{file}: valid ({} stages, {} warning(s)); outputs go to {}",
+                p.stages.len(),
+                diags.n_warnings(),
+                p.output_dir.display()
+            );
+            EXIT_OK
+        }
+        None => EXIT_CONFIG,
+    }
+}
+
+/// Names of the `[profiles.*]` tables, read leniently (errors are reported by `load`).
+fn profile_names(path: &std::path::Path) -> Vec<String> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return vec![];
+    };
+    let Ok(doc) = toml::de::DeTable::parse(&text) else {
+        return vec![];
+    };
+    doc.get_ref()
+        .iter()
+        .find(|(k, _)| k.get_ref() == "profiles")
+        .and_then(|(_, v)| {
+            v.get_ref()
+                .as_table()
+                .map(|t| t.keys().map(|k| k.get_ref().to_string()).collect())
+        })
+        .unwrap_or_default()
+}

@@ -1,0 +1,691 @@
+//! Loading a pipeline file into a checked [`Pipeline`]: parse with spans, apply the
+//! profile and `--set` overrides, check the `[pipeline]` table and every stage
+//! against its kind's option schema, build stages, check the graph (unknown inputs,
+//! arity, cycles, unused outputs) and plan columns in topological order.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::datatypes::SchemaRef;
+use serde::Deserialize;
+
+use super::diag::{Diagnostics, did_you_mean, stage_subject};
+use super::node::{self, Node, SourceFile, Span, Table, Value};
+use super::options::{CheckCtx, OptionSpans, OptionSpec, RATIO, Ty, UINT, check_table};
+use crate::dag::Graph;
+use crate::stages::{
+    self, Arity, BuildCtx, COMMON_OPTIONS, KindInfo, PlanCtx, PlanInput, Role, Stage,
+};
+
+/// Top-level tables of a pipeline file.
+pub const TOP_LEVEL: &[&str] = &["pipeline", "stages", "profiles"];
+
+const PIPELINE_OPTIONS: &[OptionSpec] = &[
+    OptionSpec::optional("name", Ty::Str, "pipeline name (default: the file name)"),
+    OptionSpec::optional("description", Ty::Str, "free text").runtime_only(),
+    OptionSpec::default("seed", UINT, "0", "seed every random choice derives from"),
+    OptionSpec::default(
+        "root",
+        Ty::Str,
+        "\".\"",
+        "directory relative paths are resolved against, relative to this file",
+    ),
+    OptionSpec::optional(
+        "output_dir",
+        Ty::Str,
+        "where outputs go, relative to root (default: outputs/<name>)",
+    ),
+    OptionSpec::default(
+        "max_failure_ratio",
+        RATIO,
+        "0.05",
+        "default share of failed records that aborts a run",
+    ),
+];
+
+pub fn pipeline_options() -> &'static [OptionSpec] {
+    PIPELINE_OPTIONS
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct LoadOptions {
+    pub profile: Option<String>,
+    /// `KEY=VALUE` overrides, applied after the profile, in order.
+    pub sets: Vec<String>,
+}
+
+/// A stage as configured and built.
+pub struct StageDecl {
+    pub name: String,
+    pub kind: &'static KindInfo,
+    pub inputs: Vec<String>,
+    /// Checked options (defaults filled), including the common keys.
+    pub options: serde_json::Value,
+    pub spans: OptionSpans,
+    pub span: Span,
+    pub max_failure_ratio: f64,
+    pub stage: Box<dyn Stage>,
+    /// Columns known at plan time.
+    pub planned_schema: Option<SchemaRef>,
+    /// Local files the stage reads (from planning), hashed into its fingerprint.
+    pub files: Vec<PathBuf>,
+}
+
+/// A checked pipeline: safe to run.
+pub struct Pipeline {
+    pub file: Arc<SourceFile>,
+    /// BLAKE3 of the pipeline file's bytes.
+    pub file_hash: String,
+    pub root: PathBuf,
+    pub name: String,
+    pub seed: u64,
+    pub output_dir: PathBuf,
+    pub profile: Option<String>,
+    pub stages: Vec<StageDecl>,
+    pub graph: Graph,
+    /// The resolved document (profile and overrides applied, `profiles` removed).
+    pub resolved: serde_json::Value,
+}
+
+impl Pipeline {
+    pub fn stage_index(&self, name: &str) -> Option<usize> {
+        self.stages.iter().position(|s| s.name == name)
+    }
+}
+
+#[derive(Deserialize)]
+struct PipelineTable {
+    name: Option<String>,
+    seed: u64,
+    root: String,
+    output_dir: Option<String>,
+    max_failure_ratio: f64,
+}
+
+/// Load and check a pipeline file. Returns the pipeline when there is no error, and
+/// every diagnostic (errors and warnings) found.
+pub fn load(path: &Path, opts: &LoadOptions) -> (Option<Pipeline>, Diagnostics) {
+    let mut diags = Diagnostics::default();
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) => {
+            let file = SourceFile::new(path, String::new());
+            diags.error(
+                &Span::file(&file, 0..0),
+                None,
+                format!("cannot read pipeline file: {e}"),
+            );
+            return (None, diags);
+        }
+    };
+    let file_hash = blake3::hash(&bytes).to_hex().to_string();
+    let text = match String::from_utf8(bytes) {
+        Ok(t) => t,
+        Err(e) => {
+            let valid = e.utf8_error().valid_up_to();
+            let text = String::from_utf8_lossy(e.as_bytes()).to_string();
+            let file = SourceFile::new(path, text);
+            diags.error(
+                &Span::file(&file, valid..valid),
+                None,
+                "pipeline file is not valid UTF-8",
+            );
+            return (None, diags);
+        }
+    };
+    let file = SourceFile::new(path, text);
+    let (doc, errors) = toml::de::DeTable::parse_recoverable(&file.text);
+    for e in &errors {
+        let range = e.span().unwrap_or(0..0);
+        diags.error(
+            &Span::file(&file, range),
+            None,
+            format!("TOML syntax: {}", e.message()),
+        );
+    }
+    if !errors.is_empty() {
+        return (None, diags);
+    }
+    let mut root = node::from_de_table(&file, doc.get_ref());
+
+    // Profiles: one file, several ways to run it.
+    let profiles = root.remove("profiles");
+    if let Some(profiles) = &profiles
+        && profiles.node.as_table().is_none()
+    {
+        diags.error(
+            &profiles.node.span,
+            None,
+            "\"profiles\" must be a table of [profiles.NAME] tables",
+        );
+    }
+    if let Some(name) = &opts.profile {
+        let table = profiles.as_ref().and_then(|p| p.node.as_table());
+        match table.and_then(|t| t.get(name)) {
+            Some(entry) => match &entry.node.value {
+                Value::Table(overlay) => {
+                    if overlay.get("profiles").is_some() {
+                        diags.error(
+                            &entry.node.span,
+                            None,
+                            format!("profile \"{name}\" cannot define profiles"),
+                        );
+                    }
+                    root.merge(overlay.clone())
+                }
+                other => diags.error(
+                    &entry.node.span,
+                    None,
+                    format!(
+                        "profile \"{name}\" must be a table, found {}",
+                        other.type_name()
+                    ),
+                ),
+            },
+            None => {
+                let names: Vec<&str> = table.map(|t| t.keys().collect()).unwrap_or_default();
+                let hint = did_you_mean(name, names.iter().copied()).unwrap_or_default();
+                let span = profiles
+                    .as_ref()
+                    .map(|p| p.key_span.clone())
+                    .unwrap_or_else(|| Span::file(&file, 0..0));
+                diags.error(
+                    &span,
+                    None,
+                    format!(
+                        "no profile \"{name}\"{hint} (profiles in this file: {})",
+                        if names.is_empty() {
+                            "none".to_string()
+                        } else {
+                            names.join(", ")
+                        }
+                    ),
+                );
+            }
+        }
+    }
+    for set in &opts.sets {
+        apply_set(&mut root, set, &mut diags);
+    }
+
+    let pipeline = check(
+        file.clone(),
+        file_hash,
+        root,
+        opts.profile.clone(),
+        &mut diags,
+    );
+    diags.sort();
+    if diags.has_errors() {
+        (None, diags)
+    } else {
+        (pipeline, diags)
+    }
+}
+
+fn apply_set(root: &mut Table, set: &str, diags: &mut Diagnostics) {
+    let arg: Arc<str> = Arc::from(set);
+    let span = Span {
+        origin: node::Origin::Arg(arg.clone()),
+        start: 0,
+        end: 0,
+    };
+    let Some((key, value)) = set.split_once('=') else {
+        diags.error(&span, None, "expected KEY=VALUE (e.g. stages.sample.n=100)");
+        return;
+    };
+    let path: Vec<String> = key
+        .trim()
+        .split('.')
+        .map(|s| s.trim().trim_matches('"').to_string())
+        .collect();
+    if path.iter().any(String::is_empty) {
+        diags.error(&span, None, format!("bad key \"{key}\""));
+        return;
+    }
+    let node = node::parse_arg_value(&arg, value.trim());
+    if let Err(e) = root.set_path(&path, node, &span) {
+        diags.error(&span, None, format!("cannot set \"{key}\": {e}"));
+    }
+}
+
+/// Lexically clean a path: drop `.` components and fold `dir/..` (no filesystem access).
+pub fn normalize(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if matches!(out.components().next_back(), Some(Component::Normal(_))) {
+                    out.pop();
+                } else {
+                    out.push("..");
+                }
+            }
+            other => out.push(other.as_os_str()),
+        }
+    }
+    if out.as_os_str().is_empty() {
+        PathBuf::from(".")
+    } else {
+        out
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        && !name.starts_with('-')
+        && !name.starts_with('_')
+}
+
+fn check(
+    file: Arc<SourceFile>,
+    file_hash: String,
+    root: Table,
+    profile: Option<String>,
+    diags: &mut Diagnostics,
+) -> Option<Pipeline> {
+    let file_span = Span::file(&file, 0..0);
+    for entry in &root.entries {
+        if !TOP_LEVEL.contains(&entry.key.as_str()) {
+            let hint = did_you_mean(&entry.key, TOP_LEVEL.iter().copied()).unwrap_or_default();
+            diags.error(
+                &entry.key_span,
+                None,
+                format!("unknown top-level table \"{}\"{hint}", entry.key),
+            );
+        }
+    }
+    let base_dir = file
+        .path
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let base_dir = if base_dir.as_os_str().is_empty() {
+        PathBuf::from(".")
+    } else {
+        base_dir
+    };
+
+    // [pipeline]
+    let empty = Table::default();
+    let (ptable, pspan) = match root.get("pipeline") {
+        Some(e) => match e.node.as_table() {
+            Some(t) => (t, e.node.span.clone()),
+            None => {
+                diags.error(&e.node.span, None, "\"pipeline\" must be a table");
+                (&empty, file_span.clone())
+            }
+        },
+        None => (&empty, file_span.clone()),
+    };
+    let mut pspans = OptionSpans {
+        table: Some(pspan.clone()),
+        ..Default::default()
+    };
+    let pctx = CheckCtx {
+        root: &base_dir,
+        subject: Some("[pipeline]"),
+        extra_keys: &[],
+    };
+    let pjson = check_table(
+        ptable,
+        &pspan,
+        PIPELINE_OPTIONS,
+        &pctx,
+        "",
+        &mut pspans,
+        diags,
+    );
+    let ptable: Option<PipelineTable> =
+        serde_json::from_value(serde_json::Value::Object(pjson)).ok();
+    let root_dir = normalize(
+        &ptable
+            .as_ref()
+            .map(|p| base_dir.join(&p.root))
+            .unwrap_or_else(|| base_dir.clone()),
+    );
+    let name = ptable
+        .as_ref()
+        .and_then(|p| p.name.clone())
+        .unwrap_or_else(|| {
+            file.path
+                .file_stem()
+                .map(|s| s.to_string_lossy().to_string())
+                .unwrap_or_else(|| "pipeline".into())
+        });
+    let default_ratio = ptable.as_ref().map(|p| p.max_failure_ratio).unwrap_or(0.05);
+
+    // [stages.NAME]
+    let mut decls: Vec<StageDecl> = Vec::new();
+    let mut input_spans: Vec<Vec<Span>> = Vec::new();
+    let mut all_names: Vec<String> = Vec::new();
+    match root.get("stages") {
+        None => diags.error(
+            &file_span,
+            None,
+            "no [stages] table: a pipeline needs at least one stage",
+        ),
+        Some(e) => match e.node.as_table() {
+            None => diags.error(
+                &e.node.span,
+                None,
+                "\"stages\" must be a table of [stages.NAME] tables",
+            ),
+            Some(stages) => {
+                for entry in &stages.entries {
+                    all_names.push(entry.key.clone());
+                    if let Some((decl, spans)) = check_stage(
+                        &entry.key,
+                        &entry.key_span,
+                        &entry.node,
+                        &root_dir,
+                        default_ratio,
+                        diags,
+                    ) {
+                        decls.push(decl);
+                        input_spans.push(spans);
+                    }
+                }
+            }
+        },
+    }
+
+    let (graph, broken) = check_graph(&decls, &input_spans, &all_names, diags);
+    plan(&mut decls, &graph, &broken, &root_dir, diags);
+    let graph = (!broken.iter().any(|b| *b)).then_some(graph);
+
+    let mut resolved = Node {
+        span: file_span,
+        value: Value::Table(root),
+    }
+    .to_json();
+    if let Some(obj) = resolved.as_object_mut() {
+        obj.remove("profiles");
+    }
+    let ptable = ptable?;
+    let output_dir = normalize(
+        &root_dir.join(
+            ptable
+                .output_dir
+                .clone()
+                .unwrap_or_else(|| format!("outputs/{name}")),
+        ),
+    );
+    Some(Pipeline {
+        file,
+        file_hash,
+        root: root_dir,
+        name,
+        seed: ptable.seed,
+        output_dir,
+        profile,
+        stages: decls,
+        graph: graph?,
+        resolved,
+    })
+}
+
+fn check_stage(
+    name: &str,
+    key_span: &Span,
+    node: &Node,
+    root: &Path,
+    default_ratio: f64,
+    diags: &mut Diagnostics,
+) -> Option<(StageDecl, Vec<Span>)> {
+    let subject = stage_subject(name);
+    if !valid_name(name) {
+        diags.error(
+            key_span,
+            Some(&subject),
+            "stage names use letters, digits, '_' and '-' (and start with a letter or digit)",
+        );
+    }
+    let Some(table) = node.as_table() else {
+        diags.error(
+            &node.span,
+            Some(&subject),
+            format!("a stage must be a table, found {}", node.value.type_name()),
+        );
+        return None;
+    };
+    let kind_entry = match table.get("kind") {
+        Some(k) => k,
+        None => {
+            diags.error(
+                key_span,
+                Some(&subject),
+                "missing required option \"kind\" (see `synth list`)",
+            );
+            return None;
+        }
+    };
+    let Some(kind_name) = kind_entry.node.as_str() else {
+        diags.error(
+            &kind_entry.node.span,
+            Some(&subject),
+            "\"kind\" must be a string",
+        );
+        return None;
+    };
+    let Some(kind) = stages::kind(kind_name) else {
+        let hint =
+            did_you_mean(kind_name, stages::KINDS.iter().map(|k| k.name)).unwrap_or_default();
+        diags.error(
+            &kind_entry.node.span,
+            Some(&subject),
+            format!(
+                "unknown stage kind \"{kind_name}\"{hint} (kinds: {})",
+                stages::KINDS
+                    .iter()
+                    .map(|k| k.name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        );
+        return None;
+    };
+    let specs: Vec<OptionSpec> = COMMON_OPTIONS.iter().chain(kind.options).copied().collect();
+    let mut spans = OptionSpans {
+        table: Some(key_span.clone()),
+        ..Default::default()
+    };
+    let ctx = CheckCtx {
+        root,
+        subject: Some(&subject),
+        extra_keys: &[],
+    };
+    let before = diags.n_errors();
+    let options = serde_json::Value::Object(check_table(
+        table, key_span, &specs, &ctx, "", &mut spans, diags,
+    ));
+    let inputs: Vec<String> = options["inputs"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let input_spans: Vec<Span> = match table.get("inputs").map(|e| &e.node.value) {
+        Some(Value::Array(items)) => items.iter().map(|n| n.span.clone()).collect(),
+        _ => vec![key_span.clone(); inputs.len()],
+    };
+    let max_failure_ratio = options
+        .get("max_failure_ratio")
+        .and_then(|v| v.as_f64())
+        .unwrap_or(default_ratio);
+    if diags.n_errors() > before {
+        return None;
+    }
+    let build_ctx = BuildCtx {
+        name,
+        options: &options,
+        spans: &spans,
+        root,
+    };
+    let stage = (kind.build)(&build_ctx, diags)?;
+    Some((
+        StageDecl {
+            name: name.to_string(),
+            kind,
+            inputs,
+            options,
+            spans,
+            span: key_span.clone(),
+            max_failure_ratio,
+            stage,
+            planned_schema: None,
+            files: Vec::new(),
+        },
+        input_spans,
+    ))
+}
+
+/// Inputs must name stages, arity must fit, no cycles; unused outputs are warnings.
+/// Returns the graph of the stages that built, and which of them have a broken
+/// neighbourhood (bad inputs, arity, cycles); the pipeline is runnable when none is.
+fn check_graph(
+    decls: &[StageDecl],
+    input_spans: &[Vec<Span>],
+    all_names: &[String],
+    diags: &mut Diagnostics,
+) -> (Graph, Vec<bool>) {
+    let names: Vec<&str> = decls.iter().map(|d| d.name.as_str()).collect();
+    let mut edges: Vec<Vec<usize>> = vec![Vec::new(); decls.len()];
+    let mut broken = vec![all_names.len() != decls.len(); decls.len()];
+    for (i, d) in decls.iter().enumerate() {
+        let mut ok = true;
+        let subject = stage_subject(&d.name);
+        for (j, input) in d.inputs.iter().enumerate() {
+            let span = input_spans[i]
+                .get(j)
+                .cloned()
+                .unwrap_or_else(|| d.span.clone());
+            match names.iter().position(|n| n == input) {
+                Some(k) => {
+                    if decls[k].kind.role == Role::Sink {
+                        diags.error(
+                            &span,
+                            Some(&subject),
+                            format!(
+                                "input \"{input}\" is a sink ({}); sinks have no output to read",
+                                decls[k].kind.name
+                            ),
+                        );
+                        ok = false;
+                    }
+                    if edges[i].contains(&k) {
+                        diags.error(
+                            &span,
+                            Some(&subject),
+                            format!("input \"{input}\" is listed twice"),
+                        );
+                        ok = false;
+                    }
+                    edges[i].push(k);
+                }
+                // A stage with errors of its own: already reported.
+                None if all_names.contains(input) => ok = false,
+                None => {
+                    let hint = did_you_mean(input, all_names.iter().map(String::as_str))
+                        .unwrap_or_default();
+                    diags.error(
+                        &span,
+                        Some(&subject),
+                        format!("unknown input \"{input}\"{hint}: no stage has that name"),
+                    );
+                    ok = false;
+                }
+            }
+        }
+        let n = d.inputs.len();
+        let arity_msg = match d.kind.arity {
+            Arity::None if n > 0 => Some(format!("a {} stage takes no inputs", d.kind.name)),
+            Arity::Exactly(k) if n != k => Some(format!(
+                "a {} stage takes exactly {k} input{}, found {n}",
+                d.kind.name,
+                if k == 1 { "" } else { "s" }
+            )),
+            Arity::AtLeast(k) if n < k => Some(format!(
+                "a {} stage takes at least {k} input{}, found {n}",
+                d.kind.name,
+                if k == 1 { "" } else { "s" }
+            )),
+            _ => None,
+        };
+        if let Some(msg) = arity_msg {
+            diags.error(&d.spans.get("inputs"), Some(&subject), msg);
+            ok = false;
+        }
+        broken[i] |= !ok;
+    }
+    let graph = Graph::new(edges);
+    for cycle in graph.cycles() {
+        let chain: Vec<&str> = cycle
+            .iter()
+            .chain(std::iter::once(&cycle[0]))
+            .map(|&i| names[i])
+            .collect();
+        let first = &decls[cycle[0]];
+        diags.error(
+            &first.spans.get("inputs"),
+            Some(&stage_subject(&first.name)),
+            format!("cycle: {}", chain.join(" -> ")),
+        );
+        for &i in &cycle {
+            broken[i] = true;
+        }
+    }
+    for (i, d) in decls.iter().enumerate() {
+        if d.kind.role != Role::Sink && graph.consumers[i].is_empty() {
+            diags.warning(
+                &d.span,
+                Some(&stage_subject(&d.name)),
+                "output is not used by any stage and the stage is not a sink (add a sink, or remove the stage)",
+            );
+        }
+    }
+    (graph, broken)
+}
+
+/// Plan columns in topological order, collecting stage-specific diagnostics. Stages
+/// with a broken input are planned with that input's columns unknown.
+fn plan(
+    decls: &mut [StageDecl],
+    graph: &Graph,
+    broken: &[bool],
+    root: &Path,
+    diags: &mut Diagnostics,
+) {
+    for &i in &graph.order {
+        if broken[i] && decls[i].inputs.len() != graph.inputs[i].len() {
+            continue;
+        }
+        let inputs: Vec<PlanInput> = graph.inputs[i]
+            .iter()
+            .map(|&k| PlanInput {
+                name: decls[k].name.clone(),
+                schema: decls[k].planned_schema.clone(),
+            })
+            .collect();
+        let d = &decls[i];
+        let mut ctx = PlanCtx {
+            name: &d.name,
+            spans: &d.spans,
+            root,
+            inputs,
+            diags,
+            files: Vec::new(),
+        };
+        let schema = d.stage.plan(&mut ctx);
+        let files = std::mem::take(&mut ctx.files);
+        decls[i].planned_schema = schema;
+        decls[i].files = files;
+    }
+}

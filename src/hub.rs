@@ -1,0 +1,290 @@
+//! Hugging Face Hub datasets through hf-hub: resolve a revision to a commit, pick
+//! the data files of a config/split, download them into the local cache (or reuse
+//! it), and fall back to the cache alone when the hub cannot be reached.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use hf_hub::api::tokio::{Api, ApiBuilder};
+use hf_hub::{Cache, Repo, RepoType};
+use serde::Deserialize;
+
+/// A dataset (or model) on the hub, as configured in a `source` stage.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HubSpec {
+    pub repo: String,
+    #[serde(default = "default_revision")]
+    pub revision: String,
+    #[serde(default)]
+    pub files: Option<Vec<String>>,
+    #[serde(default)]
+    pub config: Option<String>,
+    #[serde(default)]
+    pub split: Option<String>,
+    #[serde(default = "default_repo_type")]
+    pub repo_type: String,
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    #[serde(default)]
+    pub cache_dir: Option<String>,
+    #[serde(default = "default_token_env")]
+    pub token_env: String,
+}
+
+fn default_revision() -> String {
+    "main".into()
+}
+fn default_repo_type() -> String {
+    "dataset".into()
+}
+fn default_token_env() -> String {
+    "HF_TOKEN".into()
+}
+
+/// Resolved files of a hub dataset, downloaded into the cache.
+#[derive(Debug, Clone)]
+pub struct HubFiles {
+    pub commit: String,
+    /// (path in the repo, local path)
+    pub files: Vec<(String, PathBuf)>,
+}
+
+const DATA_EXTENSIONS: &[&str] = &[".parquet", ".jsonl", ".json", ".csv", ".tsv", ".ndjson"];
+
+impl HubSpec {
+    fn repo_type(&self) -> RepoType {
+        match self.repo_type.as_str() {
+            "model" => RepoType::Model,
+            "space" => RepoType::Space,
+            _ => RepoType::Dataset,
+        }
+    }
+
+    fn cache(&self, root: &Path) -> Cache {
+        match &self.cache_dir {
+            Some(dir) => Cache::new(root.join(dir)),
+            None => Cache::from_env(),
+        }
+    }
+
+    /// Patterns that select data files: the configured `files`, or the usual hub
+    /// layouts for `config`/`split`.
+    pub fn patterns(&self) -> Vec<String> {
+        if let Some(files) = &self.files {
+            return files.clone();
+        }
+        let split = self.split.clone().unwrap_or_else(|| "train".into());
+        let mut out = Vec::new();
+        if let Some(config) = &self.config {
+            out.push(format!("{config}/{split}-*"));
+            out.push(format!("{config}/{split}/*"));
+            out.push(format!("data/{config}/{split}-*"));
+            out.push(format!("{config}/*{split}*"));
+        }
+        out.push(format!("data/{split}-*"));
+        out.push(format!("data/{split}/*"));
+        out.push(format!("{split}-*"));
+        out.push(format!("{split}.*"));
+        out
+    }
+
+    fn api(&self, root: &Path) -> Result<Api> {
+        let mut builder = ApiBuilder::from_env().with_progress(false);
+        if let Some(endpoint) = &self.endpoint {
+            builder = builder.with_endpoint(endpoint.trim_end_matches('/').to_string());
+        }
+        if let Some(dir) = &self.cache_dir {
+            builder = builder.with_cache_dir(root.join(dir));
+        }
+        let token = std::env::var(&self.token_env)
+            .ok()
+            .filter(|t| !t.is_empty());
+        if token.is_some() {
+            builder = builder.with_token(token);
+        }
+        builder
+            .build()
+            .context("building the Hugging Face Hub client")
+    }
+
+    /// Resolve and download. With `offline_only`, or when the hub cannot be reached,
+    /// use only what the local cache holds.
+    pub async fn resolve(&self, root: &Path, offline_only: bool) -> Result<HubFiles> {
+        if offline_only {
+            return self.from_cache(root);
+        }
+        let api = self.api(root)?;
+        let repo = Repo::with_revision(self.repo.clone(), self.repo_type(), self.revision.clone());
+        let info = match api.repo(repo).info().await {
+            Ok(info) => info,
+            Err(e) => {
+                return self.from_cache(root).map_err(|cache_err| {
+                    anyhow::anyhow!(
+                        "cannot reach the hub for {} ({e}) and the local cache cannot serve it ({cache_err:#})",
+                        self.repo
+                    )
+                });
+            }
+        };
+        let names: Vec<String> = info.siblings.into_iter().map(|s| s.rfilename).collect();
+        let selected = self.select(&names)?;
+        // Download at the resolved commit so every file comes from the same revision.
+        let pinned = api.repo(Repo::with_revision(
+            self.repo.clone(),
+            self.repo_type(),
+            info.sha.clone(),
+        ));
+        let mut files = Vec::new();
+        for name in selected {
+            let path = pinned
+                .get(&name)
+                .await
+                .with_context(|| format!("downloading {name} from {}@{}", self.repo, info.sha))?;
+            files.push((name, path));
+        }
+        // Remember which commit the configured revision pointed to, for offline re-runs.
+        let cache = self.cache(root);
+        let _ = cache
+            .repo(Repo::with_revision(
+                self.repo.clone(),
+                self.repo_type(),
+                self.revision.clone(),
+            ))
+            .create_ref(&info.sha);
+        Ok(HubFiles {
+            commit: info.sha,
+            files,
+        })
+    }
+
+    fn select(&self, names: &[String]) -> Result<Vec<String>> {
+        for pattern in self.patterns() {
+            let glob = globset::GlobBuilder::new(&pattern)
+                .literal_separator(true)
+                .build()
+                .with_context(|| format!("bad file pattern \"{pattern}\""))?
+                .compile_matcher();
+            let mut hits: Vec<String> = names
+                .iter()
+                .filter(|n| {
+                    glob.is_match(n.as_str()) && DATA_EXTENSIONS.iter().any(|ext| n.ends_with(ext))
+                })
+                .cloned()
+                .collect();
+            if !hits.is_empty() {
+                hits.sort();
+                return Ok(hits);
+            }
+        }
+        bail!(
+            "no data file of {} matches {} (files in the repo: {})",
+            self.repo,
+            self.patterns().join(", "),
+            names
+                .iter()
+                .take(20)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    }
+
+    /// Serve from the standard hub cache layout: refs/<revision> -> snapshots/<commit>/...
+    fn from_cache(&self, root: &Path) -> Result<HubFiles> {
+        let cache = self.cache(root);
+        let repo = Repo::with_revision(self.repo.clone(), self.repo_type(), self.revision.clone());
+        let repo_dir = cache.path().join(repo.folder_name());
+        let commit = if is_commit(&self.revision) {
+            self.revision.clone()
+        } else {
+            let ref_path = repo_dir.join("refs").join(&self.revision);
+            std::fs::read_to_string(&ref_path)
+                .with_context(|| {
+                    format!(
+                        "{} is not in the local cache ({})",
+                        self.repo,
+                        ref_path.display()
+                    )
+                })?
+                .trim()
+                .to_string()
+        };
+        let snapshot = repo_dir.join("snapshots").join(&commit);
+        let mut names = Vec::new();
+        let mut stack = vec![snapshot.clone()];
+        while let Some(dir) = stack.pop() {
+            let Ok(read) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in read.flatten() {
+                let p = entry.path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else if let Ok(rel) = p.strip_prefix(&snapshot) {
+                    names.push(rel.to_string_lossy().to_string());
+                }
+            }
+        }
+        if names.is_empty() {
+            bail!(
+                "{}@{commit} has no files in the local cache ({})",
+                self.repo,
+                snapshot.display()
+            );
+        }
+        let selected = self.select(&names)?;
+        let files = selected
+            .into_iter()
+            .map(|n| (n.clone(), snapshot.join(&n)))
+            .collect();
+        Ok(HubFiles { commit, files })
+    }
+}
+
+fn is_commit(rev: &str) -> bool {
+    rev.len() == 40 && rev.chars().all(|c| c.is_ascii_hexdigit())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(files: Option<Vec<&str>>, config: Option<&str>, split: Option<&str>) -> HubSpec {
+        HubSpec {
+            repo: "a/b".into(),
+            revision: "main".into(),
+            files: files.map(|f| f.into_iter().map(String::from).collect()),
+            config: config.map(String::from),
+            split: split.map(String::from),
+            repo_type: "dataset".into(),
+            endpoint: None,
+            cache_dir: None,
+            token_env: "HF_TOKEN".into(),
+        }
+    }
+
+    #[test]
+    fn selects_config_split_files() {
+        let names: Vec<String> = [
+            "README.md",
+            "v2.1/train-00000-of-00002.parquet",
+            "v2.1/train-00001-of-00002.parquet",
+            "v2.1/validation-00000-of-00001.parquet",
+            "v1.1/train-00000-of-00001.parquet",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let s = spec(None, Some("v2.1"), Some("train"));
+        assert_eq!(
+            s.select(&names).unwrap(),
+            vec![
+                "v2.1/train-00000-of-00002.parquet",
+                "v2.1/train-00001-of-00002.parquet"
+            ]
+        );
+        let s = spec(Some(vec!["persona.jsonl"]), None, None);
+        assert!(s.select(&names).is_err());
+    }
+}

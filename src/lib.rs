@@ -1,0 +1,25 @@
+//! synth: a data-synthesis pipeline orchestrator. A pipeline is a TOML file of
+//! stages; stages form a DAG through their `inputs`; every stage output is
+//! materialized as Parquet, fingerprinted and reused when nothing changed.
+//!
+//! Layout (see ARCHITECTURE.md for the invariants):
+//! - [`config`]: TOML → checked [`config::Pipeline`] with `path:line:col` diagnostics.
+//! - [`dag`]: the graph, fingerprints and the scheduler that runs stages.
+//! - [`stages`]: the `Stage` trait and one file per stage kind.
+//! - [`store`]: crash-safe files, Parquet, failures, state records, the manifest.
+//! - [`data`]: records as Arrow batches and their JSON view.
+//! - [`template`]: minijinja templates and expressions over record columns.
+//! - [`hub`]: Hugging Face Hub downloads (hf-hub).
+//! - [`progress`]: progress bars and log lines.
+//! - [`cli`]: the command line.
+
+pub mod cli;
+pub mod config;
+pub mod dag;
+pub mod data;
+pub mod hub;
+pub mod progress;
+pub mod rng;
+pub mod stages;
+pub mod store;
+pub mod template;

@@ -1,0 +1,235 @@
+//! Execution helpers shared by stage kinds: batch-at-a-time transforms on a blocking
+//! thread, and record-at-a-time async processing with bounded concurrency that keeps
+//! input order (so outputs are deterministic) and keeps memory bounded (bounded
+//! channels on both sides, a fixed number of records in flight).
+
+use std::future::Future;
+
+use anyhow::{Context, Result, bail};
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use futures::StreamExt;
+use tokio::sync::mpsc;
+
+use super::{Cancelled, RunCtx};
+use crate::data::{self, Row};
+use crate::store::failures::FailureLog;
+use crate::store::parquet::{ParquetOut, open_reader, stream_batches};
+
+/// Rows per batch read from inputs.
+pub const BATCH_ROWS: usize = 8192;
+/// Rows per batch written by record-at-a-time stages.
+const ROW_BATCH: usize = 256;
+
+/// Transform each input batch with `f` on a blocking thread and write the results.
+/// `f` may record per-record failures in the log it is given.
+pub async fn map_batches<F>(
+    ctx: &mut RunCtx,
+    input: usize,
+    schema: SchemaRef,
+    mut f: F,
+) -> Result<()>
+where
+    F: FnMut(&RecordBatch, &FailureLog) -> Result<RecordBatch> + Send + 'static,
+{
+    let mut out = ctx.create_output(schema)?;
+    let path = ctx.inputs[input].path.clone();
+    let cancel = ctx.cancel.clone();
+    let progress = ctx.progress.clone();
+    let failures = ctx.failures.clone();
+    progress.set_total(ctx.inputs[input].num_rows);
+    let (out, rows_in) = tokio::task::spawn_blocking(move || -> Result<(ParquetOut, u64)> {
+        let reader = open_reader(&path, BATCH_ROWS)?;
+        let mut rows_in = 0u64;
+        for batch in reader {
+            if cancel.is_cancelled() {
+                bail!(Cancelled);
+            }
+            let batch = batch.with_context(|| format!("reading {}", path.display()))?;
+            rows_in += batch.num_rows() as u64;
+            let result = f(&batch, &failures)?;
+            out.write(&result)?;
+            progress.inc(batch.num_rows() as u64);
+        }
+        Ok((out, rows_in))
+    })
+    .await
+    .context("stage worker panicked")??;
+    ctx.report.rows_in = rows_in;
+    ctx.set_output(out)
+}
+
+/// Why one record failed, for the failure table.
+#[derive(Debug, Clone)]
+pub struct RowError {
+    pub kind: String,
+    pub message: String,
+}
+
+impl RowError {
+    pub fn new(kind: &str, message: impl Into<String>) -> RowError {
+        RowError {
+            kind: kind.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+/// A writer running on a blocking thread, fed through a bounded channel.
+pub struct WriterTask {
+    tx: mpsc::Sender<RecordBatch>,
+    handle: tokio::task::JoinHandle<Result<ParquetOut>>,
+}
+
+impl WriterTask {
+    pub fn spawn(mut out: ParquetOut) -> WriterTask {
+        let (tx, mut rx) = mpsc::channel::<RecordBatch>(4);
+        let handle = tokio::task::spawn_blocking(move || {
+            while let Some(batch) = rx.blocking_recv() {
+                out.write(&batch)?;
+            }
+            Ok(out)
+        });
+        WriterTask { tx, handle }
+    }
+
+    pub async fn write(&self, batch: RecordBatch) -> Result<()> {
+        if self.tx.send(batch).await.is_err() {
+            // The writer stopped: its error explains why.
+            bail!("output writer stopped");
+        }
+        Ok(())
+    }
+
+    pub async fn finish(self) -> Result<ParquetOut> {
+        drop(self.tx);
+        self.handle.await.context("writer panicked")?
+    }
+}
+
+/// Process every record of input `input` with `f` (at most `concurrency` at once),
+/// writing the rows it returns in input order. A record for which `f` fails goes
+/// to the failure table; a returned row that does not fit `schema` fails its record.
+/// On cancellation no new record starts; records in flight finish, then the stage
+/// stops with [`Cancelled`] (nothing is committed).
+pub async fn map_rows<F, Fut>(
+    ctx: &mut RunCtx,
+    input: usize,
+    schema: SchemaRef,
+    concurrency: usize,
+    f: F,
+) -> Result<()>
+where
+    F: Fn(Row) -> Fut,
+    Fut: Future<Output = Result<Vec<Row>, RowError>>,
+{
+    let writer = WriterTask::spawn(ctx.create_output(schema.clone())?);
+    let rx = stream_batches(ctx.inputs[input].path.clone(), ROW_BATCH);
+    ctx.progress.set_total(ctx.inputs[input].num_rows);
+    let cancel = ctx.cancel.clone();
+
+    let batches =
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
+    let mut read_error: Option<anyhow::Error> = None;
+    let rows = batches
+        .map(|batch| match batch {
+            Ok(batch) => (0..batch.num_rows())
+                .map(|i| Ok(data::row_json(&batch, i)))
+                .collect::<Vec<_>>(),
+            Err(e) => vec![Err(e)],
+        })
+        .flat_map(futures::stream::iter)
+        .take_until(cancel.clone().cancelled_owned());
+
+    let f = &f;
+    let mut results = std::pin::pin!(
+        rows.map(|row| async move {
+            match row {
+                Ok(row) => {
+                    let id = row
+                        .get(data::ID)
+                        .and_then(|v| v.as_str())
+                        .unwrap_or_default()
+                        .to_string();
+                    let record = serde_json::to_string(&row).ok();
+                    let out = f(row).await;
+                    Ok((id, record, out))
+                }
+                Err(e) => Err(e),
+            }
+        })
+        .buffered(concurrency.max(1))
+    );
+
+    let mut pending: Vec<(String, Option<String>, Vec<Row>)> = Vec::new();
+    let mut n_pending = 0usize;
+    let mut rows_in = 0u64;
+    while let Some(item) = results.next().await {
+        let (id, record, out) = match item {
+            Ok(x) => x,
+            Err(e) => {
+                read_error = Some(e);
+                break;
+            }
+        };
+        rows_in += 1;
+        ctx.progress.inc(1);
+        match out {
+            Ok(rows) => {
+                n_pending += rows.len();
+                pending.push((id, record, rows));
+            }
+            Err(e) => ctx.fail(&id, &e.kind, e.message, record),
+        }
+        if n_pending >= ROW_BATCH {
+            flush_rows(ctx, &schema, &writer, std::mem::take(&mut pending)).await?;
+            n_pending = 0;
+        }
+    }
+    if let Some(e) = read_error {
+        return Err(e);
+    }
+    flush_rows(ctx, &schema, &writer, pending).await?;
+    let out = writer.finish().await?;
+    if cancel.is_cancelled() {
+        bail!(Cancelled);
+    }
+    ctx.report.rows_in = rows_in;
+    ctx.set_output(out)
+}
+
+/// Convert gathered rows to a batch; a record whose rows do not fit the schema fails.
+async fn flush_rows(
+    ctx: &RunCtx,
+    schema: &SchemaRef,
+    writer: &WriterTask,
+    mut groups: Vec<(String, Option<String>, Vec<Row>)>,
+) -> Result<()> {
+    loop {
+        let rows: Vec<Row> = groups.iter().flat_map(|g| g.2.iter().cloned()).collect();
+        if rows.is_empty() {
+            return Ok(());
+        }
+        match data::rows_to_batch(schema, &rows) {
+            Ok(batch) => return writer.write(batch).await,
+            Err((bad_row, e)) => {
+                // Find the record that produced the bad row and fail it.
+                let mut seen = 0;
+                let idx = groups
+                    .iter()
+                    .position(|g| {
+                        seen += g.2.len();
+                        seen > bad_row
+                    })
+                    .expect("row index within groups");
+                let (id, record, _) = groups.remove(idx);
+                ctx.fail(
+                    &id,
+                    "schema",
+                    format!("output does not fit the stage schema: {e}"),
+                    record,
+                );
+            }
+        }
+    }
+}

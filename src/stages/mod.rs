@@ -1,0 +1,399 @@
+//! Stage kinds: the one `Stage` trait, the registry of kinds (one file each, one
+//! line here), and the contexts a stage sees at each phase — build (options from
+//! checked config), plan (columns and checks, no side effects), prepare (resolve
+//! what it reads, for the fingerprint) and run (stream records, write output).
+//!
+//! Stages never see TOML and never commit files: they hand finished temporary files
+//! to the engine, which commits them only when the stage as a whole succeeded.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Result;
+use arrow::datatypes::SchemaRef;
+use async_trait::async_trait;
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::diag::{Diagnostics, stage_subject};
+use crate::config::options::{OptionSpans, OptionSpec};
+use crate::progress::StageProgress;
+use crate::store::atomic::PendingFile;
+use crate::store::failures::FailureLog;
+use crate::store::parquet::{FINGERPRINT_KEY, Footer, ParquetOut, STAGE_KEY};
+use crate::store::state::StageReport;
+
+pub mod concat;
+pub mod exec;
+pub mod filter;
+pub mod join;
+pub mod jsonl;
+pub mod map;
+pub mod parquet;
+pub mod sample;
+pub mod source;
+
+/// Every stage kind synth knows, in the order `synth list` shows them.
+pub static KINDS: &[&KindInfo] = &[
+    &source::KIND,
+    &sample::KIND,
+    &filter::KIND,
+    &map::KIND,
+    &concat::KIND,
+    &join::KIND,
+    &parquet::KIND,
+    &jsonl::KIND,
+];
+
+pub fn kind(name: &str) -> Option<&'static KindInfo> {
+    KINDS.iter().copied().find(|k| k.name == name)
+}
+
+/// What a stage kind is in the graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Reads data from outside the pipeline; takes no inputs.
+    Source,
+    /// Turns inputs into a materialized Parquet output.
+    Transform,
+    /// Writes an export; nothing consumes it.
+    Sink,
+}
+
+/// How many inputs a stage kind takes.
+#[derive(Debug, Clone, Copy)]
+pub enum Arity {
+    None,
+    Exactly(usize),
+    AtLeast(usize),
+}
+
+/// Static description of a stage kind.
+pub struct KindInfo {
+    pub name: &'static str,
+    /// Bump when the kind's output for the same config changes; part of fingerprints.
+    pub version: u32,
+    pub about: &'static str,
+    pub role: Role,
+    pub arity: Arity,
+    pub options: &'static [OptionSpec],
+    /// Whether the output depends on the pipeline seed.
+    pub uses_seed: bool,
+    pub build: fn(&BuildCtx<'_>, &mut Diagnostics) -> Option<Box<dyn Stage>>,
+}
+
+/// Options every stage takes, handled by the engine.
+pub const COMMON_OPTIONS: &[OptionSpec] = &[
+    OptionSpec::required(
+        "kind",
+        crate::config::options::Ty::Str,
+        "stage kind (see `synth list`)",
+    ),
+    OptionSpec::default(
+        "inputs",
+        crate::config::options::Ty::List(&crate::config::options::Ty::Str),
+        "[]",
+        "names of the stages this stage reads",
+    ),
+    OptionSpec::optional(
+        "max_failure_ratio",
+        crate::config::options::RATIO,
+        "abort the run when more than this share of records fail (default: [pipeline] max_failure_ratio)",
+    ),
+    OptionSpec::optional("description", crate::config::options::Ty::Str, "free text")
+        .runtime_only(),
+];
+
+/// The one trait every stage kind implements.
+#[async_trait]
+pub trait Stage: Send + Sync {
+    /// Output columns given the inputs' columns (`None` = not known before running),
+    /// plus stage-specific checks reported through `ctx`. No network, no writes.
+    fn plan(&self, ctx: &mut PlanCtx<'_>) -> Option<SchemaRef>;
+
+    /// Resolve what the stage will read (files, remote revisions) for the fingerprint.
+    /// With `ctx.offline_only` it must not touch the network and may return
+    /// `Ok(None)` for "cannot tell".
+    async fn prepare(&self, _ctx: &PrepareCtx<'_>) -> Result<Option<Prepared>> {
+        Ok(Some(Prepared::default()))
+    }
+
+    /// Produce the output: read inputs, write through `ctx`, record failures.
+    async fn run(&self, ctx: &mut RunCtx) -> Result<()>;
+}
+
+/// Build phase: the checked options of one stage.
+pub struct BuildCtx<'a> {
+    pub name: &'a str,
+    pub options: &'a serde_json::Value,
+    pub spans: &'a OptionSpans,
+    pub root: &'a Path,
+}
+
+impl BuildCtx<'_> {
+    pub fn subject(&self) -> String {
+        stage_subject(self.name)
+    }
+
+    /// Deserialize the options into the kind's struct (they were checked already,
+    /// so an error here is a mismatch between schema and struct, or a value serde rejects).
+    pub fn parse<T: DeserializeOwned>(&self, diags: &mut Diagnostics) -> Option<T> {
+        match serde_json::from_value(strip_common(self.options)) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                diags.error(
+                    &self.spans.get(""),
+                    Some(&self.subject()),
+                    format!("invalid options: {e}"),
+                );
+                None
+            }
+        }
+    }
+
+    pub fn error(&self, diags: &mut Diagnostics, option: &str, message: impl Into<String>) {
+        diags.error(&self.spans.get(option), Some(&self.subject()), message);
+    }
+}
+
+fn strip_common(options: &serde_json::Value) -> serde_json::Value {
+    match options {
+        serde_json::Value::Object(map) => serde_json::Value::Object(
+            map.iter()
+                .filter(|(k, _)| !COMMON_OPTIONS.iter().any(|c| c.name == k.as_str()))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// An input as known at plan time.
+#[derive(Debug, Clone)]
+pub struct PlanInput {
+    pub name: String,
+    pub schema: Option<SchemaRef>,
+}
+
+/// Plan phase context.
+pub struct PlanCtx<'a> {
+    pub name: &'a str,
+    pub spans: &'a OptionSpans,
+    pub root: &'a Path,
+    pub inputs: Vec<PlanInput>,
+    pub diags: &'a mut Diagnostics,
+    /// Local files this stage reads; their content is part of the fingerprint.
+    pub files: Vec<PathBuf>,
+}
+
+impl PlanCtx<'_> {
+    pub fn subject(&self) -> String {
+        stage_subject(self.name)
+    }
+
+    pub fn error(&mut self, option: &str, message: impl Into<String>) {
+        let span = self.spans.get(option);
+        let subject = self.subject();
+        self.diags.error(&span, Some(&subject), message);
+    }
+
+    pub fn warning(&mut self, option: &str, message: impl Into<String>) {
+        let span = self.spans.get(option);
+        let subject = self.subject();
+        self.diags.warning(&span, Some(&subject), message);
+    }
+
+    /// The first input's schema, if known.
+    pub fn input_schema(&self, idx: usize) -> Option<SchemaRef> {
+        self.inputs.get(idx).and_then(|i| i.schema.clone())
+    }
+
+    /// Report each variable a template/expression uses that no input column provides.
+    /// `extra` are names the stage itself provides. Unknown input columns skip the check.
+    pub fn check_variables<'v>(
+        &mut self,
+        option: &str,
+        what: &str,
+        vars: impl IntoIterator<Item = &'v str>,
+        extra: &[&str],
+    ) {
+        let mut available: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        for input in &self.inputs {
+            match &input.schema {
+                Some(s) => available.extend(s.fields().iter().map(|f| f.name().clone())),
+                None => return,
+            }
+        }
+        let mut missing: Vec<&str> = vars
+            .into_iter()
+            .filter(|v| !available.iter().any(|a| a == v) && !crate::template::is_global(v))
+            .collect();
+        missing.sort_unstable();
+        missing.dedup();
+        for var in missing {
+            let hint = crate::config::diag::did_you_mean(var, available.iter().map(String::as_str))
+                .unwrap_or_default();
+            let inputs = self
+                .inputs
+                .iter()
+                .map(|i| format!("\"{}\"", i.name))
+                .collect::<Vec<_>>()
+                .join(", ");
+            self.error(
+                option,
+                format!("{what} uses variable \"{var}\" but no input provides it (inputs: {inputs}){hint}"),
+            );
+        }
+    }
+
+    /// Check that named columns exist in input `idx` (when its columns are known).
+    pub fn require_columns<'c>(
+        &mut self,
+        option: &str,
+        idx: usize,
+        columns: impl IntoIterator<Item = &'c str>,
+    ) {
+        let Some(schema) = self.input_schema(idx) else {
+            return;
+        };
+        let input = self.inputs[idx].name.clone();
+        for col in columns {
+            if schema.field_with_name(col).is_err() {
+                let hint = crate::config::diag::did_you_mean(
+                    col,
+                    schema.fields().iter().map(|f| f.name().as_str()),
+                )
+                .unwrap_or_default();
+                self.error(
+                    option,
+                    format!("input \"{input}\" has no column \"{col}\"{hint}"),
+                );
+            }
+        }
+    }
+}
+
+/// Prepare phase context.
+pub struct PrepareCtx<'a> {
+    pub name: &'a str,
+    pub root: &'a Path,
+    pub out_dir: &'a Path,
+    /// Do not use the network (dry runs).
+    pub offline_only: bool,
+    pub limit: Option<u64>,
+}
+
+/// What prepare resolved.
+#[derive(Debug, Clone, Default)]
+pub struct Prepared {
+    /// Extra fingerprint parts (e.g. a resolved dataset commit).
+    pub fingerprint: BTreeMap<String, String>,
+    /// Local files to read; content-hashed into the fingerprint when `hash_files`.
+    pub files: Vec<PathBuf>,
+    pub hash_files: bool,
+}
+
+/// An upstream stage's materialized output.
+#[derive(Debug, Clone)]
+pub struct Input {
+    pub name: String,
+    pub path: PathBuf,
+    pub schema: SchemaRef,
+    pub num_rows: u64,
+}
+
+impl Input {
+    pub fn open(name: &str, path: PathBuf) -> Result<Input> {
+        let Footer {
+            schema, num_rows, ..
+        } = crate::store::parquet::read_footer(&path)?;
+        Ok(Input {
+            name: name.to_string(),
+            path,
+            schema,
+            num_rows,
+        })
+    }
+}
+
+/// Run phase context.
+pub struct RunCtx {
+    pub name: String,
+    pub seed: u64,
+    pub fingerprint: String,
+    pub inputs: Vec<Input>,
+    pub out_dir: PathBuf,
+    pub root: PathBuf,
+    pub limit: Option<u64>,
+    pub prepared: Prepared,
+    pub cancel: CancellationToken,
+    pub progress: Arc<StageProgress>,
+    pub failures: FailureLog,
+    pub report: StageReport,
+    pub(crate) output: Option<(PendingFile, u64)>,
+    pub(crate) artifacts: Vec<(PendingFile, Option<u64>)>,
+}
+
+impl RunCtx {
+    /// Footer metadata every output of this stage carries.
+    pub fn footer_meta(&self) -> Vec<(String, String)> {
+        vec![
+            (FINGERPRINT_KEY.to_string(), self.fingerprint.clone()),
+            (STAGE_KEY.to_string(), self.name.clone()),
+        ]
+    }
+
+    /// Where this stage's materialized output lives.
+    pub fn output_path(&self) -> PathBuf {
+        output_path(&self.out_dir, &self.name)
+    }
+
+    /// Start writing the stage's output (unique ids enforced).
+    pub fn create_output(&self, schema: SchemaRef) -> Result<ParquetOut> {
+        ParquetOut::create(&self.output_path(), schema, self.footer_meta(), true)
+    }
+
+    /// Hand the finished output to the engine.
+    pub fn set_output(&mut self, out: ParquetOut) -> Result<()> {
+        let (pending, rows) = out.finish()?;
+        self.report.rows_out = rows;
+        self.output = Some((pending, rows));
+        Ok(())
+    }
+
+    /// Hand a finished export file (sinks) to the engine.
+    pub fn add_artifact(&mut self, pending: PendingFile, rows: Option<u64>) {
+        self.artifacts.push((pending, rows));
+    }
+
+    pub fn fail(&self, id: &str, kind: &str, message: impl Into<String>, record: Option<String>) {
+        self.failures.record(id, kind, message, record);
+        self.progress
+            .failed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn record_key(&self, id: &str, purpose: &str) -> u64 {
+        crate::rng::record_key(self.seed, &self.name, id, purpose)
+    }
+
+    pub fn input(&self, idx: usize) -> &Input {
+        &self.inputs[idx]
+    }
+}
+
+/// Path of a stage's materialized output in an output directory.
+pub fn output_path(out_dir: &Path, stage: &str) -> PathBuf {
+    out_dir.join(format!("{stage}.parquet"))
+}
+
+/// Path of a stage's failure table.
+pub fn failures_path(out_dir: &Path, stage: &str) -> PathBuf {
+    out_dir.join(format!("{stage}.failures.parquet"))
+}
+
+/// Error returned by a stage that stopped because the run was cancelled.
+#[derive(Debug, thiserror::Error)]
+#[error("cancelled")]
+pub struct Cancelled;

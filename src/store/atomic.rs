@@ -1,0 +1,136 @@
+//! Crash-safe file creation: write to a hidden temporary file in the destination
+//! directory, fsync, then rename over the destination and fsync the directory.
+//! A file at its final name is therefore always complete.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+/// Prefix of temporary files; anything matching is debris from an interrupted run.
+pub const TMP_MARK: &str = ".synth-tmp-";
+
+/// A finished temporary file waiting to be renamed to its destination.
+/// Dropping it without `commit` removes the temporary file.
+#[derive(Debug)]
+pub struct PendingFile {
+    pub tmp: PathBuf,
+    pub dest: PathBuf,
+    committed: bool,
+}
+
+impl PendingFile {
+    /// Rename into place and make the rename durable.
+    pub fn commit(mut self) -> Result<PathBuf> {
+        std::fs::rename(&self.tmp, &self.dest).with_context(|| {
+            format!("renaming {} to {}", self.tmp.display(), self.dest.display())
+        })?;
+        self.committed = true;
+        sync_dir(&self.dest);
+        Ok(self.dest.clone())
+    }
+
+    pub fn len(&self) -> u64 {
+        std::fs::metadata(&self.tmp).map(|m| m.len()).unwrap_or(0)
+    }
+}
+
+impl Drop for PendingFile {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// Temporary path next to `dest`.
+pub fn tmp_path(dest: &Path) -> PathBuf {
+    let name = dest
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let nonce: u32 = rand::random();
+    dest.with_file_name(format!(
+        "{TMP_MARK}{}-{nonce:08x}-{name}",
+        std::process::id()
+    ))
+}
+
+/// Open a new temporary file for `dest` (creating the directory).
+pub fn create_tmp(dest: &Path) -> Result<(File, PendingFile)> {
+    if let Some(dir) = dest.parent() {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("creating directory {}", dir.display()))?;
+    }
+    let tmp = tmp_path(dest);
+    let file = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    Ok((
+        file,
+        PendingFile {
+            tmp,
+            dest: dest.to_path_buf(),
+            committed: false,
+        },
+    ))
+}
+
+/// Flush and fsync a finished temporary file.
+pub fn finish_file(file: File, pending: &PendingFile) -> Result<()> {
+    file.sync_all()
+        .with_context(|| format!("syncing {}", pending.tmp.display()))
+}
+
+/// Write a whole file atomically.
+pub fn write_atomic(dest: &Path, bytes: &[u8]) -> Result<()> {
+    let (mut file, pending) = create_tmp(dest)?;
+    file.write_all(bytes)
+        .with_context(|| format!("writing {}", pending.tmp.display()))?;
+    finish_file(file, &pending)?;
+    pending.commit()?;
+    Ok(())
+}
+
+fn sync_dir(path: &Path) {
+    if let Some(dir) = path.parent()
+        && let Ok(d) = File::open(dir)
+    {
+        let _ = d.sync_all();
+    }
+}
+
+/// Remove temporary files left by interrupted runs in `dir` (not recursive).
+pub fn clean_debris(dir: &Path) -> io::Result<usize> {
+    let mut n = 0;
+    let Ok(read) = std::fs::read_dir(dir) else {
+        return Ok(0);
+    };
+    for entry in read.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(TMP_MARK) {
+            std::fs::remove_file(entry.path())?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pending_file_is_removed_unless_committed() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("a.txt");
+        {
+            let (mut f, pending) = create_tmp(&dest).unwrap();
+            f.write_all(b"half").unwrap();
+            assert!(pending.tmp.exists());
+            drop(pending);
+        }
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        write_atomic(&dest, b"whole").unwrap();
+        assert_eq!(std::fs::read(&dest).unwrap(), b"whole");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+}

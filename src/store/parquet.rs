@@ -1,0 +1,197 @@
+//! Parquet in and out: the deterministic zstd writer every stage output goes through
+//! (temporary file, unique-id check, fingerprint in the footer), and readers that
+//! stream batches from a blocking thread into async code through a bounded channel.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::hash::{BuildHasher, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use parquet::arrow::ArrowWriter;
+use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::metadata::KeyValue;
+use parquet::file::properties::WriterProperties;
+use tokio::sync::mpsc;
+
+use super::atomic::{PendingFile, create_tmp, finish_file};
+use crate::data;
+
+/// Footer key holding the stage fingerprint.
+pub const FINGERPRINT_KEY: &str = "synth.fingerprint";
+pub const STAGE_KEY: &str = "synth.stage";
+
+/// Rows per row group: large enough for good compression, small enough to stream.
+const ROW_GROUP_ROWS: usize = 64 * 1024;
+
+/// Writer properties shared by every output so identical data gives identical bytes.
+pub fn writer_properties(meta: Vec<(String, String)>) -> WriterProperties {
+    WriterProperties::builder()
+        .set_compression(Compression::ZSTD(
+            ZstdLevel::try_new(3).expect("valid level"),
+        ))
+        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+        .set_created_by(format!("synth {}", env!("CARGO_PKG_VERSION")))
+        .set_key_value_metadata(Some(
+            meta.into_iter().map(|(k, v)| KeyValue::new(k, v)).collect(),
+        ))
+        .build()
+}
+
+/// A Parquet file being written to a temporary path.
+pub struct ParquetOut {
+    writer: ArrowWriter<File>,
+    pending: PendingFile,
+    rows: u64,
+    check_ids: bool,
+    seen: HashSet<u64, IdHasher>,
+}
+
+/// Fixed-key hasher so duplicate detection is cheap and needs no randomness.
+#[derive(Default, Clone, Copy)]
+pub struct IdHasher;
+impl BuildHasher for IdHasher {
+    type Hasher = std::collections::hash_map::DefaultHasher;
+    fn build_hasher(&self) -> Self::Hasher {
+        std::collections::hash_map::DefaultHasher::new()
+    }
+}
+
+impl ParquetOut {
+    /// Create `dest` (via a temporary file). `check_ids` enforces unique record ids.
+    pub fn create(
+        dest: &Path,
+        schema: SchemaRef,
+        meta: Vec<(String, String)>,
+        check_ids: bool,
+    ) -> Result<ParquetOut> {
+        let (file, pending) = create_tmp(dest)?;
+        let writer = ArrowWriter::try_new(file, schema, Some(writer_properties(meta)))
+            .with_context(|| format!("starting Parquet file {}", pending.tmp.display()))?;
+        Ok(ParquetOut {
+            writer,
+            pending,
+            rows: 0,
+            check_ids,
+            seen: HashSet::with_hasher(IdHasher),
+        })
+    }
+
+    pub fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        if batch.num_rows() == 0 {
+            return Ok(());
+        }
+        if self.check_ids {
+            for id in data::ids(batch).iter().flatten() {
+                let mut h = IdHasher.build_hasher();
+                h.write(id.as_bytes());
+                if !self.seen.insert(h.finish()) {
+                    bail!(
+                        "duplicate record id \"{id}\" (record ids must be unique within a stage output)"
+                    );
+                }
+            }
+        }
+        self.writer
+            .write(batch)
+            .with_context(|| format!("writing {}", self.pending.tmp.display()))?;
+        self.rows += batch.num_rows() as u64;
+        Ok(())
+    }
+
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Finish the file (footer, fsync). It stays temporary until committed.
+    pub fn finish(self) -> Result<(PendingFile, u64)> {
+        let file = self
+            .writer
+            .into_inner()
+            .with_context(|| format!("finishing {}", self.pending.tmp.display()))?;
+        finish_file(file, &self.pending)?;
+        Ok((self.pending, self.rows))
+    }
+}
+
+/// Schema, row count and footer key-value metadata of a Parquet file.
+pub struct Footer {
+    pub schema: SchemaRef,
+    pub num_rows: u64,
+    pub meta: HashMap<String, String>,
+}
+
+pub fn read_footer(path: &Path) -> Result<Footer> {
+    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+        .with_context(|| format!("{}: not a readable Parquet file", path.display()))?;
+    let md = builder.metadata().file_metadata();
+    let meta = md
+        .key_value_metadata()
+        .map(|kvs| {
+            kvs.iter()
+                .filter_map(|kv| Some((kv.key.clone(), kv.value.clone()?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(Footer {
+        schema: builder.schema().clone(),
+        num_rows: md.num_rows() as u64,
+        meta,
+    })
+}
+
+/// A blocking batch reader over a Parquet file.
+pub fn open_reader(path: &Path, batch_size: usize) -> Result<ParquetRecordBatchReader> {
+    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    ParquetRecordBatchReaderBuilder::try_new(file)
+        .with_context(|| format!("{}: not a readable Parquet file", path.display()))?
+        .with_batch_size(batch_size)
+        .build()
+        .with_context(|| format!("reading {}", path.display()))
+}
+
+/// Stream batches of a Parquet file from a blocking thread (at most two in flight).
+pub fn stream_batches(path: PathBuf, batch_size: usize) -> mpsc::Receiver<Result<RecordBatch>> {
+    let (tx, rx) = mpsc::channel(2);
+    tokio::task::spawn_blocking(move || {
+        let reader = match open_reader(&path, batch_size) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = tx.blocking_send(Err(e));
+                return;
+            }
+        };
+        for batch in reader {
+            let item = batch.with_context(|| format!("reading {}", path.display()));
+            let stop = item.is_err();
+            if tx.blocking_send(item).is_err() || stop {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// Read a whole Parquet file into memory (for small inputs: the right side of a join...).
+pub fn read_all(path: &Path) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+    let reader = open_reader(path, 8192)?;
+    let schema = arrow::array::RecordBatchReader::schema(&reader);
+    let batches = reader
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("reading {}", path.display()))?;
+    Ok((schema, batches))
+}
+
+/// Convenience: an owned schema ref from a footer for schema-only uses.
+pub fn schema_of(path: &Path) -> Result<SchemaRef> {
+    Ok(read_footer(path)?.schema)
+}
+
+pub fn arc_schema(schema: arrow::datatypes::Schema) -> SchemaRef {
+    Arc::new(schema)
+}
