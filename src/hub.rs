@@ -97,15 +97,11 @@ impl HubSpec {
         if let Some(dir) = &self.cache_dir {
             builder = builder.with_cache_dir(root.join(dir));
         }
-        let token = std::env::var(&self.token_env)
-            .ok()
-            .filter(|t| !t.is_empty());
+        let token = std::env::var(&self.token_env).ok().filter(|t| !t.is_empty());
         if token.is_some() {
             builder = builder.with_token(token);
         }
-        builder
-            .build()
-            .context("building the Hugging Face Hub client")
+        builder.build().context("building the Hugging Face Hub client")
     }
 
     /// Resolve and download. With `offline_only`, or when the hub cannot be reached,
@@ -130,11 +126,7 @@ impl HubSpec {
         let names: Vec<String> = info.siblings.into_iter().map(|s| s.rfilename).collect();
         let selected = self.select(&names)?;
         // Download at the resolved commit so every file comes from the same revision.
-        let pinned = api.repo(Repo::with_revision(
-            self.repo.clone(),
-            self.repo_type(),
-            info.sha.clone(),
-        ));
+        let pinned = api.repo(Repo::with_revision(self.repo.clone(), self.repo_type(), info.sha.clone()));
         let mut files = Vec::new();
         for name in selected {
             let path = pinned
@@ -146,16 +138,9 @@ impl HubSpec {
         // Remember which commit the configured revision pointed to, for offline re-runs.
         let cache = self.cache(root);
         let _ = cache
-            .repo(Repo::with_revision(
-                self.repo.clone(),
-                self.repo_type(),
-                self.revision.clone(),
-            ))
+            .repo(Repo::with_revision(self.repo.clone(), self.repo_type(), self.revision.clone()))
             .create_ref(&info.sha);
-        Ok(HubFiles {
-            commit: info.sha,
-            files,
-        })
+        Ok(HubFiles { commit: info.sha, files })
     }
 
     fn select(&self, names: &[String]) -> Result<Vec<String>> {
@@ -167,9 +152,7 @@ impl HubSpec {
                 .compile_matcher();
             let mut hits: Vec<String> = names
                 .iter()
-                .filter(|n| {
-                    glob.is_match(n.as_str()) && DATA_EXTENSIONS.iter().any(|ext| n.ends_with(ext))
-                })
+                .filter(|n| glob.is_match(n.as_str()) && DATA_EXTENSIONS.iter().any(|ext| n.ends_with(ext)))
                 .cloned()
                 .collect();
             if !hits.is_empty() {
@@ -181,12 +164,7 @@ impl HubSpec {
             "no data file of {} matches {} (files in the repo: {})",
             self.repo,
             self.patterns().join(", "),
-            names
-                .iter()
-                .take(20)
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(", ")
+            names.iter().take(20).cloned().collect::<Vec<_>>().join(", ")
         )
     }
 
@@ -200,13 +178,7 @@ impl HubSpec {
         } else {
             let ref_path = repo_dir.join("refs").join(&self.revision);
             std::fs::read_to_string(&ref_path)
-                .with_context(|| {
-                    format!(
-                        "{} is not in the local cache ({})",
-                        self.repo,
-                        ref_path.display()
-                    )
-                })?
+                .with_context(|| format!("{} is not in the local cache ({})", self.repo, ref_path.display()))?
                 .trim()
                 .to_string()
         };
@@ -227,17 +199,10 @@ impl HubSpec {
             }
         }
         if names.is_empty() {
-            bail!(
-                "{}@{commit} has no files in the local cache ({})",
-                self.repo,
-                snapshot.display()
-            );
+            bail!("{}@{commit} has no files in the local cache ({})", self.repo, snapshot.display());
         }
         let selected = self.select(&names)?;
-        let files = selected
-            .into_iter()
-            .map(|n| (n.clone(), snapshot.join(&n)))
-            .collect();
+        let files = selected.into_iter().map(|n| (n.clone(), snapshot.join(&n))).collect();
         Ok(HubFiles { commit, files })
     }
 }
@@ -279,10 +244,7 @@ mod tests {
         let s = spec(None, Some("v2.1"), Some("train"));
         assert_eq!(
             s.select(&names).unwrap(),
-            vec![
-                "v2.1/train-00000-of-00002.parquet",
-                "v2.1/train-00001-of-00002.parquet"
-            ]
+            vec!["v2.1/train-00000-of-00002.parquet", "v2.1/train-00001-of-00002.parquet"]
         );
         let s = spec(Some(vec!["persona.jsonl"]), None, None);
         assert!(s.select(&names).is_err());

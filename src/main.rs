@@ -2,5 +2,10 @@
 //! exit code.
 
 fn main() {
+    // A write past a file-size limit should fail with an error we can report, not kill us.
+    #[cfg(unix)]
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
     std::process::exit(synth::cli::main());
 }

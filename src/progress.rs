@@ -123,15 +123,9 @@ pub struct ProgressHub {
 impl ProgressHub {
     pub fn new(mode: Mode) -> Arc<ProgressHub> {
         if mode == Mode::Bars {
-            MULTI.get_or_init(|| {
-                MultiProgress::with_draw_target(ProgressDrawTarget::stderr_with_hz(8))
-            });
+            MULTI.get_or_init(|| MultiProgress::with_draw_target(ProgressDrawTarget::stderr_with_hz(8)));
         }
-        Arc::new(ProgressHub {
-            mode,
-            stages: Mutex::new(Vec::new()),
-            line_interval: Duration::from_secs(10),
-        })
+        Arc::new(ProgressHub { mode, stages: Mutex::new(Vec::new()), line_interval: Duration::from_secs(10) })
     }
 
     /// Choose bars on a terminal, lines otherwise.
@@ -184,11 +178,7 @@ impl ProgressHub {
         if self.mode == Mode::Quiet {
             return;
         }
-        let period = if self.mode == Mode::Bars {
-            Duration::from_millis(150)
-        } else {
-            self.line_interval
-        };
+        let period = if self.mode == Mode::Bars { Duration::from_millis(150) } else { self.line_interval };
         let mut interval = tokio::time::interval(period);
         interval.tick().await;
         loop {
@@ -226,18 +216,12 @@ impl ProgressHub {
                         Some(t) if rate > 0.0 && t > done => {
                             format!(
                                 ", eta {}",
-                                humantime::format_duration(Duration::from_secs(
-                                    ((t - done) as f64 / rate) as u64
-                                ))
+                                humantime::format_duration(Duration::from_secs(((t - done) as f64 / rate) as u64))
                             )
                         }
                         _ => String::new(),
                     };
-                    let extra = if extra.is_empty() {
-                        String::new()
-                    } else {
-                        format!(", {extra}")
-                    };
+                    let extra = if extra.is_empty() { String::new() } else { format!(", {extra}") };
                     tracing::info!(
                         "stage \"{}\": {done}{total} rows, {failed} failed ({rate:.0} rows/s{eta}{extra})",
                         p.name

@@ -10,18 +10,8 @@ use minijinja::{Environment, UndefinedBehavior, Value};
 use crate::data::Row;
 
 /// Names minijinja provides itself; not expected from inputs.
-const GLOBALS: &[&str] = &[
-    "range",
-    "dict",
-    "namespace",
-    "debug",
-    "loop",
-    "self",
-    "super",
-    "varargs",
-    "kwargs",
-    "caller",
-];
+const GLOBALS: &[&str] =
+    &["range", "dict", "namespace", "debug", "loop", "self", "super", "varargs", "kwargs", "caller"];
 
 pub fn is_global(name: &str) -> bool {
     GLOBALS.contains(&name)
@@ -57,9 +47,7 @@ impl Templates {
 
     /// Add a template; returns the variables it reads from the context.
     pub fn add(&mut self, name: &str, source: &str) -> Result<BTreeSet<String>, String> {
-        self.env
-            .add_template_owned(name.to_string(), source.to_string())
-            .map_err(|e| describe(&e))?;
+        self.env.add_template_owned(name.to_string(), source.to_string()).map_err(|e| describe(&e))?;
         let tmpl = self.env.get_template(name).map_err(|e| describe(&e))?;
         Ok(tmpl.undeclared_variables(false).into_iter().collect())
     }
@@ -67,16 +55,13 @@ impl Templates {
     /// Add an expression as a template that renders its value as JSON.
     pub fn add_expression(&mut self, name: &str, expr: &str) -> Result<BTreeSet<String>, String> {
         // Compile once on its own first, for an error message that points into the expression.
-        self.env
-            .compile_expression(expr)
-            .map_err(|e| describe(&e))?;
+        self.env.compile_expression(expr).map_err(|e| describe(&e))?;
         self.add(name, &format!("{{{{ ({expr}) | tojson }}}}"))
     }
 
     pub fn render(&self, name: &str, row: &Row) -> Result<String, String> {
         let tmpl = self.env.get_template(name).map_err(|e| describe(&e))?;
-        tmpl.render(Value::from(minijinja::value::Serde(row)))
-            .map_err(|e| describe(&e))
+        tmpl.render(Value::from(minijinja::value::Serde(row))).map_err(|e| describe(&e))
     }
 
     pub fn render_value(&self, name: &str, ctx: Value) -> Result<String, String> {
@@ -123,20 +108,9 @@ mod tests {
     #[test]
     fn templates_report_variables_and_fail_on_undefined() {
         let mut t = Templates::new();
-        let vars = t
-            .add(
-                "p",
-                "Hello {{ name }}, {% for x in items %}{{ x }}{% endfor %}",
-            )
-            .unwrap();
-        assert_eq!(
-            vars.into_iter().collect::<Vec<_>>(),
-            vec!["items".to_string(), "name".to_string()]
-        );
-        let row = json!({"name": "Ann", "items": [1, 2]})
-            .as_object()
-            .unwrap()
-            .clone();
+        let vars = t.add("p", "Hello {{ name }}, {% for x in items %}{{ x }}{% endfor %}").unwrap();
+        assert_eq!(vars.into_iter().collect::<Vec<_>>(), vec!["items".to_string(), "name".to_string()]);
+        let row = json!({"name": "Ann", "items": [1, 2]}).as_object().unwrap().clone();
         assert_eq!(t.render("p", &row).unwrap(), "Hello Ann, 12");
         let row = json!({"name": "Ann"}).as_object().unwrap().clone();
         assert!(t.render("p", &row).is_err());

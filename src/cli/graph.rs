@@ -23,20 +23,13 @@ pub fn render(p: &Pipeline, format: GraphFormat) -> String {
             let _ = writeln!(out, "pipeline \"{}\": {} stages", p.name, p.stages.len());
             for &i in &p.graph.order {
                 let s = &p.stages[i];
-                let inputs = if s.inputs.is_empty() {
-                    String::new()
-                } else {
-                    format!(" <- {}", s.inputs.join(", "))
-                };
+                let inputs = if s.inputs.is_empty() { String::new() } else { format!(" <- {}", s.inputs.join(", ")) };
                 let _ = writeln!(out, "  {:width$}  [{}]{inputs}", s.name, s.kind.name);
             }
         }
         GraphFormat::Dot => {
-            let _ = writeln!(
-                out,
-                "digraph \"{}\" {{\n  rankdir=LR;\n  node [fontname=\"Helvetica\"];",
-                escape(&p.name)
-            );
+            let _ =
+                writeln!(out, "digraph \"{}\" {{\n  rankdir=LR;\n  node [fontname=\"Helvetica\"];", escape(&p.name));
             for &i in &p.graph.order {
                 let s = &p.stages[i];
                 let shape = match s.kind.role {
@@ -54,12 +47,7 @@ pub fn render(p: &Pipeline, format: GraphFormat) -> String {
             }
             for &i in &p.graph.order {
                 for input in &p.stages[i].inputs {
-                    let _ = writeln!(
-                        out,
-                        "  \"{}\" -> \"{}\";",
-                        escape(input),
-                        escape(&p.stages[i].name)
-                    );
+                    let _ = writeln!(out, "  \"{}\" -> \"{}\";", escape(input), escape(&p.stages[i].name));
                 }
             }
             out.push_str("}\n");
@@ -73,11 +61,7 @@ pub fn render(p: &Pipeline, format: GraphFormat) -> String {
                     Role::Sink => ("[/", "/]"),
                     Role::Transform => ("[", "]"),
                 };
-                let _ = writeln!(
-                    out,
-                    "  s{i}{open}\"{}<br/>({})\"{close}",
-                    s.name, s.kind.name
-                );
+                let _ = writeln!(out, "  s{i}{open}\"{}<br/>({})\"{close}", s.name, s.kind.name);
             }
             for &i in &p.graph.order {
                 for input in &p.stages[i].inputs {

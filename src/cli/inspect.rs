@@ -36,11 +36,7 @@ pub fn inspect(args: &InspectArgs) -> Result<String> {
     if let Some((col, _)) = filter
         && footer.schema.field_with_name(col).is_err()
     {
-        anyhow::bail!(
-            "{}: no column \"{col}\" (columns: {})",
-            args.file.display(),
-            data::column_list(&footer.schema)
-        );
+        anyhow::bail!("{}: no column \"{col}\" (columns: {})", args.file.display(), data::column_list(&footer.schema));
     }
     let mut picked: Vec<RecordBatch> = Vec::new();
     let mut n = 0;
@@ -52,9 +48,8 @@ pub fn inspect(args: &InspectArgs) -> Result<String> {
                 let idx = batch.schema().index_of(col)?;
                 let text = arrow::compute::cast(batch.column(idx), &DataType::Utf8)?;
                 let text = text.as_any().downcast_ref::<StringArray>().expect("utf8");
-                let mask: arrow::array::BooleanArray = (0..text.len())
-                    .map(|i| Some(text.is_valid(i) && text.value(i) == value))
-                    .collect();
+                let mask: arrow::array::BooleanArray =
+                    (0..text.len()).map(|i| Some(text.is_valid(i) && text.value(i) == value)).collect();
                 arrow::compute::filter_record_batch(&batch, &mask)?
             }
             None => batch,
@@ -79,10 +74,7 @@ pub fn inspect(args: &InspectArgs) -> Result<String> {
         }
         return Ok(out);
     }
-    let truncated: Vec<RecordBatch> = picked
-        .iter()
-        .map(|b| truncate(b, args.width))
-        .collect::<Result<_>>()?;
+    let truncated: Vec<RecordBatch> = picked.iter().map(|b| truncate(b, args.width)).collect::<Result<_>>()?;
     out.push_str(&arrow::util::pretty::pretty_format_batches(&truncated)?.to_string());
     out.push('\n');
     let total = if filter.is_some() {
@@ -118,10 +110,7 @@ fn truncate(batch: &RecordBatch, width: usize) -> Result<RecordBatch> {
         fields.push(arrow::datatypes::Field::new(f.name(), DataType::Utf8, true));
         cols.push(std::sync::Arc::new(values));
     }
-    Ok(RecordBatch::try_new(
-        std::sync::Arc::new(arrow::datatypes::Schema::new(fields)),
-        cols,
-    )?)
+    Ok(RecordBatch::try_new(std::sync::Arc::new(arrow::datatypes::Schema::new(fields)), cols)?)
 }
 
 fn schema_text(path: &Path) -> Result<String> {
@@ -135,11 +124,7 @@ fn schema_text(path: &Path) -> Result<String> {
             if f.is_nullable() { "" } else { " (not null)" }
         ));
     }
-    let mut meta: Vec<(&String, &String)> = footer
-        .meta
-        .iter()
-        .filter(|(k, _)| k.as_str() != "ARROW:schema")
-        .collect();
+    let mut meta: Vec<(&String, &String)> = footer.meta.iter().filter(|(k, _)| k.as_str() != "ARROW:schema").collect();
     meta.sort();
     for (k, v) in meta {
         out.push_str(&format!("  [{k}] {v}\n"));

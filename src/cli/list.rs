@@ -29,10 +29,7 @@ pub fn render() -> String {
             Arity::Exactly(n) => format!("{n} inputs"),
             Arity::AtLeast(n) => format!("{n}+ inputs"),
         };
-        out.push_str(&format!(
-            "\n  {} ({role}, {arity}, v{}): {}\n",
-            k.name, k.version, k.about
-        ));
+        out.push_str(&format!("\n  {} ({role}, {arity}, v{}): {}\n", k.name, k.version, k.about));
         describe_specs(k.options, "    ", &mut out);
     }
     out

@@ -75,12 +75,9 @@ pub struct PipelineArgs {
 impl PipelineArgs {
     pub fn load_options(&self) -> crate::config::LoadOptions {
         crate::config::LoadOptions {
-            profile: if self.offline {
-                Some("offline".into())
-            } else {
-                self.profile.clone()
-            },
+            profile: if self.offline { Some("offline".into()) } else { self.profile.clone() },
             sets: self.sets.clone(),
+            extra_kinds: Vec::new(),
         }
     }
 }
@@ -185,11 +182,8 @@ fn init_logging(cli: &Cli) {
         (false, 1) => "debug",
         _ => "trace",
     };
-    let filter = EnvFilter::try_from_env("SYNTH_LOG").unwrap_or_else(|_| {
-        EnvFilter::new(format!(
-            "{level},hyper=warn,reqwest=warn,h2=warn,rustls=warn,hf_hub=warn"
-        ))
-    });
+    let filter = EnvFilter::try_from_env("SYNTH_LOG")
+        .unwrap_or_else(|_| EnvFilter::new(format!("{level},hyper=warn,reqwest=warn,h2=warn,rustls=warn,hf_hub=warn")));
     use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -216,11 +210,7 @@ pub fn load_or_report(args: &PipelineArgs) -> Result<crate::config::Pipeline, i3
     match pipeline {
         Some(p) if !diags.has_errors() => Ok(p),
         _ => {
-            eprintln!(
-                "{}: {} error(s); nothing was run",
-                args.pipeline.display(),
-                diags.n_errors()
-            );
+            eprintln!("{}: {} error(s); nothing was run", args.pipeline.display(), diags.n_errors());
             Err(EXIT_CONFIG)
         }
     }

@@ -25,10 +25,7 @@ pub fn run(args: &RunArgs, quiet: bool) -> i32 {
         force: args.force,
         dry_run: args.dry_run,
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -74,8 +71,7 @@ pub fn run(args: &RunArgs, quiet: bool) -> i32 {
 fn spawn_signal_handler(cancel: CancellationToken) {
     tokio::spawn(async move {
         #[cfg(unix)]
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
         loop {
             #[cfg(unix)]
             let got = async {
@@ -97,14 +93,10 @@ fn spawn_signal_handler(cancel: CancellationToken) {
             };
             got.await;
             if cancel.is_cancelled() {
-                eprintln!(
-                    "second interrupt: exiting now; completed stages are kept, the next run resumes"
-                );
+                eprintln!("second interrupt: exiting now; completed stages are kept, the next run resumes");
                 std::process::exit(EXIT_INTERRUPTED);
             }
-            eprintln!(
-                "interrupt: finishing work in flight, then stopping (press Ctrl-C again to exit at once)"
-            );
+            eprintln!("interrupt: finishing work in flight, then stopping (press Ctrl-C again to exit at once)");
             cancel.cancel();
         }
     });
@@ -114,22 +106,12 @@ fn print_summary(summary: &RunSummary) {
     if summary.n_ran() == 0 {
         println!(
             "everything is up to date ({} stages); outputs in {}",
-            summary
-                .lines
-                .iter()
-                .filter(|l| l.status == StageStatus::UpToDate)
-                .count(),
+            summary.lines.iter().filter(|l| l.status == StageStatus::UpToDate).count(),
             summary.out_dir.display()
         );
         return;
     }
-    let width = summary
-        .lines
-        .iter()
-        .map(|l| l.stage.len())
-        .max()
-        .unwrap_or(5)
-        .max(5);
+    let width = summary.lines.iter().map(|l| l.stage.len()).max().unwrap_or(5).max(5);
     println!(
         "{:width$}  {:10}  {:>10}  {:>10}  {:>8}  {:>9}",
         "stage", "status", "rows in", "rows out", "failed", "seconds"
@@ -159,30 +141,19 @@ fn print_summary(summary: &RunSummary) {
 }
 
 fn print_plan(summary: &RunSummary) {
-    let width = summary
-        .lines
-        .iter()
-        .map(|l| l.stage.len())
-        .max()
-        .unwrap_or(5);
+    let width = summary.lines.iter().map(|l| l.stage.len()).max().unwrap_or(5);
     let mut n_run = 0;
     for l in &summary.lines {
         let (what, why) = match l.status {
             StageStatus::UpToDate => ("up to date", String::new()),
             StageStatus::Skipped => ("not selected", String::new()),
-            StageStatus::Failed | StageStatus::Cancelled => {
-                ("blocked", l.reason.clone().unwrap_or_default())
-            }
+            StageStatus::Failed | StageStatus::Cancelled => ("blocked", l.reason.clone().unwrap_or_default()),
             _ => {
                 n_run += 1;
                 ("would run", l.reason.clone().unwrap_or_default())
             }
         };
-        let why = if why.is_empty() {
-            String::new()
-        } else {
-            format!(" ({why})")
-        };
+        let why = if why.is_empty() { String::new() } else { format!(" ({why})") };
         println!("{:width$}  [{}]  {what}{why}", l.stage, l.kind);
     }
     if n_run == 0 {

@@ -8,10 +8,7 @@ pub fn run(args: &StatsArgs) -> i32 {
     let manifest = match Manifest::load(&args.output_dir) {
         Ok(m) => m,
         Err(e) => {
-            eprintln!(
-                "error: {e:#} (is {} a synth output directory?)",
-                args.output_dir.display()
-            );
+            eprintln!("error: {e:#} (is {} a synth output directory?)", args.output_dir.display());
             return EXIT_RUNTIME;
         }
     };
@@ -19,12 +16,7 @@ pub fn run(args: &StatsArgs) -> i32 {
         let stages: serde_json::Map<String, serde_json::Value> = manifest
             .stages
             .iter()
-            .map(|(k, s)| {
-                (
-                    k.clone(),
-                    serde_json::json!({"kind": s.kind, "status": s.status, "report": s.report}),
-                )
-            })
+            .map(|(k, s)| (k.clone(), serde_json::json!({"kind": s.kind, "status": s.status, "report": s.report})))
             .collect();
         println!(
             "{}",
@@ -44,15 +36,9 @@ pub fn render(m: &Manifest) -> String {
         "pipeline \"{}\" ({}), last run {} at {}{}",
         m.pipeline.name,
         m.pipeline.path,
-        serde_json::to_value(m.status)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default(),
+        serde_json::to_value(m.status).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default(),
         m.started_at,
-        m.profile
-            .as_ref()
-            .map(|p| format!(", profile {p}"))
-            .unwrap_or_default()
+        m.profile.as_ref().map(|p| format!(", profile {p}")).unwrap_or_default()
     );
     let width = m.stages.keys().map(String::len).max().unwrap_or(5).max(5);
     let _ = writeln!(
@@ -72,10 +58,8 @@ pub fn render(m: &Manifest) -> String {
     );
     let (mut tin, mut tout, mut cost, mut req, mut wall) = (0u64, 0u64, 0f64, 0u64, 0f64);
     for (name, s) in &m.stages {
-        let status = serde_json::to_value(s.status)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default();
+        let status =
+            serde_json::to_value(s.status).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
         match &s.report {
             Some(r) => {
                 let _ = writeln!(

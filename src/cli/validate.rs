@@ -22,12 +22,8 @@ pub fn run(args: &ValidateArgs) -> i32 {
                     let mut d = d.clone();
                     d.message = format!("{} (with --profile {name})", d.message);
                     match d.severity {
-                        config::diag::Severity::Error => {
-                            extra.error(&d.span, d.subject.as_deref(), d.message)
-                        }
-                        config::diag::Severity::Warning => {
-                            extra.warning(&d.span, d.subject.as_deref(), d.message)
-                        }
+                        config::diag::Severity::Error => extra.error(&d.span, d.subject.as_deref(), d.message),
+                        config::diag::Severity::Warning => extra.warning(&d.span, d.subject.as_deref(), d.message),
                     }
                 }
             }
@@ -41,11 +37,7 @@ pub fn run(args: &ValidateArgs) -> i32 {
     super::report_diagnostics(&diags);
     let file = args.pipeline.pipeline.display();
     if diags.has_errors() {
-        eprintln!(
-            "{file}: {} error(s), {} warning(s)",
-            diags.n_errors(),
-            diags.n_warnings()
-        );
+        eprintln!("{file}: {} error(s), {} warning(s)", diags.n_errors(), diags.n_warnings());
         return EXIT_CONFIG;
     }
     match pipeline {
@@ -73,10 +65,6 @@ fn profile_names(path: &std::path::Path) -> Vec<String> {
     doc.get_ref()
         .iter()
         .find(|(k, _)| k.get_ref() == "profiles")
-        .and_then(|(_, v)| {
-            v.get_ref()
-                .as_table()
-                .map(|t| t.keys().map(|k| k.get_ref().to_string()).collect())
-        })
+        .and_then(|(_, v)| v.get_ref().as_table().map(|t| t.keys().map(|k| k.get_ref().to_string()).collect()))
         .unwrap_or_default()
 }

@@ -49,12 +49,7 @@ impl Diagnostics {
     }
 
     fn push(&mut self, severity: Severity, span: &Span, subject: Option<&str>, message: String) {
-        self.items.push(Diagnostic {
-            severity,
-            span: span.clone(),
-            subject: subject.map(str::to_string),
-            message,
-        });
+        self.items.push(Diagnostic { severity, span: span.clone(), subject: subject.map(str::to_string), message });
     }
 
     pub fn extend(&mut self, other: Diagnostics) {
@@ -66,17 +61,11 @@ impl Diagnostics {
     }
 
     pub fn n_errors(&self) -> usize {
-        self.items
-            .iter()
-            .filter(|d| d.severity == Severity::Error)
-            .count()
+        self.items.iter().filter(|d| d.severity == Severity::Error).count()
     }
 
     pub fn n_warnings(&self) -> usize {
-        self.items
-            .iter()
-            .filter(|d| d.severity == Severity::Warning)
-            .count()
+        self.items.iter().filter(|d| d.severity == Severity::Warning).count()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -120,20 +109,12 @@ pub fn stage_subject(name: &str) -> String {
 
 /// A "did you mean" hint for `word` among `candidates`: the closest by edit distance
 /// (transpositions count once), if close enough for its length.
-pub fn did_you_mean<'a>(
-    word: &str,
-    candidates: impl IntoIterator<Item = &'a str>,
-) -> Option<String> {
+pub fn did_you_mean<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<String> {
     let limit = (word.chars().count() / 3).max(1);
     candidates
         .into_iter()
         .filter(|c| *c != word)
-        .map(|c| {
-            (
-                strsim::damerau_levenshtein(&word.to_lowercase(), &c.to_lowercase()),
-                c,
-            )
-        })
+        .map(|c| (strsim::damerau_levenshtein(&word.to_lowercase(), &c.to_lowercase()), c))
         .filter(|(d, _)| *d <= limit)
         .min_by_key(|(d, c)| (*d, c.to_string()))
         .map(|(_, c)| format!(" (did you mean \"{c}\"?)"))
@@ -145,14 +126,8 @@ mod tests {
 
     #[test]
     fn did_you_mean_finds_close_words() {
-        assert_eq!(
-            did_you_mean("profils", ["profiles", "personas"]).unwrap(),
-            " (did you mean \"profiles\"?)"
-        );
+        assert_eq!(did_you_mean("profils", ["profiles", "personas"]).unwrap(), " (did you mean \"profiles\"?)");
         assert!(did_you_mean("zzz", ["profiles"]).is_none());
-        assert_eq!(
-            did_you_mean("hwo", ["how", "n"]).unwrap(),
-            " (did you mean \"how\"?)"
-        );
+        assert_eq!(did_you_mean("hwo", ["how", "n"]).unwrap(), " (did you mean \"how\"?)");
     }
 }

@@ -9,4 +9,4 @@ pub mod node;
 pub mod options;
 mod pipeline;
 
-pub use pipeline::{LoadOptions, Pipeline, StageDecl, TOP_LEVEL, load, pipeline_options};
+pub use pipeline::{LoadOptions, Pipeline, StageDecl, TOP_LEVEL, load, normalize, pipeline_options};

@@ -23,12 +23,7 @@ impl SourceFile {
     pub fn new(path: &Path, text: String) -> Arc<SourceFile> {
         let mut line_starts = vec![0];
         line_starts.extend(text.match_indices('\n').map(|(i, _)| i + 1));
-        Arc::new(SourceFile {
-            display: path.display().to_string(),
-            path: path.to_path_buf(),
-            text,
-            line_starts,
-        })
+        Arc::new(SourceFile { display: path.display().to_string(), path: path.to_path_buf(), text, line_starts })
     }
 
     /// 1-based line and column (in characters) of a byte offset.
@@ -64,19 +59,11 @@ pub struct Span {
 
 impl Span {
     pub fn builtin() -> Span {
-        Span {
-            origin: Origin::Builtin,
-            start: 0,
-            end: 0,
-        }
+        Span { origin: Origin::Builtin, start: 0, end: 0 }
     }
 
     pub fn file(file: &Arc<SourceFile>, range: std::ops::Range<usize>) -> Span {
-        Span {
-            origin: Origin::File(file.clone()),
-            start: range.start,
-            end: range.end,
-        }
+        Span { origin: Origin::File(file.clone()), start: range.start, end: range.end }
     }
 }
 
@@ -164,10 +151,7 @@ impl Table {
                 Some(existing) => match (&mut existing.node.value, entry.node.value) {
                     (Value::Table(base), Value::Table(over)) => base.merge(over),
                     (_, value) => {
-                        existing.node = Node {
-                            span: entry.node.span,
-                            value,
-                        };
+                        existing.node = Node { span: entry.node.span, value };
                         existing.key_span = entry.key_span;
                     }
                 },
@@ -183,11 +167,7 @@ impl Table {
         if rest.is_empty() {
             match self.get_mut(first) {
                 Some(entry) => entry.node = node,
-                None => self.entries.push(Entry {
-                    key: first.clone(),
-                    key_span: key_span.clone(),
-                    node,
-                }),
+                None => self.entries.push(Entry { key: first.clone(), key_span: key_span.clone(), node }),
             }
             return Ok(());
         }
@@ -195,10 +175,7 @@ impl Table {
             self.entries.push(Entry {
                 key: first.clone(),
                 key_span: key_span.clone(),
-                node: Node {
-                    span: key_span.clone(),
-                    value: Value::Table(Table::default()),
-                },
+                node: Node { span: key_span.clone(), value: Value::Table(Table::default()) },
             });
         }
         let entry = self.get_mut(first).expect("inserted above");
@@ -230,18 +207,11 @@ impl Node {
         match &self.value {
             Value::Str(s) => J::String(s.clone()),
             Value::Int(i) => J::from(*i),
-            Value::Float(x) => serde_json::Number::from_f64(*x)
-                .map(J::Number)
-                .unwrap_or(J::Null),
+            Value::Float(x) => serde_json::Number::from_f64(*x).map(J::Number).unwrap_or(J::Null),
             Value::Bool(b) => J::Bool(*b),
             Value::Datetime(d) => J::String(d.clone()),
             Value::Array(items) => J::Array(items.iter().map(Node::to_json).collect()),
-            Value::Table(t) => J::Object(
-                t.entries
-                    .iter()
-                    .map(|e| (e.key.clone(), e.node.to_json()))
-                    .collect(),
-            ),
+            Value::Table(t) => J::Object(t.entries.iter().map(|e| (e.key.clone(), e.node.to_json())).collect()),
         }
     }
 }
@@ -260,31 +230,21 @@ pub fn from_de_table(file: &Arc<SourceFile>, table: &DeTable<'_>) -> Table {
     }
 }
 
-fn from_de_value(
-    file: &Arc<SourceFile>,
-    value: &DeValue<'_>,
-    span: std::ops::Range<usize>,
-) -> Node {
+fn from_de_value(file: &Arc<SourceFile>, value: &DeValue<'_>, span: std::ops::Range<usize>) -> Node {
     let value = match value {
         DeValue::String(s) => Value::Str(s.to_string()),
-        DeValue::Integer(i) => Value::Int(
-            i64::from_str_radix(&i.as_str().replace('_', ""), i.radix()).unwrap_or(i64::MAX),
-        ),
+        DeValue::Integer(i) => {
+            Value::Int(i64::from_str_radix(&i.as_str().replace('_', ""), i.radix()).unwrap_or(i64::MAX))
+        }
         DeValue::Float(x) => Value::Float(parse_toml_float(x.as_str())),
         DeValue::Boolean(b) => Value::Bool(*b),
         DeValue::Datetime(d) => Value::Datetime(d.to_string()),
-        DeValue::Array(items) => Value::Array(
-            items
-                .iter()
-                .map(|item| from_de_value(file, item.get_ref(), item.span()))
-                .collect(),
-        ),
+        DeValue::Array(items) => {
+            Value::Array(items.iter().map(|item| from_de_value(file, item.get_ref(), item.span())).collect())
+        }
         DeValue::Table(t) => Value::Table(from_de_table(file, t)),
     };
-    Node {
-        span: Span::file(file, span),
-        value,
-    }
+    Node { span: Span::file(file, span), value }
 }
 
 fn parse_toml_float(text: &str) -> f64 {
@@ -300,11 +260,7 @@ fn parse_toml_float(text: &str) -> f64 {
 /// Parse the value half of `--set key=value`: a TOML value if it parses as one,
 /// otherwise the raw text as a string (so `--set a.model=gpt-4o` needs no quotes).
 pub fn parse_arg_value(arg: &Arc<str>, text: &str) -> Node {
-    let span = Span {
-        origin: Origin::Arg(arg.clone()),
-        start: 0,
-        end: 0,
-    };
+    let span = Span { origin: Origin::Arg(arg.clone()), start: 0, end: 0 };
     let file = SourceFile::new(Path::new("--set"), text.to_string());
     match DeValue::parse(text) {
         Ok(v) => {
@@ -312,10 +268,7 @@ pub fn parse_arg_value(arg: &Arc<str>, text: &str) -> Node {
             respan(&mut node, &span);
             node
         }
-        Err(_) => Node {
-            span,
-            value: Value::Str(text.to_string()),
-        },
+        Err(_) => Node { span, value: Value::Str(text.to_string()) },
     }
 }
 
@@ -354,20 +307,10 @@ mod tests {
     #[test]
     fn arg_values_parse_as_toml_or_string() {
         let arg: Arc<str> = Arc::from("x=1");
-        assert!(matches!(
-            parse_arg_value(&arg, "100").value,
-            Value::Int(100)
-        ));
-        assert!(matches!(
-            parse_arg_value(&arg, "true").value,
-            Value::Bool(true)
-        ));
-        assert!(
-            matches!(parse_arg_value(&arg, "gpt-4o").value, Value::Str(ref s) if s == "gpt-4o")
-        );
-        assert!(
-            matches!(parse_arg_value(&arg, "[1, 2]").value, Value::Array(ref a) if a.len() == 2)
-        );
+        assert!(matches!(parse_arg_value(&arg, "100").value, Value::Int(100)));
+        assert!(matches!(parse_arg_value(&arg, "true").value, Value::Bool(true)));
+        assert!(matches!(parse_arg_value(&arg, "gpt-4o").value, Value::Str(ref s) if s == "gpt-4o"));
+        assert!(matches!(parse_arg_value(&arg, "[1, 2]").value, Value::Array(ref a) if a.len() == 2));
     }
 
     #[test]
@@ -379,11 +322,7 @@ mod tests {
         };
         let mut base = parse("[a]\nx = 1\ny = 2\n");
         base.merge(parse("[a]\ny = 3\nz = 4\n"));
-        let json = Node {
-            span: Span::builtin(),
-            value: Value::Table(base),
-        }
-        .to_json();
+        let json = Node { span: Span::builtin(), value: Value::Table(base) }.to_json();
         assert_eq!(json, serde_json::json!({"a": {"x": 1, "y": 3, "z": 4}}));
     }
 }

@@ -56,18 +56,14 @@ impl Ty {
                 }
             }
             Ty::Bool => "boolean".into(),
-            Ty::Enum(values) => format!(
-                "one of {}",
-                values
-                    .iter()
-                    .map(|v| format!("\"{v}\""))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
+            Ty::Enum(values) => {
+                format!("one of {}", values.iter().map(|v| format!("\"{v}\"")).collect::<Vec<_>>().join(", "))
+            }
             Ty::File => "path of an existing file".into(),
             Ty::Files => "path or glob (or a list of them)".into(),
             Ty::OutPath => "output path".into(),
             Ty::StrList => "string or list of strings".into(),
+            Ty::List(Ty::Str) => "list of strings".into(),
             Ty::List(inner) => format!("list of {}", inner.describe()),
             Ty::Map(inner) => format!("table of {}", inner.describe()),
             Ty::Struct(_) => "table".into(),
@@ -98,36 +94,13 @@ pub struct OptionSpec {
 
 impl OptionSpec {
     pub const fn required(name: &'static str, ty: Ty, doc: &'static str) -> OptionSpec {
-        OptionSpec {
-            name,
-            ty,
-            need: Need::Required,
-            doc,
-            affects_output: true,
-        }
+        OptionSpec { name, ty, need: Need::Required, doc, affects_output: true }
     }
     pub const fn optional(name: &'static str, ty: Ty, doc: &'static str) -> OptionSpec {
-        OptionSpec {
-            name,
-            ty,
-            need: Need::Optional,
-            doc,
-            affects_output: true,
-        }
+        OptionSpec { name, ty, need: Need::Optional, doc, affects_output: true }
     }
-    pub const fn default(
-        name: &'static str,
-        ty: Ty,
-        default: &'static str,
-        doc: &'static str,
-    ) -> OptionSpec {
-        OptionSpec {
-            name,
-            ty,
-            need: Need::Default(default),
-            doc,
-            affects_output: true,
-        }
+    pub const fn default(name: &'static str, ty: Ty, default: &'static str, doc: &'static str) -> OptionSpec {
+        OptionSpec { name, ty, need: Need::Default(default), doc, affects_output: true }
     }
     /// Mark an option as not affecting the output (left out of fingerprints).
     pub const fn runtime_only(mut self) -> OptionSpec {
@@ -139,9 +112,7 @@ impl OptionSpec {
         match self.need {
             Need::Default(lit) => Some(
                 super::node::parse_literal(lit)
-                    .unwrap_or_else(|e| {
-                        panic!("bad default literal for option {}: {lit}: {e}", self.name)
-                    })
+                    .unwrap_or_else(|e| panic!("bad default literal for option {}: {lit}: {e}", self.name))
                     .to_json(),
             ),
             _ => None,
@@ -165,11 +136,7 @@ pub struct OptionSpans {
 impl OptionSpans {
     /// The span of an option, falling back to its table.
     pub fn get(&self, path: &str) -> Span {
-        self.by_path
-            .get(path)
-            .cloned()
-            .or_else(|| self.table.clone())
-            .unwrap_or_else(Span::builtin)
+        self.by_path.get(path).cloned().or_else(|| self.table.clone()).unwrap_or_else(Span::builtin)
     }
 }
 
@@ -207,16 +174,9 @@ pub fn check_table(
                 }
             }
             None => {
-                let names = specs
-                    .iter()
-                    .map(|s| s.name)
-                    .chain(ctx.extra_keys.iter().copied());
+                let names = specs.iter().map(|s| s.name).chain(ctx.extra_keys.iter().copied());
                 let hint = did_you_mean(&entry.key, names).unwrap_or_default();
-                diags.error(
-                    &entry.key_span,
-                    ctx.subject,
-                    format!("unknown option \"{path}\"{hint}"),
-                );
+                diags.error(&entry.key_span, ctx.subject, format!("unknown option \"{path}\"{hint}"));
             }
         }
     }
@@ -228,11 +188,7 @@ pub fn check_table(
             Need::Required => diags.error(
                 table_span,
                 ctx.subject,
-                format!(
-                    "missing required option \"{}\" ({})",
-                    join_path(prefix, spec.name),
-                    spec.ty.describe()
-                ),
+                format!("missing required option \"{}\" ({})", join_path(prefix, spec.name), spec.ty.describe()),
             ),
             Need::Default(_) => {
                 out.insert(spec.name.to_string(), spec.default_json().expect("default"));
@@ -244,10 +200,17 @@ pub fn check_table(
 }
 
 fn join_path(prefix: &str, key: &str) -> String {
-    if prefix.is_empty() {
-        key.to_string()
+    if prefix.is_empty() { key.to_string() } else { format!("{prefix}.{key}") }
+}
+
+/// "a string", "an integer", "one of ..." (already reads as a phrase).
+fn with_article(desc: &str) -> String {
+    if desc.starts_with("one of") {
+        desc.to_string()
+    } else if desc.starts_with(['a', 'e', 'i', 'o', 'u']) {
+        format!("an {desc}")
     } else {
-        format!("{prefix}.{key}")
+        format!("a {desc}")
     }
 }
 
@@ -255,11 +218,7 @@ fn type_error(node: &Node, ty: &Ty, ctx: &CheckCtx<'_>, path: &str, diags: &mut 
     diags.error(
         &node.span,
         ctx.subject,
-        format!(
-            "option \"{path}\" must be a {}, found {}",
-            ty.describe(),
-            node.value.type_name()
-        ),
+        format!("option \"{path}\" must be {}, found {}", with_article(&ty.describe()), node.value.type_name()),
     );
 }
 
@@ -279,7 +238,7 @@ fn check_value(
                 diags.error(
                     &node.span,
                     ctx.subject,
-                    format!("option \"{path}\" must be an {}, found {i}", ty.describe()),
+                    format!("option \"{path}\" must be {}, found {i}", with_article(&ty.describe())),
                 );
                 None
             } else {
@@ -296,7 +255,7 @@ fn check_value(
                 diags.error(
                     &node.span,
                     ctx.subject,
-                    format!("option \"{path}\" must be a {}, found {x}", ty.describe()),
+                    format!("option \"{path}\" must be {}, found {x}", with_article(&ty.describe())),
                 );
                 None
             } else {
@@ -312,10 +271,7 @@ fn check_value(
                 diags.error(
                     &node.span,
                     ctx.subject,
-                    format!(
-                        "option \"{path}\" must be {}, found \"{s}\"{hint}",
-                        ty.describe()
-                    ),
+                    format!("option \"{path}\" must be {}, found \"{s}\"{hint}", ty.describe()),
                 );
                 None
             }
@@ -323,15 +279,11 @@ fn check_value(
         (Ty::File, Value::Str(s)) => {
             let full = ctx.root.join(s);
             if !full.is_file() {
-                let why = if full.exists() {
-                    "is not a file"
-                } else {
-                    "does not exist"
-                };
+                let why = if full.exists() { "is not a file" } else { "does not exist" };
                 diags.error(
                     &node.span,
                     ctx.subject,
-                    format!("option \"{path}\": file \"{}\" {why}", full.display()),
+                    format!("option \"{path}\": file \"{}\" {why}", super::normalize(&full).display()),
                 );
             }
             Some(J::String(s.clone()))
@@ -345,13 +297,11 @@ fn check_value(
                         ctx.subject,
                         format!(
                             "option \"{path}\": no file matches \"{}\"",
-                            ctx.root.join(item).display()
+                            super::normalize(&ctx.root.join(item)).display()
                         ),
                     ),
                     Ok(_) => {}
-                    Err(e) => {
-                        diags.error(&node.span, ctx.subject, format!("option \"{path}\": {e}"))
-                    }
+                    Err(e) => diags.error(&node.span, ctx.subject, format!("option \"{path}\": {e}")),
                 }
             }
             Some(J::Array(items.into_iter().map(J::String).collect()))
@@ -387,11 +337,7 @@ fn check_value(
             ok.then_some(J::Object(out))
         }
         (Ty::Struct(specs), Value::Table(t)) => {
-            let inner_ctx = CheckCtx {
-                root: ctx.root,
-                subject: ctx.subject,
-                extra_keys: &[],
-            };
+            let inner_ctx = CheckCtx { root: ctx.root, subject: ctx.subject, extra_keys: &[] };
             let before = diags.n_errors();
             let out = check_table(t, &node.span, specs, &inner_ctx, path, spans, diags);
             (diags.n_errors() == before).then_some(J::Object(out))
@@ -404,13 +350,7 @@ fn check_value(
     }
 }
 
-fn string_items(
-    node: &Node,
-    ty: &Ty,
-    ctx: &CheckCtx<'_>,
-    path: &str,
-    diags: &mut Diagnostics,
-) -> Option<Vec<String>> {
+fn string_items(node: &Node, ty: &Ty, ctx: &CheckCtx<'_>, path: &str, diags: &mut Diagnostics) -> Option<Vec<String>> {
     match &node.value {
         Value::Str(s) => Some(vec![s.clone()]),
         Value::Array(items) => {
@@ -442,9 +382,7 @@ pub fn expand_glob(root: &Path, pattern: &str) -> Result<Vec<std::path::PathBuf>
     }
     // Walk from the longest literal prefix directory.
     let full_str = full.to_string_lossy().to_string();
-    let literal_end = full_str
-        .find(['*', '?', '[', '{'])
-        .unwrap_or(full_str.len());
+    let literal_end = full_str.find(['*', '?', '[', '{']).unwrap_or(full_str.len());
     let base = Path::new(&full_str[..literal_end]);
     let base_dir = if full_str[..literal_end].ends_with('/') {
         base.to_path_buf()
@@ -484,14 +422,7 @@ pub fn describe_specs(specs: &[OptionSpec], indent: &str, out: &mut String) {
             Need::Optional => "optional".to_string(),
             Need::Default(d) => format!("default {d}"),
         };
-        let _ = writeln!(
-            out,
-            "{indent}{} ({}; {}): {}",
-            spec.name,
-            spec.ty.describe(),
-            need,
-            spec.doc
-        );
+        let _ = writeln!(out, "{indent}{} ({}; {}): {}", spec.name, spec.ty.describe(), need, spec.doc);
         if let Ty::Struct(inner) = spec.ty {
             describe_specs(inner, &format!("{indent}    "), out);
         }
@@ -503,12 +434,7 @@ pub fn fingerprint_view(specs: &[OptionSpec], options: &serde_json::Value) -> se
     match options {
         serde_json::Value::Object(map) => serde_json::Value::Object(
             map.iter()
-                .filter(|(k, _)| {
-                    specs
-                        .iter()
-                        .find(|s| s.name == k.as_str())
-                        .is_none_or(|s| s.affects_output)
-                })
+                .filter(|(k, _)| specs.iter().find(|s| s.name == k.as_str()).is_none_or(|s| s.affects_output))
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
         ),
@@ -523,12 +449,7 @@ mod tests {
 
     const SPECS: &[OptionSpec] = &[
         OptionSpec::required("n", POSITIVE, "how many"),
-        OptionSpec::default(
-            "how",
-            Ty::Enum(&["inner", "left"]),
-            "\"inner\"",
-            "join type",
-        ),
+        OptionSpec::default("how", Ty::Enum(&["inner", "left"]), "\"inner\"", "join type"),
         OptionSpec::optional("rename", Ty::Map(&Ty::Str), "renames"),
     ];
 
@@ -538,20 +459,8 @@ mod tests {
         let table = from_de_table(&file, table.get_ref());
         let mut diags = Diagnostics::default();
         let mut spans = OptionSpans::default();
-        let ctx = CheckCtx {
-            root: Path::new("."),
-            subject: Some("stage \"s\""),
-            extra_keys: &["kind"],
-        };
-        let out = check_table(
-            &table,
-            &Span::file(&file, 0..0),
-            SPECS,
-            &ctx,
-            "",
-            &mut spans,
-            &mut diags,
-        );
+        let ctx = CheckCtx { root: Path::new("."), subject: Some("stage \"s\""), extra_keys: &["kind"] };
+        let out = check_table(&table, &Span::file(&file, 0..0), SPECS, &ctx, "", &mut spans, &mut diags);
         (serde_json::Value::Object(out), diags.to_string())
     }
 
@@ -565,33 +474,19 @@ mod tests {
         let lines: Vec<&str> = diags.lines().collect();
         assert_eq!(lines.len(), 3, "{diags}");
         assert!(
-            lines[0].starts_with(
-                "t.toml:1:1: stage \"s\": unknown option \"hwo\" (did you mean \"how\"?)"
-            ),
+            lines[0].starts_with("t.toml:1:1: stage \"s\": unknown option \"hwo\" (did you mean \"how\"?)"),
             "{diags}"
         );
-        assert!(
-            lines[1].contains("option \"rename.a\" must be a string, found integer"),
-            "{diags}"
-        );
-        assert!(
-            lines[2].contains("missing required option \"n\""),
-            "{diags}"
-        );
+        assert!(lines[1].contains("option \"rename.a\" must be a string, found integer"), "{diags}");
+        assert!(lines[2].contains("missing required option \"n\""), "{diags}");
     }
 
     #[test]
     fn range_and_enum_errors() {
         let (_, diags) = check("n = 0\nhow = \"lef\"\n");
+        assert!(diags.contains("t.toml:1:5: stage \"s\": option \"n\" must be an integer >= 1, found 0"), "{diags}");
         assert!(
-            diags
-                .contains("t.toml:1:5: stage \"s\": option \"n\" must be an integer >= 1, found 0"),
-            "{diags}"
-        );
-        assert!(
-            diags.contains(
-                "must be one of \"inner\", \"left\", found \"lef\" (did you mean \"left\"?)"
-            ),
+            diags.contains("must be one of \"inner\", \"left\", found \"lef\" (did you mean \"left\"?)"),
             "{diags}"
         );
     }

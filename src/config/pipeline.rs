@@ -13,9 +13,7 @@ use super::diag::{Diagnostics, did_you_mean, stage_subject};
 use super::node::{self, Node, SourceFile, Span, Table, Value};
 use super::options::{CheckCtx, OptionSpans, OptionSpec, RATIO, Ty, UINT, check_table};
 use crate::dag::Graph;
-use crate::stages::{
-    self, Arity, BuildCtx, COMMON_OPTIONS, KindInfo, PlanCtx, PlanInput, Role, Stage,
-};
+use crate::stages::{self, Arity, BuildCtx, COMMON_OPTIONS, KindInfo, PlanCtx, PlanInput, Role, Stage};
 
 /// Top-level tables of a pipeline file.
 pub const TOP_LEVEL: &[&str] = &["pipeline", "stages", "profiles"];
@@ -30,17 +28,8 @@ const PIPELINE_OPTIONS: &[OptionSpec] = &[
         "\".\"",
         "directory relative paths are resolved against, relative to this file",
     ),
-    OptionSpec::optional(
-        "output_dir",
-        Ty::Str,
-        "where outputs go, relative to root (default: outputs/<name>)",
-    ),
-    OptionSpec::default(
-        "max_failure_ratio",
-        RATIO,
-        "0.05",
-        "default share of failed records that aborts a run",
-    ),
+    OptionSpec::optional("output_dir", Ty::Str, "where outputs go, relative to root (default: outputs/<name>)"),
+    OptionSpec::default("max_failure_ratio", RATIO, "0.05", "default share of failed records that aborts a run"),
 ];
 
 pub fn pipeline_options() -> &'static [OptionSpec] {
@@ -52,6 +41,8 @@ pub struct LoadOptions {
     pub profile: Option<String>,
     /// `KEY=VALUE` overrides, applied after the profile, in order.
     pub sets: Vec<String>,
+    /// Stage kinds besides the built-in ones (embedders of the library, tests).
+    pub extra_kinds: Vec<&'static KindInfo>,
 }
 
 /// A stage as configured and built.
@@ -110,11 +101,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> (Option<Pipeline>, Diagnostics) 
         Ok(b) => b,
         Err(e) => {
             let file = SourceFile::new(path, String::new());
-            diags.error(
-                &Span::file(&file, 0..0),
-                None,
-                format!("cannot read pipeline file: {e}"),
-            );
+            diags.error(&Span::file(&file, 0..0), None, format!("cannot read pipeline file: {e}"));
             return (None, diags);
         }
     };
@@ -125,11 +112,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> (Option<Pipeline>, Diagnostics) 
             let valid = e.utf8_error().valid_up_to();
             let text = String::from_utf8_lossy(e.as_bytes()).to_string();
             let file = SourceFile::new(path, text);
-            diags.error(
-                &Span::file(&file, valid..valid),
-                None,
-                "pipeline file is not valid UTF-8",
-            );
+            diags.error(&Span::file(&file, valid..valid), None, "pipeline file is not valid UTF-8");
             return (None, diags);
         }
     };
@@ -137,11 +120,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> (Option<Pipeline>, Diagnostics) 
     let (doc, errors) = toml::de::DeTable::parse_recoverable(&file.text);
     for e in &errors {
         let range = e.span().unwrap_or(0..0);
-        diags.error(
-            &Span::file(&file, range),
-            None,
-            format!("TOML syntax: {}", e.message()),
-        );
+        diags.error(&Span::file(&file, range), None, format!("TOML syntax: {}", e.message()));
     }
     if !errors.is_empty() {
         return (None, diags);
@@ -153,11 +132,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> (Option<Pipeline>, Diagnostics) 
     if let Some(profiles) = &profiles
         && profiles.node.as_table().is_none()
     {
-        diags.error(
-            &profiles.node.span,
-            None,
-            "\"profiles\" must be a table of [profiles.NAME] tables",
-        );
+        diags.error(&profiles.node.span, None, "\"profiles\" must be a table of [profiles.NAME] tables");
     }
     if let Some(name) = &opts.profile {
         let table = profiles.as_ref().and_then(|p| p.node.as_table());
@@ -165,40 +140,26 @@ pub fn load(path: &Path, opts: &LoadOptions) -> (Option<Pipeline>, Diagnostics) 
             Some(entry) => match &entry.node.value {
                 Value::Table(overlay) => {
                     if overlay.get("profiles").is_some() {
-                        diags.error(
-                            &entry.node.span,
-                            None,
-                            format!("profile \"{name}\" cannot define profiles"),
-                        );
+                        diags.error(&entry.node.span, None, format!("profile \"{name}\" cannot define profiles"));
                     }
                     root.merge(overlay.clone())
                 }
                 other => diags.error(
                     &entry.node.span,
                     None,
-                    format!(
-                        "profile \"{name}\" must be a table, found {}",
-                        other.type_name()
-                    ),
+                    format!("profile \"{name}\" must be a table, found {}", other.type_name()),
                 ),
             },
             None => {
                 let names: Vec<&str> = table.map(|t| t.keys().collect()).unwrap_or_default();
                 let hint = did_you_mean(name, names.iter().copied()).unwrap_or_default();
-                let span = profiles
-                    .as_ref()
-                    .map(|p| p.key_span.clone())
-                    .unwrap_or_else(|| Span::file(&file, 0..0));
+                let span = profiles.as_ref().map(|p| p.key_span.clone()).unwrap_or_else(|| Span::file(&file, 0..0));
                 diags.error(
                     &span,
                     None,
                     format!(
                         "no profile \"{name}\"{hint} (profiles in this file: {})",
-                        if names.is_empty() {
-                            "none".to_string()
-                        } else {
-                            names.join(", ")
-                        }
+                        if names.is_empty() { "none".to_string() } else { names.join(", ") }
                     ),
                 );
             }
@@ -208,37 +169,20 @@ pub fn load(path: &Path, opts: &LoadOptions) -> (Option<Pipeline>, Diagnostics) 
         apply_set(&mut root, set, &mut diags);
     }
 
-    let pipeline = check(
-        file.clone(),
-        file_hash,
-        root,
-        opts.profile.clone(),
-        &mut diags,
-    );
+    let kinds: Vec<&'static KindInfo> = stages::KINDS.iter().copied().chain(opts.extra_kinds.iter().copied()).collect();
+    let pipeline = check(file.clone(), file_hash, root, opts.profile.clone(), &kinds, &mut diags);
     diags.sort();
-    if diags.has_errors() {
-        (None, diags)
-    } else {
-        (pipeline, diags)
-    }
+    if diags.has_errors() { (None, diags) } else { (pipeline, diags) }
 }
 
 fn apply_set(root: &mut Table, set: &str, diags: &mut Diagnostics) {
     let arg: Arc<str> = Arc::from(set);
-    let span = Span {
-        origin: node::Origin::Arg(arg.clone()),
-        start: 0,
-        end: 0,
-    };
+    let span = Span { origin: node::Origin::Arg(arg.clone()), start: 0, end: 0 };
     let Some((key, value)) = set.split_once('=') else {
         diags.error(&span, None, "expected KEY=VALUE (e.g. stages.sample.n=100)");
         return;
     };
-    let path: Vec<String> = key
-        .trim()
-        .split('.')
-        .map(|s| s.trim().trim_matches('"').to_string())
-        .collect();
+    let path: Vec<String> = key.trim().split('.').map(|s| s.trim().trim_matches('"').to_string()).collect();
     if path.iter().any(String::is_empty) {
         diags.error(&span, None, format!("bad key \"{key}\""));
         return;
@@ -266,18 +210,12 @@ pub fn normalize(path: &Path) -> PathBuf {
             other => out.push(other.as_os_str()),
         }
     }
-    if out.as_os_str().is_empty() {
-        PathBuf::from(".")
-    } else {
-        out
-    }
+    if out.as_os_str().is_empty() { PathBuf::from(".") } else { out }
 }
 
 fn valid_name(name: &str) -> bool {
     !name.is_empty()
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
         && !name.starts_with('-')
         && !name.starts_with('_')
 }
@@ -287,29 +225,18 @@ fn check(
     file_hash: String,
     root: Table,
     profile: Option<String>,
+    kinds: &[&'static KindInfo],
     diags: &mut Diagnostics,
 ) -> Option<Pipeline> {
     let file_span = Span::file(&file, 0..0);
     for entry in &root.entries {
         if !TOP_LEVEL.contains(&entry.key.as_str()) {
             let hint = did_you_mean(&entry.key, TOP_LEVEL.iter().copied()).unwrap_or_default();
-            diags.error(
-                &entry.key_span,
-                None,
-                format!("unknown top-level table \"{}\"{hint}", entry.key),
-            );
+            diags.error(&entry.key_span, None, format!("unknown top-level table \"{}\"{hint}", entry.key));
         }
     }
-    let base_dir = file
-        .path
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
-    let base_dir = if base_dir.as_os_str().is_empty() {
-        PathBuf::from(".")
-    } else {
-        base_dir
-    };
+    let base_dir = file.path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let base_dir = if base_dir.as_os_str().is_empty() { PathBuf::from(".") } else { base_dir };
 
     // [pipeline]
     let empty = Table::default();
@@ -323,99 +250,45 @@ fn check(
         },
         None => (&empty, file_span.clone()),
     };
-    let mut pspans = OptionSpans {
-        table: Some(pspan.clone()),
-        ..Default::default()
-    };
-    let pctx = CheckCtx {
-        root: &base_dir,
-        subject: Some("[pipeline]"),
-        extra_keys: &[],
-    };
-    let pjson = check_table(
-        ptable,
-        &pspan,
-        PIPELINE_OPTIONS,
-        &pctx,
-        "",
-        &mut pspans,
-        diags,
-    );
-    let ptable: Option<PipelineTable> =
-        serde_json::from_value(serde_json::Value::Object(pjson)).ok();
-    let root_dir = normalize(
-        &ptable
-            .as_ref()
-            .map(|p| base_dir.join(&p.root))
-            .unwrap_or_else(|| base_dir.clone()),
-    );
-    let name = ptable
-        .as_ref()
-        .and_then(|p| p.name.clone())
-        .unwrap_or_else(|| {
-            file.path
-                .file_stem()
-                .map(|s| s.to_string_lossy().to_string())
-                .unwrap_or_else(|| "pipeline".into())
-        });
+    let mut pspans = OptionSpans { table: Some(pspan.clone()), ..Default::default() };
+    let pctx = CheckCtx { root: &base_dir, subject: Some("[pipeline]"), extra_keys: &[] };
+    let pjson = check_table(ptable, &pspan, PIPELINE_OPTIONS, &pctx, "", &mut pspans, diags);
+    let ptable: Option<PipelineTable> = serde_json::from_value(serde_json::Value::Object(pjson)).ok();
+    let root_dir = normalize(&ptable.as_ref().map(|p| base_dir.join(&p.root)).unwrap_or_else(|| base_dir.clone()));
+    let name = ptable.as_ref().and_then(|p| p.name.clone()).unwrap_or_else(|| {
+        file.path.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_else(|| "pipeline".into())
+    });
     let default_ratio = ptable.as_ref().map(|p| p.max_failure_ratio).unwrap_or(0.05);
 
     // [stages.NAME]
-    let mut decls: Vec<StageDecl> = Vec::new();
-    let mut input_spans: Vec<Vec<Span>> = Vec::new();
-    let mut all_names: Vec<String> = Vec::new();
+    let mut raws: Vec<RawStage> = Vec::new();
     match root.get("stages") {
-        None => diags.error(
-            &file_span,
-            None,
-            "no [stages] table: a pipeline needs at least one stage",
-        ),
+        None => diags.error(&file_span, None, "no [stages] table: a pipeline needs at least one stage"),
         Some(e) => match e.node.as_table() {
-            None => diags.error(
-                &e.node.span,
-                None,
-                "\"stages\" must be a table of [stages.NAME] tables",
-            ),
+            None => diags.error(&e.node.span, None, "\"stages\" must be a table of [stages.NAME] tables"),
             Some(stages) => {
                 for entry in &stages.entries {
-                    all_names.push(entry.key.clone());
-                    if let Some((decl, spans)) = check_stage(
-                        &entry.key,
-                        &entry.key_span,
-                        &entry.node,
-                        &root_dir,
-                        default_ratio,
-                        diags,
-                    ) {
-                        decls.push(decl);
-                        input_spans.push(spans);
+                    if let Some(raw) =
+                        check_stage(&entry.key, &entry.key_span, &entry.node, &root_dir, default_ratio, kinds, diags)
+                    {
+                        raws.push(raw);
                     }
                 }
             }
         },
     }
 
-    let (graph, broken) = check_graph(&decls, &input_spans, &all_names, diags);
-    plan(&mut decls, &graph, &broken, &root_dir, diags);
-    let graph = (!broken.iter().any(|b| *b)).then_some(graph);
+    let (graph, broken) = check_graph(&raws, diags);
+    plan(&mut raws, &graph, &broken, &root_dir, diags);
+    let runnable = !broken.iter().any(|b| *b);
+    let decls: Option<Vec<StageDecl>> = raws.into_iter().map(|r| r.decl).collect();
 
-    let mut resolved = Node {
-        span: file_span,
-        value: Value::Table(root),
-    }
-    .to_json();
+    let mut resolved = Node { span: file_span, value: Value::Table(root) }.to_json();
     if let Some(obj) = resolved.as_object_mut() {
         obj.remove("profiles");
     }
     let ptable = ptable?;
-    let output_dir = normalize(
-        &root_dir.join(
-            ptable
-                .output_dir
-                .clone()
-                .unwrap_or_else(|| format!("outputs/{name}")),
-        ),
-    );
+    let output_dir = normalize(&root_dir.join(ptable.output_dir.clone().unwrap_or_else(|| format!("outputs/{name}"))));
     Some(Pipeline {
         file,
         file_hash,
@@ -424,10 +297,22 @@ fn check(
         seed: ptable.seed,
         output_dir,
         profile,
-        stages: decls,
-        graph: graph?,
+        stages: decls?,
+        graph: runnable.then_some(graph)?,
         resolved,
     })
+}
+
+/// A stage table as far as it could be understood: always its name and inputs,
+/// its kind when known, and the built stage when its options are valid.
+struct RawStage {
+    name: String,
+    key_span: Span,
+    kind: Option<&'static KindInfo>,
+    inputs: Vec<String>,
+    input_spans: Vec<Span>,
+    inputs_span: Span,
+    decl: Option<StageDecl>,
 }
 
 fn check_stage(
@@ -436,8 +321,9 @@ fn check_stage(
     node: &Node,
     root: &Path,
     default_ratio: f64,
+    kinds: &[&'static KindInfo],
     diags: &mut Diagnostics,
-) -> Option<(StageDecl, Vec<Span>)> {
+) -> Option<RawStage> {
     let subject = stage_subject(name);
     if !valid_name(name) {
         diags.error(
@@ -447,206 +333,146 @@ fn check_stage(
         );
     }
     let Some(table) = node.as_table() else {
-        diags.error(
-            &node.span,
-            Some(&subject),
-            format!("a stage must be a table, found {}", node.value.type_name()),
-        );
+        diags.error(&node.span, Some(&subject), format!("a stage must be a table, found {}", node.value.type_name()));
         return None;
     };
-    let kind_entry = match table.get("kind") {
-        Some(k) => k,
-        None => {
-            diags.error(
-                key_span,
-                Some(&subject),
-                "missing required option \"kind\" (see `synth list`)",
-            );
-            return None;
-        }
+    // Inputs are read on their own so graph problems are found even when options are bad.
+    let (inputs, input_spans, inputs_span) = match table.get("inputs") {
+        Some(e) => match &e.node.value {
+            Value::Array(items) => (
+                items.iter().filter_map(|n| n.as_str().map(str::to_string)).collect(),
+                items.iter().filter(|n| n.as_str().is_some()).map(|n| n.span.clone()).collect(),
+                e.node.span.clone(),
+            ),
+            Value::Str(one) => (vec![one.clone()], vec![e.node.span.clone()], e.node.span.clone()),
+            _ => (Vec::new(), Vec::new(), e.node.span.clone()),
+        },
+        None => (Vec::new(), Vec::new(), key_span.clone()),
+    };
+    let mut raw = RawStage {
+        name: name.to_string(),
+        key_span: key_span.clone(),
+        kind: None,
+        inputs,
+        input_spans,
+        inputs_span,
+        decl: None,
+    };
+    let Some(kind_entry) = table.get("kind") else {
+        diags.error(key_span, Some(&subject), "missing required option \"kind\" (see `synth list`)");
+        return Some(raw);
     };
     let Some(kind_name) = kind_entry.node.as_str() else {
+        diags.error(&kind_entry.node.span, Some(&subject), "\"kind\" must be a string");
+        return Some(raw);
+    };
+    let Some(kind) = kinds.iter().copied().find(|k| k.name == kind_name) else {
+        let hint = did_you_mean(kind_name, kinds.iter().map(|k| k.name)).unwrap_or_default();
+        let kinds = kinds.iter().map(|k| k.name).collect::<Vec<_>>().join(", ");
         diags.error(
             &kind_entry.node.span,
             Some(&subject),
-            "\"kind\" must be a string",
+            format!("unknown stage kind \"{kind_name}\"{hint} (kinds: {kinds})"),
         );
-        return None;
+        return Some(raw);
     };
-    let Some(kind) = stages::kind(kind_name) else {
-        let hint =
-            did_you_mean(kind_name, stages::KINDS.iter().map(|k| k.name)).unwrap_or_default();
-        diags.error(
-            &kind_entry.node.span,
-            Some(&subject),
-            format!(
-                "unknown stage kind \"{kind_name}\"{hint} (kinds: {})",
-                stages::KINDS
-                    .iter()
-                    .map(|k| k.name)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        );
-        return None;
-    };
+    raw.kind = Some(kind);
     let specs: Vec<OptionSpec> = COMMON_OPTIONS.iter().chain(kind.options).copied().collect();
-    let mut spans = OptionSpans {
-        table: Some(key_span.clone()),
-        ..Default::default()
-    };
-    let ctx = CheckCtx {
-        root,
-        subject: Some(&subject),
-        extra_keys: &[],
-    };
+    let mut spans = OptionSpans { table: Some(key_span.clone()), ..Default::default() };
+    let ctx = CheckCtx { root, subject: Some(&subject), extra_keys: &[] };
     let before = diags.n_errors();
-    let options = serde_json::Value::Object(check_table(
-        table, key_span, &specs, &ctx, "", &mut spans, diags,
-    ));
-    let inputs: Vec<String> = options["inputs"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|v| v.as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default();
-    let input_spans: Vec<Span> = match table.get("inputs").map(|e| &e.node.value) {
-        Some(Value::Array(items)) => items.iter().map(|n| n.span.clone()).collect(),
-        _ => vec![key_span.clone(); inputs.len()],
-    };
-    let max_failure_ratio = options
-        .get("max_failure_ratio")
-        .and_then(|v| v.as_f64())
-        .unwrap_or(default_ratio);
+    let options = serde_json::Value::Object(check_table(table, key_span, &specs, &ctx, "", &mut spans, diags));
     if diags.n_errors() > before {
-        return None;
+        return Some(raw);
     }
-    let build_ctx = BuildCtx {
-        name,
-        options: &options,
-        spans: &spans,
-        root,
-    };
-    let stage = (kind.build)(&build_ctx, diags)?;
-    Some((
-        StageDecl {
-            name: name.to_string(),
-            kind,
-            inputs,
-            options,
-            spans,
-            span: key_span.clone(),
-            max_failure_ratio,
-            stage,
-            planned_schema: None,
-            files: Vec::new(),
-        },
-        input_spans,
-    ))
+    let max_failure_ratio = options.get("max_failure_ratio").and_then(|v| v.as_f64()).unwrap_or(default_ratio);
+    let build_ctx = BuildCtx { name, options: &options, spans: &spans, root };
+    let Some(stage) = (kind.build)(&build_ctx, diags) else { return Some(raw) };
+    raw.decl = Some(StageDecl {
+        name: name.to_string(),
+        kind,
+        inputs: raw.inputs.clone(),
+        options,
+        spans,
+        span: key_span.clone(),
+        max_failure_ratio,
+        stage,
+        planned_schema: None,
+        files: Vec::new(),
+    });
+    Some(raw)
 }
 
-/// Inputs must name stages, arity must fit, no cycles; unused outputs are warnings.
-/// Returns the graph of the stages that built, and which of them have a broken
-/// neighbourhood (bad inputs, arity, cycles); the pipeline is runnable when none is.
-fn check_graph(
-    decls: &[StageDecl],
-    input_spans: &[Vec<Span>],
-    all_names: &[String],
-    diags: &mut Diagnostics,
-) -> (Graph, Vec<bool>) {
-    let names: Vec<&str> = decls.iter().map(|d| d.name.as_str()).collect();
-    let mut edges: Vec<Vec<usize>> = vec![Vec::new(); decls.len()];
-    let mut broken = vec![all_names.len() != decls.len(); decls.len()];
-    for (i, d) in decls.iter().enumerate() {
-        let mut ok = true;
-        let subject = stage_subject(&d.name);
-        for (j, input) in d.inputs.iter().enumerate() {
-            let span = input_spans[i]
-                .get(j)
-                .cloned()
-                .unwrap_or_else(|| d.span.clone());
+/// Check inputs (they must name stages), arity and cycles; unused outputs are
+/// warnings. Returns the graph and which stages are broken (the pipeline can run
+/// only when none is).
+fn check_graph(raws: &[RawStage], diags: &mut Diagnostics) -> (Graph, Vec<bool>) {
+    let names: Vec<&str> = raws.iter().map(|r| r.name.as_str()).collect();
+    let mut edges: Vec<Vec<usize>> = vec![Vec::new(); raws.len()];
+    let mut broken: Vec<bool> = raws.iter().map(|r| r.decl.is_none()).collect();
+    for (i, r) in raws.iter().enumerate() {
+        let subject = stage_subject(&r.name);
+        for (input, span) in r.inputs.iter().zip(&r.input_spans) {
             match names.iter().position(|n| n == input) {
                 Some(k) => {
-                    if decls[k].kind.role == Role::Sink {
+                    if raws[k].kind.is_some_and(|kind| kind.role == Role::Sink) {
                         diags.error(
-                            &span,
+                            span,
                             Some(&subject),
-                            format!(
-                                "input \"{input}\" is a sink ({}); sinks have no output to read",
-                                decls[k].kind.name
-                            ),
+                            format!("input \"{input}\" is a sink; sinks have no output to read"),
                         );
-                        ok = false;
+                        broken[i] = true;
                     }
                     if edges[i].contains(&k) {
-                        diags.error(
-                            &span,
-                            Some(&subject),
-                            format!("input \"{input}\" is listed twice"),
-                        );
-                        ok = false;
+                        diags.error(span, Some(&subject), format!("input \"{input}\" is listed twice"));
+                        broken[i] = true;
+                    } else {
+                        edges[i].push(k);
                     }
-                    edges[i].push(k);
                 }
-                // A stage with errors of its own: already reported.
-                None if all_names.contains(input) => ok = false,
                 None => {
-                    let hint = did_you_mean(input, all_names.iter().map(String::as_str))
-                        .unwrap_or_default();
+                    let hint = did_you_mean(input, names.iter().copied()).unwrap_or_default();
                     diags.error(
-                        &span,
+                        span,
                         Some(&subject),
                         format!("unknown input \"{input}\"{hint}: no stage has that name"),
                     );
-                    ok = false;
+                    broken[i] = true;
                 }
             }
         }
-        let n = d.inputs.len();
-        let arity_msg = match d.kind.arity {
-            Arity::None if n > 0 => Some(format!("a {} stage takes no inputs", d.kind.name)),
-            Arity::Exactly(k) if n != k => Some(format!(
-                "a {} stage takes exactly {k} input{}, found {n}",
-                d.kind.name,
-                if k == 1 { "" } else { "s" }
-            )),
-            Arity::AtLeast(k) if n < k => Some(format!(
-                "a {} stage takes at least {k} input{}, found {n}",
-                d.kind.name,
-                if k == 1 { "" } else { "s" }
-            )),
+        let Some(kind) = r.kind else { continue };
+        let n = r.inputs.len();
+        let plural = |k: usize| if k == 1 { "" } else { "s" };
+        let arity_msg = match kind.arity {
+            Arity::None if n > 0 => Some(format!("a {} stage takes no inputs", kind.name)),
+            Arity::Exactly(k) if n != k => {
+                Some(format!("a {} stage takes exactly {k} input{}, found {n}", kind.name, plural(k)))
+            }
+            Arity::AtLeast(k) if n < k => {
+                Some(format!("a {} stage takes at least {k} input{}, found {n}", kind.name, plural(k)))
+            }
             _ => None,
         };
         if let Some(msg) = arity_msg {
-            diags.error(&d.spans.get("inputs"), Some(&subject), msg);
-            ok = false;
+            diags.error(&r.inputs_span, Some(&subject), msg);
+            broken[i] = true;
         }
-        broken[i] |= !ok;
     }
     let graph = Graph::new(edges);
     for cycle in graph.cycles() {
-        let chain: Vec<&str> = cycle
-            .iter()
-            .chain(std::iter::once(&cycle[0]))
-            .map(|&i| names[i])
-            .collect();
-        let first = &decls[cycle[0]];
-        diags.error(
-            &first.spans.get("inputs"),
-            Some(&stage_subject(&first.name)),
-            format!("cycle: {}", chain.join(" -> ")),
-        );
+        let chain: Vec<&str> = cycle.iter().chain(std::iter::once(&cycle[0])).map(|&i| names[i]).collect();
+        let first = &raws[cycle[0]];
+        diags.error(&first.inputs_span, Some(&stage_subject(&first.name)), format!("cycle: {}", chain.join(" -> ")));
         for &i in &cycle {
             broken[i] = true;
         }
     }
-    for (i, d) in decls.iter().enumerate() {
-        if d.kind.role != Role::Sink && graph.consumers[i].is_empty() {
+    for (i, r) in raws.iter().enumerate() {
+        if r.kind.is_some_and(|k| k.role != Role::Sink) && graph.consumers[i].is_empty() {
             diags.warning(
-                &d.span,
-                Some(&stage_subject(&d.name)),
+                &r.key_span,
+                Some(&stage_subject(&r.name)),
                 "output is not used by any stage and the stage is not a sink (add a sink, or remove the stage)",
             );
         }
@@ -654,38 +480,26 @@ fn check_graph(
     (graph, broken)
 }
 
-/// Plan columns in topological order, collecting stage-specific diagnostics. Stages
-/// with a broken input are planned with that input's columns unknown.
-fn plan(
-    decls: &mut [StageDecl],
-    graph: &Graph,
-    broken: &[bool],
-    root: &Path,
-    diags: &mut Diagnostics,
-) {
+/// Plan columns in topological order, collecting stage-specific diagnostics. A
+/// stage whose input could not be planned sees that input's columns as unknown.
+fn plan(raws: &mut [RawStage], graph: &Graph, broken: &[bool], root: &Path, diags: &mut Diagnostics) {
     for &i in &graph.order {
-        if broken[i] && decls[i].inputs.len() != graph.inputs[i].len() {
+        if raws[i].decl.is_none() || (broken[i] && raws[i].inputs.len() != graph.inputs[i].len()) {
             continue;
         }
         let inputs: Vec<PlanInput> = graph.inputs[i]
             .iter()
             .map(|&k| PlanInput {
-                name: decls[k].name.clone(),
-                schema: decls[k].planned_schema.clone(),
+                name: raws[k].name.clone(),
+                schema: raws[k].decl.as_ref().and_then(|d| d.planned_schema.clone()),
             })
             .collect();
-        let d = &decls[i];
-        let mut ctx = PlanCtx {
-            name: &d.name,
-            spans: &d.spans,
-            root,
-            inputs,
-            diags,
-            files: Vec::new(),
-        };
+        let d = raws[i].decl.as_ref().expect("checked");
+        let mut ctx = PlanCtx { name: &d.name, spans: &d.spans, root, inputs, diags, files: Vec::new() };
         let schema = d.stage.plan(&mut ctx);
         let files = std::mem::take(&mut ctx.files);
-        decls[i].planned_schema = schema;
-        decls[i].files = files;
+        let d = raws[i].decl.as_mut().expect("checked");
+        d.planned_schema = schema;
+        d.files = files;
     }
 }

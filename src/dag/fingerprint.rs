@@ -15,8 +15,7 @@ fn canonical(v: &serde_json::Value) -> String {
     fn sort(v: &serde_json::Value) -> serde_json::Value {
         match v {
             serde_json::Value::Object(m) => {
-                let sorted: BTreeMap<&String, serde_json::Value> =
-                    m.iter().map(|(k, v)| (k, sort(v))).collect();
+                let sorted: BTreeMap<&String, serde_json::Value> = m.iter().map(|(k, v)| (k, sort(v))).collect();
                 serde_json::Value::Object(sorted.into_iter().map(|(k, v)| (k.clone(), v)).collect())
             }
             serde_json::Value::Array(a) => serde_json::Value::Array(a.iter().map(sort).collect()),
@@ -92,19 +91,8 @@ pub fn explain(old: Option<&FingerprintParts>, new: &FingerprintParts) -> String
         return "set of input files changed".into();
     }
     if old.extra != new.extra {
-        let changed: Vec<&String> = new
-            .extra
-            .keys()
-            .filter(|k| old.extra.get(*k) != new.extra.get(*k))
-            .collect();
-        return format!(
-            "{} changed",
-            changed
-                .iter()
-                .map(|s| s.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
+        let changed: Vec<&String> = new.extra.keys().filter(|k| old.extra.get(*k) != new.extra.get(*k)).collect();
+        return format!("{} changed", changed.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "));
     }
     "outputs missing or modified".into()
 }
@@ -116,19 +104,12 @@ mod tests {
     #[test]
     fn canonical_sorts_keys() {
         let a = serde_json::json!({"b": 1, "a": {"d": 2, "c": [3, {"z": 1, "y": 2}]}});
-        assert_eq!(
-            canonical(&a),
-            r#"{"a":{"c":[3,{"y":2,"z":1}],"d":2},"b":1}"#
-        );
+        assert_eq!(canonical(&a), r#"{"a":{"c":[3,{"y":2,"z":1}],"d":2},"b":1}"#);
     }
 
     #[test]
     fn explain_names_the_change() {
-        let mut old = FingerprintParts {
-            kind: "map@1".into(),
-            config: "x".into(),
-            ..Default::default()
-        };
+        let mut old = FingerprintParts { kind: "map@1".into(), config: "x".into(), ..Default::default() };
         old.inputs.insert("a".into(), "1".into());
         let mut new = old.clone();
         new.inputs.insert("a".into(), "2".into());

@@ -41,11 +41,7 @@ impl Graph {
                 }
             }
         }
-        Graph {
-            inputs,
-            consumers,
-            order,
-        }
+        Graph { inputs, consumers, order }
     }
 
     /// Every elementary cycle found, once per strongly connected component, as a list
@@ -70,12 +66,7 @@ impl Graph {
                 }
                 // Rotate to start at the lowest index, and list in data-flow order.
                 cycle.reverse();
-                let min_pos = cycle
-                    .iter()
-                    .enumerate()
-                    .min_by_key(|(_, v)| **v)
-                    .map(|(p, _)| p)
-                    .unwrap_or(0);
+                let min_pos = cycle.iter().enumerate().min_by_key(|(_, v)| **v).map(|(p, _)| p).unwrap_or(0);
                 cycle.rotate_left(min_pos);
                 out.push(cycle);
             }
@@ -89,10 +80,7 @@ impl Graph {
         on_path[start] = true;
         let mut cur = start;
         loop {
-            let next = self.inputs[cur]
-                .iter()
-                .copied()
-                .find(|k| !acyclic.contains(k))?;
+            let next = self.inputs[cur].iter().copied().find(|k| !acyclic.contains(k))?;
             if on_path[next] {
                 let pos = path.iter().position(|&p| p == next).expect("on path");
                 return Some(path[pos..].to_vec());

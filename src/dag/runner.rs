@@ -18,16 +18,14 @@ use tokio_util::sync::CancellationToken;
 use super::fingerprint::{combine, config_part, explain};
 use crate::config::Pipeline;
 use crate::progress::ProgressHub;
-use crate::stages::{
-    Cancelled, Input, PrepareCtx, Prepared, Role, RunCtx, failures_path, output_path,
-};
+use crate::stages::{Cancelled, Input, PrepareCtx, Prepared, Role, RunCtx, failures_path, output_path};
 use crate::store::atomic::clean_debris;
 use crate::store::failures::write_failures;
 use crate::store::filehash::FileHasher;
 use crate::store::parquet::{FINGERPRINT_KEY, read_footer};
 use crate::store::state::{
-    FingerprintParts, INTERNAL_DIR, Manifest, ManifestStage, OutputRecord, PipelineInfo, RunStatus,
-    StageReport, StageState, StageStatus, now_rfc3339, redact, relative_to,
+    FingerprintParts, INTERNAL_DIR, Manifest, ManifestStage, OutputRecord, PipelineInfo, RunStatus, StageReport,
+    StageState, StageStatus, now_rfc3339, redact, relative_to,
 };
 
 #[derive(Debug, Clone, Default)]
@@ -73,10 +71,7 @@ pub struct RunSummary {
 
 impl RunSummary {
     pub fn n_ran(&self) -> usize {
-        self.lines
-            .iter()
-            .filter(|l| l.status == StageStatus::Ran)
-            .count()
+        self.lines.iter().filter(|l| l.status == StageStatus::Ran).count()
     }
 }
 
@@ -91,22 +86,10 @@ enum Mode {
 }
 
 enum Outcome {
-    UpToDate {
-        fp: String,
-        state: Box<StageState>,
-    },
-    Ran {
-        fp: String,
-        parts: FingerprintParts,
-        ctx: Box<RunCtx>,
-    },
-    NotUpToDate {
-        reason: String,
-    },
-    WouldRun {
-        fp: Option<String>,
-        reason: String,
-    },
+    UpToDate { fp: String, state: Box<StageState> },
+    Ran { fp: String, parts: FingerprintParts, ctx: Box<RunCtx> },
+    NotUpToDate { reason: String },
+    WouldRun { fp: Option<String>, reason: String },
 }
 
 struct TaskResult {
@@ -140,8 +123,7 @@ pub async fn run(
     let find = |name: &str, flag: &str| {
         p.stage_index(name).ok_or_else(|| {
             let hint =
-                crate::config::diag::did_you_mean(name, p.stages.iter().map(|s| s.name.as_str()))
-                    .unwrap_or_default();
+                crate::config::diag::did_you_mean(name, p.stages.iter().map(|s| s.name.as_str())).unwrap_or_default();
             RunError::Usage(format!("{flag} {name}: no such stage{hint}"))
         })
     };
@@ -165,38 +147,20 @@ pub async fn run(
     }
     if opts.dry_run {
         for m in modes.iter_mut().flatten() {
-            *m = Mode::Plan {
-                forced: matches!(m, Mode::Run { forced: true }),
-            };
+            *m = Mode::Plan { forced: matches!(m, Mode::Run { forced: true }) };
         }
     }
 
     // Output directory: create, lock, clear debris of interrupted runs.
-    let _lock = if opts.dry_run {
-        None
-    } else {
-        Some(prepare_out_dir(&out_dir)?)
-    };
+    let _lock = if opts.dry_run { None } else { Some(prepare_out_dir(&out_dir)?) };
     let previous = Manifest::load(&out_dir).ok();
     let mut manifest = new_manifest(&p, &previous);
     if !opts.dry_run {
         manifest.save(&out_dir).map_err(fail)?;
     }
-    let hasher = Arc::new(Mutex::new(if opts.dry_run {
-        FileHasher::ephemeral()
-    } else {
-        FileHasher::load(&out_dir)
-    }));
+    let hasher = Arc::new(Mutex::new(if opts.dry_run { FileHasher::ephemeral() } else { FileHasher::load(&out_dir) }));
 
-    let mut nodes: Vec<Node> = (0..n)
-        .map(|i| {
-            if modes[i].is_none() {
-                Node::Skipped
-            } else {
-                Node::Pending
-            }
-        })
-        .collect();
+    let mut nodes: Vec<Node> = (0..n).map(|i| if modes[i].is_none() { Node::Skipped } else { Node::Pending }).collect();
     let mut lines: BTreeMap<usize, StageLine> = BTreeMap::new();
     let mut errors: Vec<String> = Vec::new();
     let mut stopping = false;
@@ -209,10 +173,7 @@ pub async fn run(
                     continue;
                 }
                 let ins = &p.graph.inputs[i];
-                if ins
-                    .iter()
-                    .any(|&k| matches!(nodes[k], Node::Failed | Node::Cancelled))
-                {
+                if ins.iter().any(|&k| matches!(nodes[k], Node::Failed | Node::Cancelled)) {
                     nodes[i] = Node::Cancelled;
                     continue;
                 }
@@ -248,10 +209,7 @@ pub async fn run(
                 };
                 tasks.spawn(async move {
                     let idx = job.idx;
-                    TaskResult {
-                        idx,
-                        outcome: job.run().await,
-                    }
+                    TaskResult { idx, outcome: job.run().await }
                 });
             }
         }
@@ -290,14 +248,7 @@ pub async fn run(
                 nodes[idx] = Node::Done(Some(fp.clone()));
                 line.status = StageStatus::UpToDate;
                 line.report = Some(state.report.clone());
-                set_manifest(
-                    &mut manifest,
-                    &name,
-                    StageStatus::UpToDate,
-                    Some(fp),
-                    Some(&state),
-                    None,
-                );
+                set_manifest(&mut manifest, &name, StageStatus::UpToDate, Some(fp), Some(&state), None);
             }
             Ok(Outcome::WouldRun { fp, reason }) => {
                 nodes[idx] = Node::Done(fp);
@@ -313,58 +264,35 @@ pub async fn run(
                 line.status = StageStatus::Failed;
                 stopping = true;
             }
-            Ok(Outcome::Ran { fp, parts, ctx }) => {
-                match finish_stage(&out_dir, decl, &fp, parts, *ctx) {
-                    Ok(state) => {
-                        let r = &state.report;
-                        tracing::info!(
-                            "stage \"{name}\" done: {} in, {} out, {} failed, {:.2}s",
-                            r.rows_in,
-                            r.rows_out,
-                            r.rows_failed,
-                            r.wall_seconds
-                        );
-                        nodes[idx] = Node::Done(Some(fp.clone()));
-                        line.status = StageStatus::Ran;
-                        line.report = Some(state.report.clone());
-                        set_manifest(
-                            &mut manifest,
-                            &name,
-                            StageStatus::Ran,
-                            Some(fp),
-                            Some(&state),
-                            None,
-                        );
-                    }
-                    Err(e) => {
-                        let msg = format!("stage \"{name}\": {e:#}");
-                        tracing::error!("{msg}");
-                        errors.push(msg.clone());
-                        nodes[idx] = Node::Failed;
-                        line.status = StageStatus::Failed;
-                        set_manifest(
-                            &mut manifest,
-                            &name,
-                            StageStatus::Failed,
-                            None,
-                            None,
-                            Some(msg),
-                        );
-                        stopping = true;
-                    }
+            Ok(Outcome::Ran { fp, parts, ctx }) => match finish_stage(&out_dir, decl, &fp, parts, *ctx) {
+                Ok(state) => {
+                    let r = &state.report;
+                    tracing::info!(
+                        "stage \"{name}\" done: {} in, {} out, {} failed, {:.2}s",
+                        r.rows_in,
+                        r.rows_out,
+                        r.rows_failed,
+                        r.wall_seconds
+                    );
+                    nodes[idx] = Node::Done(Some(fp.clone()));
+                    line.status = StageStatus::Ran;
+                    line.report = Some(state.report.clone());
+                    set_manifest(&mut manifest, &name, StageStatus::Ran, Some(fp), Some(&state), None);
                 }
-            }
+                Err(e) => {
+                    let msg = format!("stage \"{name}\": {e:#}");
+                    tracing::error!("{msg}");
+                    errors.push(msg.clone());
+                    nodes[idx] = Node::Failed;
+                    line.status = StageStatus::Failed;
+                    set_manifest(&mut manifest, &name, StageStatus::Failed, None, None, Some(msg));
+                    stopping = true;
+                }
+            },
             Err(e) if e.downcast_ref::<Cancelled>().is_some() => {
                 nodes[idx] = Node::Cancelled;
                 line.status = StageStatus::Cancelled;
-                set_manifest(
-                    &mut manifest,
-                    &name,
-                    StageStatus::Cancelled,
-                    None,
-                    None,
-                    None,
-                );
+                set_manifest(&mut manifest, &name, StageStatus::Cancelled, None, None, None);
             }
             Err(e) => {
                 let msg = format!("stage \"{name}\": {e:#}");
@@ -372,14 +300,7 @@ pub async fn run(
                 errors.push(msg.clone());
                 nodes[idx] = Node::Failed;
                 line.status = StageStatus::Failed;
-                set_manifest(
-                    &mut manifest,
-                    &name,
-                    StageStatus::Failed,
-                    None,
-                    None,
-                    Some(msg),
-                );
+                set_manifest(&mut manifest, &name, StageStatus::Failed, None, None, Some(msg));
                 stopping = true;
             }
         }
@@ -397,26 +318,14 @@ pub async fn run(
         lines.entry(i).or_insert_with(|| StageLine {
             stage: p.stages[i].name.clone(),
             kind: p.stages[i].kind.name.to_string(),
-            status: if nodes[i] == Node::Skipped {
-                StageStatus::Skipped
-            } else {
-                StageStatus::Cancelled
-            },
+            status: if nodes[i] == Node::Skipped { StageStatus::Skipped } else { StageStatus::Cancelled },
             reason: None,
             report: None,
         });
     }
-    let mut ordered: Vec<StageLine> = p
-        .graph
-        .order
-        .iter()
-        .filter_map(|i| lines.remove(i))
-        .collect();
+    let mut ordered: Vec<StageLine> = p.graph.order.iter().filter_map(|i| lines.remove(i)).collect();
     ordered.extend(lines.into_values());
-    let summary = RunSummary {
-        lines: ordered,
-        out_dir: out_dir.clone(),
-    };
+    let summary = RunSummary { lines: ordered, out_dir: out_dir.clone() };
     if opts.dry_run {
         return Ok(summary);
     }
@@ -435,11 +344,8 @@ pub async fn run(
     }
     manifest.save(&out_dir).map_err(fail)?;
     if interrupted {
-        let done = summary
-            .lines
-            .iter()
-            .filter(|l| matches!(l.status, StageStatus::Ran | StageStatus::UpToDate))
-            .count();
+        let done =
+            summary.lines.iter().filter(|l| matches!(l.status, StageStatus::Ran | StageStatus::UpToDate)).count();
         return Err(RunError::Interrupted(format!(
             "interrupted: {done} of {n} stages are complete and kept in {}; run the same command again to resume",
             out_dir.display()
@@ -462,54 +368,33 @@ fn fail(e: anyhow::Error) -> RunError {
 /// Create the output directory, take its lock and remove debris of interrupted runs.
 fn prepare_out_dir(out_dir: &Path) -> Result<std::fs::File, RunError> {
     let internal = out_dir.join(INTERNAL_DIR);
-    std::fs::create_dir_all(&internal).map_err(|e| {
-        RunError::Failed(format!(
-            "cannot create output directory {}: {e}",
-            out_dir.display()
-        ))
-    })?;
+    std::fs::create_dir_all(&internal)
+        .map_err(|e| RunError::Failed(format!("cannot create output directory {}: {e}", out_dir.display())))?;
     let lock_path = internal.join("lock");
     let lock = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(&lock_path)
-        .map_err(|e| {
-            RunError::Failed(format!(
-                "output directory {} is not writable: {e}",
-                out_dir.display()
-            ))
-        })?;
+        .map_err(|e| RunError::Failed(format!("output directory {} is not writable: {e}", out_dir.display())))?;
     match lock.try_lock() {
         Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {
-            return Err(RunError::Failed(format!(
-                "another synth run is using {}",
-                out_dir.display()
-            )));
+            return Err(RunError::Failed(format!("another synth run is using {}", out_dir.display())));
         }
         Err(std::fs::TryLockError::Error(e)) => {
-            return Err(RunError::Failed(format!(
-                "cannot lock {}: {e}",
-                lock_path.display()
-            )));
+            return Err(RunError::Failed(format!("cannot lock {}: {e}", lock_path.display())));
         }
     }
     // Probe writability for real (a read-only mount passes the checks above for root).
-    crate::store::atomic::write_atomic(&internal.join("probe"), b"ok").map_err(|e| {
-        RunError::Failed(format!(
-            "output directory {} is not writable: {e:#}",
-            out_dir.display()
-        ))
-    })?;
+    crate::store::atomic::write_atomic(&internal.join("probe"), b"ok")
+        .map_err(|e| RunError::Failed(format!("output directory {} is not writable: {e:#}", out_dir.display())))?;
     let mut stack = vec![out_dir.to_path_buf()];
     while let Some(dir) = stack.pop() {
         let _ = clean_debris(&dir);
         if let Ok(read) = std::fs::read_dir(&dir) {
             for entry in read.flatten() {
-                if entry.file_type().map(|t| t.is_dir()).unwrap_or(false)
-                    && entry.file_name() != "hub"
-                {
+                if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) && entry.file_name() != "hub" {
                     stack.push(entry.path());
                 }
             }
@@ -539,11 +424,7 @@ fn new_manifest(p: &Pipeline, previous: &Option<Manifest>) -> Manifest {
     }
     Manifest {
         synth_version: env!("CARGO_PKG_VERSION").to_string(),
-        pipeline: PipelineInfo {
-            name: p.name.clone(),
-            path: p.file.display.clone(),
-            hash: p.file_hash.clone(),
-        },
+        pipeline: PipelineInfo { name: p.name.clone(), path: p.file.display.clone(), hash: p.file_hash.clone() },
         profile: p.profile.clone(),
         seed: p.seed,
         status: RunStatus::Running,
@@ -603,62 +484,32 @@ impl StageJob {
             limit: self.limit,
         };
         let prepared = decl.stage.prepare(&prepare_ctx).await?;
-        let unknown_input = self
-            .input_fps
-            .iter()
-            .find(|(_, fp)| fp.is_none())
-            .map(|(n, _)| n.clone());
+        let unknown_input = self.input_fps.iter().find(|(_, fp)| fp.is_none()).map(|(n, _)| n.clone());
         let Some(prepared) = prepared else {
-            return Ok(Outcome::WouldRun {
-                fp: None,
-                reason: "needs the network to check its source".into(),
-            });
+            return Ok(Outcome::WouldRun { fp: None, reason: "needs the network to check its source".into() });
         };
         if let Some(input) = unknown_input {
-            return Ok(Outcome::WouldRun {
-                fp: None,
-                reason: format!("input \"{input}\" would run"),
-            });
+            return Ok(Outcome::WouldRun { fp: None, reason: format!("input \"{input}\" would run") });
         }
         let parts = self.parts(&prepared).await?;
         let fp = combine(&parts);
         let state = StageState::load(&self.out_dir, &decl.name);
-        let up_to_date = state
-            .as_ref()
-            .is_some_and(|s| s.fingerprint == fp && self.outputs_match(s, &fp));
-        let forced = matches!(
-            self.mode,
-            Mode::Run { forced: true } | Mode::Plan { forced: true }
-        );
+        let up_to_date = state.as_ref().is_some_and(|s| s.fingerprint == fp && self.outputs_match(s, &fp));
+        let forced = matches!(self.mode, Mode::Run { forced: true } | Mode::Plan { forced: true });
         let reason = || {
-            if forced && up_to_date {
-                "forced".to_string()
-            } else {
-                explain(state.as_ref().map(|s| &s.parts), &parts)
-            }
+            if forced && up_to_date { "forced".to_string() } else { explain(state.as_ref().map(|s| &s.parts), &parts) }
         };
         match self.mode {
             _ if up_to_date && !forced => {
-                return Ok(Outcome::UpToDate {
-                    fp,
-                    state: Box::new(state.expect("up to date")),
-                });
+                return Ok(Outcome::UpToDate { fp, state: Box::new(state.expect("up to date")) });
             }
             Mode::Check => return Ok(Outcome::NotUpToDate { reason: reason() }),
             Mode::Plan { .. } => {
-                return Ok(Outcome::WouldRun {
-                    fp: Some(fp),
-                    reason: reason(),
-                });
+                return Ok(Outcome::WouldRun { fp: Some(fp), reason: reason() });
             }
             Mode::Run { .. } => {}
         }
-        tracing::info!(
-            "stage \"{}\" ({}) starts: {}",
-            decl.name,
-            decl.kind.name,
-            reason()
-        );
+        tracing::info!("stage \"{}\" ({}) starts: {}", decl.name, decl.kind.name, reason());
 
         let inputs = decl
             .inputs
@@ -694,16 +545,9 @@ impl StageJob {
         r.tokens_out = progress.tokens_out.load(Ordering::Relaxed);
         r.cost_usd = progress.cost_usd();
         if decl.kind.role != Role::Sink && ctx.output.is_none() {
-            return Err(anyhow!(
-                "stage produced no output (a bug in the {} kind)",
-                decl.kind.name
-            ));
+            return Err(anyhow!("stage produced no output (a bug in the {} kind)", decl.kind.name));
         }
-        Ok(Outcome::Ran {
-            fp,
-            parts,
-            ctx: Box::new(ctx),
-        })
+        Ok(Outcome::Ran { fp, parts, ctx: Box::new(ctx) })
     }
 
     async fn parts(&self, prepared: &Prepared) -> Result<FingerprintParts> {
@@ -720,15 +564,7 @@ impl StageJob {
             let mut h = hasher.lock().expect("hasher");
             files
                 .iter()
-                .map(|f| {
-                    Ok((
-                        f.strip_prefix(&root)
-                            .unwrap_or(f)
-                            .to_string_lossy()
-                            .to_string(),
-                        h.hash(f)?,
-                    ))
-                })
+                .map(|f| Ok((f.strip_prefix(&root).unwrap_or(f).to_string_lossy().to_string(), h.hash(f)?)))
                 .collect()
         })
         .await
@@ -736,11 +572,7 @@ impl StageJob {
         Ok(FingerprintParts {
             kind: format!("{}@{}", decl.kind.name, decl.kind.version),
             config: config_part(decl, self.p.seed, self.limit),
-            inputs: self
-                .input_fps
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone().unwrap_or_default()))
-                .collect(),
+            inputs: self.input_fps.iter().map(|(k, v)| (k.clone(), v.clone().unwrap_or_default())).collect(),
             files: hashed,
             extra: prepared.fingerprint.clone(),
         })
@@ -779,24 +611,17 @@ fn finish_stage(
         let pending = write_failures(&fpath, failures, ctx.footer_meta())?;
         let bytes = pending.len();
         pending.commit()?;
-        Some(OutputRecord {
-            path: relative_to(out_dir, &fpath),
-            bytes,
-            rows: Some(n_failed),
-        })
+        Some(OutputRecord { path: relative_to(out_dir, &fpath), bytes, rows: Some(n_failed) })
     } else {
         if fpath.exists() {
-            std::fs::remove_file(&fpath)
-                .with_context(|| format!("removing stale {}", fpath.display()))?;
+            std::fs::remove_file(&fpath).with_context(|| format!("removing stale {}", fpath.display()))?;
         }
         None
     };
     let denominator = ctx.report.rows_in.max(n_failed).max(1);
     let ratio = n_failed as f64 / denominator as f64;
     if n_failed > 0 && ratio > decl.max_failure_ratio {
-        let first = first
-            .map(|f| format!("; first: {}: {}", f.id, f.message))
-            .unwrap_or_default();
+        let first = first.map(|f| format!("; first: {}: {}", f.id, f.message)).unwrap_or_default();
         anyhow::bail!(
             "{n_failed} of {denominator} records failed ({:.1}% > max_failure_ratio {:.1}%){first}; all failures are in {}",
             ratio * 100.0,
@@ -808,20 +633,12 @@ fn finish_stage(
     if let Some((pending, rows)) = ctx.output.take() {
         let bytes = pending.len();
         let dest = pending.commit()?;
-        outputs.push(OutputRecord {
-            path: relative_to(out_dir, &dest),
-            bytes,
-            rows: Some(rows),
-        });
+        outputs.push(OutputRecord { path: relative_to(out_dir, &dest), bytes, rows: Some(rows) });
     }
     for (pending, rows) in ctx.artifacts.drain(..) {
         let bytes = pending.len();
         let dest = pending.commit()?;
-        outputs.push(OutputRecord {
-            path: relative_to(out_dir, &dest),
-            bytes,
-            rows,
-        });
+        outputs.push(OutputRecord { path: relative_to(out_dir, &dest), bytes, rows });
     }
     let state = StageState {
         stage: decl.name.clone(),

@@ -41,33 +41,17 @@ pub fn parse_type_name(name: &str) -> Option<DataType> {
         "float64" | "float" | "double" => DataType::Float64,
         "float32" => DataType::Float32,
         "bool" | "boolean" => DataType::Boolean,
-        "list<utf8>" | "list<string>" => {
-            DataType::List(Arc::new(Field::new("item", DataType::Utf8, true)))
-        }
+        "list<utf8>" | "list<string>" => DataType::List(Arc::new(Field::new("item", DataType::Utf8, true))),
         _ => return None,
     })
 }
 
-pub const TYPE_NAMES: &[&str] = &[
-    "utf8",
-    "string",
-    "json",
-    "int64",
-    "int32",
-    "float64",
-    "float32",
-    "bool",
-    "list<utf8>",
-];
+pub const TYPE_NAMES: &[&str] =
+    &["utf8", "string", "json", "int64", "int32", "float64", "float32", "bool", "list<utf8>"];
 
 /// Column names of a schema, for messages.
 pub fn column_list(schema: &Schema) -> String {
-    schema
-        .fields()
-        .iter()
-        .map(|f| f.name().as_str())
-        .collect::<Vec<_>>()
-        .join(", ")
+    schema.fields().iter().map(|f| f.name().as_str()).collect::<Vec<_>>().join(", ")
 }
 
 /// JSON value of one cell.
@@ -128,9 +112,7 @@ pub fn value_at(array: &dyn Array, row: usize) -> Value {
 }
 
 fn float(x: f64) -> Value {
-    serde_json::Number::from_f64(x)
-        .map(Value::Number)
-        .unwrap_or(Value::Null)
+    serde_json::Number::from_f64(x).map(Value::Number).unwrap_or(Value::Null)
 }
 
 fn list(values: &dyn Array) -> Value {
@@ -157,9 +139,7 @@ pub fn rows_to_batch(schema: &SchemaRef, rows: &[Row]) -> Result<RecordBatch, (u
             .with_batch_size(rows.len().max(1))
             .build_decoder()?;
         decoder.serialize(rows)?;
-        Ok(decoder
-            .flush()?
-            .unwrap_or_else(|| RecordBatch::new_empty(schema.clone())))
+        Ok(decoder.flush()?.unwrap_or_else(|| RecordBatch::new_empty(schema.clone())))
     };
     match build(rows) {
         Ok(b) => Ok(b),
@@ -185,10 +165,7 @@ pub fn with_ids(batch: &RecordBatch, ids: ArrayRef) -> Result<RecordBatch, Arrow
             cols.push(c.clone());
         }
     }
-    RecordBatch::try_new(
-        Arc::new(Schema::new(fields).with_metadata(schema.metadata().clone())),
-        cols,
-    )
+    RecordBatch::try_new(Arc::new(Schema::new(fields).with_metadata(schema.metadata().clone())), cols)
 }
 
 /// Human name of an Arrow type for messages.
@@ -225,11 +202,8 @@ mod tests {
                 DataType::List(Arc::new(Field::new(
                     "item",
                     DataType::Struct(
-                        vec![
-                            Field::new("role", DataType::Utf8, true),
-                            Field::new("content", DataType::Utf8, true),
-                        ]
-                        .into(),
+                        vec![Field::new("role", DataType::Utf8, true), Field::new("content", DataType::Utf8, true)]
+                            .into(),
                     ),
                     true,
                 ))),
@@ -237,14 +211,8 @@ mod tests {
             ),
         ]);
         let rows: Vec<Row> = vec![
-            json!({"id": "a", "n": 1, "turns": [{"role": "User", "content": "hi"}]})
-                .as_object()
-                .unwrap()
-                .clone(),
-            json!({"id": "b", "n": null, "turns": []})
-                .as_object()
-                .unwrap()
-                .clone(),
+            json!({"id": "a", "n": 1, "turns": [{"role": "User", "content": "hi"}]}).as_object().unwrap().clone(),
+            json!({"id": "b", "n": null, "turns": []}).as_object().unwrap().clone(),
         ];
         let batch = rows_to_batch(&schema, &rows).unwrap();
         assert_eq!(batch.num_rows(), 2);
@@ -257,10 +225,7 @@ mod tests {
         let schema = schema_with_id([Field::new("n", DataType::Int64, true)]);
         let rows: Vec<Row> = vec![
             json!({"id": "a", "n": 1}).as_object().unwrap().clone(),
-            json!({"id": "b", "n": {"x": 1}})
-                .as_object()
-                .unwrap()
-                .clone(),
+            json!({"id": "b", "n": {"x": 1}}).as_object().unwrap().clone(),
         ];
         let err = rows_to_batch(&schema, &rows).unwrap_err();
         assert_eq!(err.0, 1);

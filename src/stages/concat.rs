@@ -18,11 +18,7 @@ use crate::data;
 use crate::store::parquet::open_reader;
 
 const OPTIONS: &[OptionSpec] = &[
-    OptionSpec::optional(
-        "tag_column",
-        Ty::Str,
-        "add a column holding the name of the input each record came from",
-    ),
+    OptionSpec::optional("tag_column", Ty::Str, "add a column holding the name of the input each record came from"),
     OptionSpec::default(
         "prefix_ids",
         Ty::Bool,
@@ -53,9 +49,7 @@ struct Concat {
 }
 
 fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> {
-    Some(Box::new(Concat {
-        opts: ctx.parse(diags)?,
-    }))
+    Some(Box::new(Concat { opts: ctx.parse(diags)? }))
 }
 
 /// United schema of the inputs, or a message naming the conflicting column.
@@ -65,9 +59,7 @@ fn unite(inputs: &[(String, SchemaRef)], tag: Option<&str>) -> std::result::Resu
     for (name, schema) in inputs {
         for f in schema.fields().iter().skip(1) {
             match fields.iter().position(|g| g.name() == f.name()) {
-                Some(i)
-                    if fields[i].data_type() == f.data_type()
-                        || f.data_type() == &DataType::Null => {}
+                Some(i) if fields[i].data_type() == f.data_type() || f.data_type() == &DataType::Null => {}
                 Some(i) if fields[i].data_type() == &DataType::Null => {
                     fields[i] = f.as_ref().clone().with_nullable(true)
                 }
@@ -99,11 +91,8 @@ fn unite(inputs: &[(String, SchemaRef)], tag: Option<&str>) -> std::result::Resu
 #[async_trait]
 impl Stage for Concat {
     fn plan(&self, ctx: &mut PlanCtx<'_>) -> Option<SchemaRef> {
-        let inputs: Option<Vec<(String, SchemaRef)>> = ctx
-            .inputs
-            .iter()
-            .map(|i| i.schema.clone().map(|s| (i.name.clone(), s)))
-            .collect();
+        let inputs: Option<Vec<(String, SchemaRef)>> =
+            ctx.inputs.iter().map(|i| i.schema.clone().map(|s| (i.name.clone(), s))).collect();
         match unite(&inputs?, self.opts.tag_column.as_deref()) {
             Ok(s) => Some(Arc::new(s)),
             Err(msg) => {
@@ -114,22 +103,12 @@ impl Stage for Concat {
     }
 
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
-        let inputs: Vec<(String, SchemaRef)> = ctx
-            .inputs
-            .iter()
-            .map(|i| (i.name.clone(), i.schema.clone()))
-            .collect();
-        let schema = Arc::new(
-            unite(&inputs, self.opts.tag_column.as_deref()).map_err(|m| anyhow::anyhow!(m))?,
-        );
+        let inputs: Vec<(String, SchemaRef)> = ctx.inputs.iter().map(|i| (i.name.clone(), i.schema.clone())).collect();
+        let schema = Arc::new(unite(&inputs, self.opts.tag_column.as_deref()).map_err(|m| anyhow::anyhow!(m))?);
         let mut out = ctx.create_output(schema.clone())?;
-        let paths: Vec<(String, std::path::PathBuf)> = ctx
-            .inputs
-            .iter()
-            .map(|i| (i.name.clone(), i.path.clone()))
-            .collect();
-        ctx.progress
-            .set_total(ctx.inputs.iter().map(|i| i.num_rows).sum());
+        let paths: Vec<(String, std::path::PathBuf)> =
+            ctx.inputs.iter().map(|i| (i.name.clone(), i.path.clone())).collect();
+        ctx.progress.set_total(ctx.inputs.iter().map(|i| i.num_rows).sum());
         let (cancel, progress) = (ctx.cancel.clone(), ctx.progress.clone());
         let tag = self.opts.tag_column.is_some();
         let prefix = self.opts.prefix_ids;
@@ -146,15 +125,10 @@ impl Stage for Concat {
                     for (i, f) in schema.fields().iter().enumerate() {
                         let col: ArrayRef = if i == 0 && prefix {
                             Arc::new(StringArray::from_iter_values(
-                                data::ids(&batch)
-                                    .iter()
-                                    .map(|id| format!("{name}/{}", id.unwrap_or_default())),
+                                data::ids(&batch).iter().map(|id| format!("{name}/{}", id.unwrap_or_default())),
                             ))
                         } else if tag && i == schema.fields().len() - 1 {
-                            Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
-                                name.as_str(),
-                                n,
-                            )))
+                            Arc::new(StringArray::from_iter_values(std::iter::repeat_n(name.as_str(), n)))
                         } else {
                             match batch.schema().index_of(f.name()) {
                                 Ok(j) => batch.column(j).clone(),

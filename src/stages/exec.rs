@@ -23,12 +23,7 @@ const ROW_BATCH: usize = 256;
 
 /// Transform each input batch with `f` on a blocking thread and write the results.
 /// `f` may record per-record failures in the log it is given.
-pub async fn map_batches<F>(
-    ctx: &mut RunCtx,
-    input: usize,
-    schema: SchemaRef,
-    mut f: F,
-) -> Result<()>
+pub async fn map_batches<F>(ctx: &mut RunCtx, input: usize, schema: SchemaRef, mut f: F) -> Result<()>
 where
     F: FnMut(&RecordBatch, &FailureLog) -> Result<RecordBatch> + Send + 'static,
 {
@@ -68,10 +63,7 @@ pub struct RowError {
 
 impl RowError {
     pub fn new(kind: &str, message: impl Into<String>) -> RowError {
-        RowError {
-            kind: kind.to_string(),
-            message: message.into(),
-        }
+        RowError { kind: kind.to_string(), message: message.into() }
     }
 }
 
@@ -112,13 +104,7 @@ impl WriterTask {
 /// to the failure table; a returned row that does not fit `schema` fails its record.
 /// On cancellation no new record starts; records in flight finish, then the stage
 /// stops with [`Cancelled`] (nothing is committed).
-pub async fn map_rows<F, Fut>(
-    ctx: &mut RunCtx,
-    input: usize,
-    schema: SchemaRef,
-    concurrency: usize,
-    f: F,
-) -> Result<()>
+pub async fn map_rows<F, Fut>(ctx: &mut RunCtx, input: usize, schema: SchemaRef, concurrency: usize, f: F) -> Result<()>
 where
     F: Fn(Row) -> Fut,
     Fut: Future<Output = Result<Vec<Row>, RowError>>,
@@ -128,14 +114,11 @@ where
     ctx.progress.set_total(ctx.inputs[input].num_rows);
     let cancel = ctx.cancel.clone();
 
-    let batches =
-        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
+    let batches = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
     let mut read_error: Option<anyhow::Error> = None;
     let rows = batches
         .map(|batch| match batch {
-            Ok(batch) => (0..batch.num_rows())
-                .map(|i| Ok(data::row_json(&batch, i)))
-                .collect::<Vec<_>>(),
+            Ok(batch) => (0..batch.num_rows()).map(|i| Ok(data::row_json(&batch, i))).collect::<Vec<_>>(),
             Err(e) => vec![Err(e)],
         })
         .flat_map(futures::stream::iter)
@@ -146,11 +129,7 @@ where
         rows.map(|row| async move {
             match row {
                 Ok(row) => {
-                    let id = row
-                        .get(data::ID)
-                        .and_then(|v| v.as_str())
-                        .unwrap_or_default()
-                        .to_string();
+                    let id = row.get(data::ID).and_then(|v| v.as_str()).unwrap_or_default().to_string();
                     let record = serde_json::to_string(&row).ok();
                     let out = f(row).await;
                     Ok((id, record, out))
@@ -223,12 +202,7 @@ async fn flush_rows(
                     })
                     .expect("row index within groups");
                 let (id, record, _) = groups.remove(idx);
-                ctx.fail(
-                    &id,
-                    "schema",
-                    format!("output does not fit the stage schema: {e}"),
-                    record,
-                );
+                ctx.fail(&id, "schema", format!("output does not fit the stage schema: {e}"), record);
             }
         }
     }

@@ -49,10 +49,7 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
     let opts: Options = ctx.parse(diags)?;
     let mut templates = Templates::new();
     match templates.add_expression("where", &opts.predicate) {
-        Ok(vars) => Some(Box::new(Filter {
-            templates: Arc::new(templates),
-            vars: vars.into_iter().collect(),
-        })),
+        Ok(vars) => Some(Box::new(Filter { templates: Arc::new(templates), vars: vars.into_iter().collect() })),
         Err(e) => {
             ctx.error(diags, "where", format!("bad expression: {e}"));
             None
@@ -63,12 +60,7 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
 #[async_trait]
 impl Stage for Filter {
     fn plan(&self, ctx: &mut PlanCtx<'_>) -> Option<SchemaRef> {
-        ctx.check_variables(
-            "where",
-            "expression",
-            self.vars.iter().map(String::as_str),
-            &[data::ID],
-        );
+        ctx.check_variables("where", "expression", self.vars.iter().map(String::as_str), &[data::ID]);
         ctx.input_schema(0)
     }
 
@@ -83,12 +75,7 @@ impl Stage for Filter {
                     match templates.eval("where", &row) {
                         Ok(v) => Some(truthy(&v)),
                         Err(e) => {
-                            failures.record(
-                                ids.value(i),
-                                "expression",
-                                e,
-                                serde_json::to_string(&row).ok(),
-                            );
+                            failures.record(ids.value(i), "expression", e, serde_json::to_string(&row).ok());
                             Some(false)
                         }
                     }

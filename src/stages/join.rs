@@ -19,11 +19,7 @@ use crate::data::{self, ID};
 use crate::store::parquet::{open_reader, read_all};
 
 const OPTIONS: &[OptionSpec] = &[
-    OptionSpec::optional(
-        "on",
-        Ty::Str,
-        "key column present in both inputs (default \"id\")",
-    ),
+    OptionSpec::optional("on", Ty::Str, "key column present in both inputs (default \"id\")"),
     OptionSpec::optional("left_on", Ty::Str, "key column of the first input"),
     OptionSpec::optional("right_on", Ty::Str, "key column of the second input"),
     OptionSpec::default(
@@ -32,12 +28,7 @@ const OPTIONS: &[OptionSpec] = &[
         "\"inner\"",
         "inner: matched rows only; left: every left row",
     ),
-    OptionSpec::default(
-        "suffix",
-        Ty::Str,
-        "\"_right\"",
-        "suffix for right columns whose names clash with left ones",
-    ),
+    OptionSpec::default("suffix", Ty::Str, "\"_right\"", "suffix for right columns whose names clash with left ones"),
 ];
 
 pub static KIND: KindInfo = KindInfo {
@@ -70,11 +61,7 @@ struct Join {
 fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> {
     let opts: Options = ctx.parse(diags)?;
     if opts.on.is_some() && (opts.left_on.is_some() || opts.right_on.is_some()) {
-        ctx.error(
-            diags,
-            "on",
-            "give \"on\" or \"left_on\"/\"right_on\", not both",
-        );
+        ctx.error(diags, "on", "give \"on\" or \"left_on\"/\"right_on\", not both");
     }
     let on = opts.on.clone().unwrap_or_else(|| ID.to_string());
     Some(Box::new(Join {
@@ -87,11 +74,7 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
 
 impl Join {
     /// Output schema and, for each right column kept, its index in the right schema.
-    fn output(
-        &self,
-        left: &Schema,
-        right: &Schema,
-    ) -> std::result::Result<(Schema, Vec<usize>), String> {
+    fn output(&self, left: &Schema, right: &Schema) -> std::result::Result<(Schema, Vec<usize>), String> {
         let mut fields: Vec<Field> = left.fields().iter().map(|f| f.as_ref().clone()).collect();
         let mut right_cols = Vec::new();
         for (j, f) in right.fields().iter().enumerate() {
@@ -102,9 +85,7 @@ impl Join {
             if fields.iter().any(|g| g.name() == &name) {
                 name = format!("{name}{}", self.suffix);
                 if fields.iter().any(|g| g.name() == &name) {
-                    return Err(format!(
-                        "column \"{name}\" exists on both sides even with the suffix"
-                    ));
+                    return Err(format!("column \"{name}\" exists on both sides even with the suffix"));
                 }
             }
             fields.push(Field::new(name, f.data_type().clone(), true));
@@ -116,34 +97,19 @@ impl Join {
 
 fn key_strings(batch: &RecordBatch, col: &str, side: &str) -> Result<StringArray> {
     let idx = batch.schema().index_of(col).map_err(|_| {
-        anyhow!(
-            "{side} input has no column \"{col}\" (columns: {})",
-            data::column_list(&batch.schema())
-        )
+        anyhow!("{side} input has no column \"{col}\" (columns: {})", data::column_list(&batch.schema()))
     })?;
     let arr = arrow::compute::cast(batch.column(idx), &DataType::Utf8)
         .with_context(|| format!("key column \"{col}\" cannot be compared as text"))?;
-    Ok(arr
-        .as_any()
-        .downcast_ref::<StringArray>()
-        .expect("utf8")
-        .clone())
+    Ok(arr.as_any().downcast_ref::<StringArray>().expect("utf8").clone())
 }
 
 #[async_trait]
 impl Stage for Join {
     fn plan(&self, ctx: &mut PlanCtx<'_>) -> Option<SchemaRef> {
-        let key_opt = if self.left_on == self.right_on {
-            "on"
-        } else {
-            "left_on"
-        };
+        let key_opt = if self.left_on == self.right_on { "on" } else { "left_on" };
         ctx.require_columns(key_opt, 0, [self.left_on.as_str()]);
-        let key_opt = if self.left_on == self.right_on {
-            "on"
-        } else {
-            "right_on"
-        };
+        let key_opt = if self.left_on == self.right_on { "on" } else { "right_on" };
         ctx.require_columns(key_opt, 1, [self.right_on.as_str()]);
         let (left, right) = (ctx.input_schema(0)?, ctx.input_schema(1)?);
         match self.output(&left, &right) {
@@ -157,15 +123,12 @@ impl Stage for Join {
 
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
         let (left, right) = (ctx.inputs[0].clone(), ctx.inputs[1].clone());
-        let (schema, right_cols) = self
-            .output(&left.schema, &right.schema)
-            .map_err(|m| anyhow!(m))?;
+        let (schema, right_cols) = self.output(&left.schema, &right.schema).map_err(|m| anyhow!(m))?;
         let schema = Arc::new(schema);
         let mut out = ctx.create_output(schema.clone())?;
         let (cancel, progress) = (ctx.cancel.clone(), ctx.progress.clone());
         progress.set_total(left.num_rows);
-        let (left_on, right_on, left_join) =
-            (self.left_on.clone(), self.right_on.clone(), self.left_join);
+        let (left_on, right_on, left_join) = (self.left_on.clone(), self.right_on.clone(), self.left_join);
         let (out, rows_in) = tokio::task::spawn_blocking(move || -> Result<_> {
             let (rschema, rbatches) = read_all(&right.path)?;
             let right_all = arrow::compute::concat_batches(&rschema, &rbatches)?;
@@ -189,11 +152,7 @@ impl Stage for Join {
                 let mut lidx: Vec<u32> = Vec::new();
                 let mut ridx: Vec<Option<u64>> = Vec::new();
                 for i in 0..batch.num_rows() {
-                    let hits = if lkeys.is_valid(i) {
-                        index.get(lkeys.value(i))
-                    } else {
-                        None
-                    };
+                    let hits = if lkeys.is_valid(i) { index.get(lkeys.value(i)) } else { None };
                     match hits {
                         Some(h) => {
                             for r in h {
@@ -231,11 +190,7 @@ impl Stage for Join {
                     cols[0] = Arc::new(ids);
                 }
                 for j in &right_cols {
-                    cols.push(arrow::compute::take(
-                        right_all.column(*j).as_ref(),
-                        &ridx,
-                        None,
-                    )?);
+                    cols.push(arrow::compute::take(right_all.column(*j).as_ref(), &ridx, None)?);
                 }
                 out.write(&RecordBatch::try_new(schema.clone(), cols)?)?;
                 rows_in += batch.num_rows() as u64;

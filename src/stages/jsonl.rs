@@ -20,27 +20,10 @@ use crate::store::atomic::{create_tmp, finish_file};
 use crate::store::parquet::open_reader;
 
 const OPTIONS: &[OptionSpec] = &[
-    OptionSpec::optional(
-        "path",
-        Ty::OutPath,
-        "output file, relative to the output directory (default: <stage>.jsonl)",
-    ),
-    OptionSpec::optional(
-        "columns",
-        Ty::List(&Ty::Str),
-        "columns to write, in this order (default: all)",
-    ),
-    OptionSpec::default(
-        "include_id",
-        Ty::Bool,
-        "true",
-        "write the record id as \"id\"",
-    ),
-    OptionSpec::optional(
-        "json_columns",
-        Ty::List(&Ty::Str),
-        "text columns holding JSON, written as JSON values",
-    ),
+    OptionSpec::optional("path", Ty::OutPath, "output file, relative to the output directory (default: <stage>.jsonl)"),
+    OptionSpec::optional("columns", Ty::List(&Ty::Str), "columns to write, in this order (default: all)"),
+    OptionSpec::default("include_id", Ty::Bool, "true", "write the record id as \"id\""),
+    OptionSpec::optional("json_columns", Ty::List(&Ty::Str), "text columns holding JSON, written as JSON values"),
 ];
 
 pub static KIND: KindInfo = KindInfo {
@@ -67,9 +50,7 @@ struct JsonlSink {
 }
 
 fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> {
-    Some(Box::new(JsonlSink {
-        opts: ctx.parse(diags)?,
-    }))
+    Some(Box::new(JsonlSink { opts: ctx.parse(diags)? }))
 }
 
 #[async_trait]
@@ -86,17 +67,9 @@ impl Stage for JsonlSink {
 
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
         let input = ctx.inputs[0].clone();
-        let idx = export_columns(
-            &input.schema,
-            self.opts.columns.as_deref(),
-            self.opts.include_id,
-        )?;
+        let idx = export_columns(&input.schema, self.opts.columns.as_deref(), self.opts.include_id)?;
         let json_cols = self.opts.json_columns.clone().unwrap_or_default();
-        let rel = self
-            .opts
-            .path
-            .clone()
-            .unwrap_or_else(|| format!("{}.jsonl", ctx.name));
+        let rel = self.opts.path.clone().unwrap_or_else(|| format!("{}.jsonl", ctx.name));
         let dest = ctx.out_dir.join(rel);
         let (file, pending) = create_tmp(&dest)?;
         let (cancel, progress) = (ctx.cancel.clone(), ctx.progress.clone());
@@ -121,9 +94,7 @@ impl Stage for JsonlSink {
                                 Ok(v) => {
                                     row.insert(c.clone(), v);
                                 }
-                                Err(e) => {
-                                    bad = Some(format!("column \"{c}\" is not valid JSON: {e}"))
-                                }
+                                Err(e) => bad = Some(format!("column \"{c}\" is not valid JSON: {e}")),
                             }
                         }
                     }
@@ -132,8 +103,7 @@ impl Stage for JsonlSink {
                         continue;
                     }
                     serde_json::to_writer(&mut w, &row)?;
-                    w.write_all(b"\n")
-                        .with_context(|| format!("writing {}", pending.tmp.display()))?;
+                    w.write_all(b"\n").with_context(|| format!("writing {}", pending.tmp.display()))?;
                     rows += 1;
                 }
                 progress.inc(batch.num_rows() as u64);

@@ -25,18 +25,10 @@ const OPTIONS: &[OptionSpec] = &[
         Ty::Map(&Ty::Any),
         "new columns: name = \"template\" (text), or name = { expr = \"expression\", type = \"int64\" }",
     ),
-    OptionSpec::optional(
-        "id",
-        Ty::Str,
-        "template for a new record id (must stay unique)",
-    ),
+    OptionSpec::optional("id", Ty::Str, "template for a new record id (must stay unique)"),
     OptionSpec::optional("rename", Ty::Map(&Ty::Str), "old name = new name"),
     OptionSpec::optional("drop", Ty::List(&Ty::Str), "columns to remove"),
-    OptionSpec::optional(
-        "select",
-        Ty::List(&Ty::Str),
-        "columns to keep, in this order (id is always kept)",
-    ),
+    OptionSpec::optional("select", Ty::List(&Ty::Str), "columns to keep, in this order (id is always kept)"),
 ];
 
 pub static KIND: KindInfo = KindInfo {
@@ -101,51 +93,33 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
             Value::Object(m) => {
                 let expr = m.get("expr").and_then(Value::as_str);
                 let ty_name = m.get("type").and_then(Value::as_str).unwrap_or("json");
-                let unknown: Vec<&String> =
-                    m.keys().filter(|k| *k != "expr" && *k != "type").collect();
+                let unknown: Vec<&String> = m.keys().filter(|k| *k != "expr" && *k != "type").collect();
                 if !unknown.is_empty() || expr.is_none() {
-                    ctx.error(
-                        diags,
-                        &option,
-                        "a derived expression is { expr = \"...\", type = \"...\" }",
-                    );
+                    ctx.error(diags, &option, "a derived expression is { expr = \"...\", type = \"...\" }");
                     continue;
                 }
                 let Some(ty) = data::parse_type_name(ty_name) else {
                     ctx.error(
                         diags,
                         &option,
-                        format!(
-                            "unknown type \"{ty_name}\" (types: {})",
-                            data::TYPE_NAMES.join(", ")
-                        ),
+                        format!("unknown type \"{ty_name}\" (types: {})", data::TYPE_NAMES.join(", ")),
                     );
                     continue;
                 };
                 (
-                    DeriveKind::Expr {
-                        ty,
-                        json: ty_name == "json",
-                    },
+                    DeriveKind::Expr { ty, json: ty_name == "json" },
                     templates.add_expression(&option, expr.expect("checked")),
                 )
             }
             _ => {
-                ctx.error(
-                    diags,
-                    &option,
-                    "a derived column is a template string or { expr, type }",
-                );
+                ctx.error(diags, &option, "a derived column is a template string or { expr, type }");
                 continue;
             }
         };
         match added {
             Ok(v) => {
                 vars.push((option, v.into_iter().collect()));
-                derives.push(Derive {
-                    name: name.clone(),
-                    kind,
-                });
+                derives.push(Derive { name: name.clone(), kind });
             }
             Err(e) => ctx.error(diags, &option, format!("bad template: {e}")),
         }
@@ -159,11 +133,7 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
     let rename: Vec<(String, String)> = opts.rename.unwrap_or_default().into_iter().collect();
     for (old, new) in &rename {
         if old == ID || new == ID {
-            ctx.error(
-                diags,
-                &format!("rename.{old}"),
-                "the id column cannot be renamed (use \"id\" to re-key)",
-            );
+            ctx.error(diags, &format!("rename.{old}"), "the id column cannot be renamed (use \"id\" to re-key)");
         }
     }
     Some(Box::new(MapStage {
@@ -195,15 +165,9 @@ impl MapStage {
         for (old, new) in &self.rename {
             let opt = format!("rename.{old}");
             if fields.iter().any(|f| f.name() == new) {
-                return Err((
-                    opt,
-                    format!("cannot rename \"{old}\" to \"{new}\": that column exists"),
-                ));
+                return Err((opt, format!("cannot rename \"{old}\" to \"{new}\": that column exists")));
             }
-            let f = fields
-                .iter_mut()
-                .find(|f| f.name() == old)
-                .ok_or_else(|| (opt.clone(), no_column(old, input)))?;
+            let f = fields.iter_mut().find(|f| f.name() == old).ok_or_else(|| (opt.clone(), no_column(old, input)))?;
             *f = f.clone().with_name(new);
         }
         for col in &self.drop {
@@ -219,12 +183,10 @@ impl MapStage {
         if let Some(select) = &self.select {
             let mut picked = vec![fields[0].clone()];
             for col in select.iter().filter(|c| *c != ID) {
-                let f = fields.iter().find(|f| f.name() == col).ok_or_else(|| {
-                    (
-                        "select".to_string(),
-                        no_column(col, &Schema::new(fields.clone())),
-                    )
-                })?;
+                let f = fields
+                    .iter()
+                    .find(|f| f.name() == col)
+                    .ok_or_else(|| ("select".to_string(), no_column(col, &Schema::new(fields.clone()))))?;
                 picked.push(f.clone());
             }
             fields = picked;
@@ -235,12 +197,8 @@ impl MapStage {
 
 fn no_column(col: &str, schema: &Schema) -> String {
     let hint =
-        crate::config::diag::did_you_mean(col, schema.fields().iter().map(|f| f.name().as_str()))
-            .unwrap_or_default();
-    format!(
-        "no column \"{col}\"{hint} (columns: {})",
-        data::column_list(schema)
-    )
+        crate::config::diag::did_you_mean(col, schema.fields().iter().map(|f| f.name().as_str())).unwrap_or_default();
+    format!("no column \"{col}\"{hint} (columns: {})", data::column_list(schema))
 }
 
 #[async_trait]
@@ -261,28 +219,19 @@ impl Stage for MapStage {
 
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
         let input_schema = ctx.inputs[0].schema.clone();
-        let out_schema = Arc::new(
-            self.output_schema(&input_schema)
-                .map_err(|(opt, msg)| anyhow!("{opt}: {msg}"))?,
-        );
+        let out_schema = Arc::new(self.output_schema(&input_schema).map_err(|(opt, msg)| anyhow!("{opt}: {msg}"))?);
         let derives = self.derives.clone();
         let templates = self.templates.clone();
         let rekey = self.rekey;
         let needs_rows = !derives.is_empty() || rekey;
-        let plan = Arc::new(Reshape::new(
-            &input_schema,
-            &derives,
-            &self.rename,
-            &out_schema,
-        ));
+        let plan = Arc::new(Reshape::new(&input_schema, &derives, &self.rename, &out_schema));
         super::exec::map_batches(ctx, 0, out_schema.clone(), move |batch, failures| {
             if !needs_rows {
                 return plan.apply(batch, Vec::new(), None);
             }
             let ids = data::ids(batch);
             let mut keep = vec![true; batch.num_rows()];
-            let mut derived: Vec<Vec<Value>> =
-                vec![Vec::with_capacity(batch.num_rows()); derives.len()];
+            let mut derived: Vec<Vec<Value>> = vec![Vec::with_capacity(batch.num_rows()); derives.len()];
             let mut new_ids: Vec<String> = Vec::new();
             for (i, keep_row) in keep.iter_mut().enumerate() {
                 let row: Row = data::row_json(batch, i);
@@ -292,9 +241,9 @@ impl Stage for MapStage {
                     let name = format!("derive.{}", d.name);
                     let v = match &d.kind {
                         DeriveKind::Template => templates.render(&name, &row).map(Value::String),
-                        DeriveKind::Expr { json: true, .. } => templates
-                            .eval(&name, &row)
-                            .map(|v| Value::String(v.to_string())),
+                        DeriveKind::Expr { json: true, .. } => {
+                            templates.eval(&name, &row).map(|v| Value::String(v.to_string()))
+                        }
                         DeriveKind::Expr { .. } => templates.eval(&name, &row),
                     };
                     match v {
@@ -314,12 +263,7 @@ impl Stage for MapStage {
                 }
                 match error {
                     Some(e) => {
-                        failures.record(
-                            ids.value(i),
-                            "template",
-                            e,
-                            serde_json::to_string(&row).ok(),
-                        );
+                        failures.record(ids.value(i), "template", e, serde_json::to_string(&row).ok());
                         *keep_row = false;
                     }
                     None => {
@@ -331,11 +275,8 @@ impl Stage for MapStage {
             }
             let mask = BooleanArray::from(keep);
             let kept = arrow::compute::filter_record_batch(batch, &mask)?;
-            let arrays = derives
-                .iter()
-                .zip(derived)
-                .map(|(d, values)| build_column(d, values))
-                .collect::<Result<Vec<_>>>()?;
+            let arrays =
+                derives.iter().zip(derived).map(|(d, values)| build_column(d, values)).collect::<Result<Vec<_>>>()?;
             let ids = rekey.then(|| Arc::new(StringArray::from(new_ids)) as ArrayRef);
             plan.apply(&kept, arrays, ids)
         })
@@ -349,16 +290,9 @@ fn build_column(d: &Derive, values: Vec<Value>) -> Result<ArrayRef> {
         DeriveKind::Expr { ty, .. } => ty.clone(),
     };
     let schema = Arc::new(Schema::new(vec![Field::new(&d.name, ty, true)]));
-    let rows: Vec<Row> = values
-        .into_iter()
-        .map(|v| Row::from_iter([(d.name.clone(), v)]))
-        .collect();
-    let batch = data::rows_to_batch(&schema, &rows).map_err(|(i, e)| {
-        anyhow!(
-            "derive.{}: value of row {i} does not fit its type: {e}",
-            d.name
-        )
-    })?;
+    let rows: Vec<Row> = values.into_iter().map(|v| Row::from_iter([(d.name.clone(), v)])).collect();
+    let batch = data::rows_to_batch(&schema, &rows)
+        .map_err(|(i, e)| anyhow!("derive.{}: value of row {i} does not fit its type: {e}", d.name))?;
     Ok(batch.column(0).clone())
 }
 
@@ -370,18 +304,9 @@ struct Reshape {
 }
 
 impl Reshape {
-    fn new(
-        input: &Schema,
-        derives: &[Derive],
-        rename: &[(String, String)],
-        out: &SchemaRef,
-    ) -> Reshape {
+    fn new(input: &Schema, derives: &[Derive], rename: &[(String, String)], out: &SchemaRef) -> Reshape {
         let original_name = |name: &str| -> String {
-            rename
-                .iter()
-                .find(|(_, new)| new == name)
-                .map(|(old, _)| old.clone())
-                .unwrap_or_else(|| name.to_string())
+            rename.iter().find(|(_, new)| new == name).map(|(old, _)| old.clone()).unwrap_or_else(|| name.to_string())
         };
         let sources = out
             .fields()
@@ -390,24 +315,14 @@ impl Reshape {
                 let name = original_name(f.name());
                 match derives.iter().position(|d| d.name == name) {
                     Some(d) => Err(d),
-                    None => Ok(input
-                        .index_of(&name)
-                        .expect("output schema derives from input")),
+                    None => Ok(input.index_of(&name).expect("output schema derives from input")),
                 }
             })
             .collect();
-        Reshape {
-            sources,
-            schema: out.clone(),
-        }
+        Reshape { sources, schema: out.clone() }
     }
 
-    fn apply(
-        &self,
-        batch: &RecordBatch,
-        derived: Vec<ArrayRef>,
-        ids: Option<ArrayRef>,
-    ) -> Result<RecordBatch> {
+    fn apply(&self, batch: &RecordBatch, derived: Vec<ArrayRef>, ids: Option<ArrayRef>) -> Result<RecordBatch> {
         let mut cols: Vec<ArrayRef> = self
             .sources
             .iter()

@@ -83,26 +83,22 @@ pub struct KindInfo {
     pub build: fn(&BuildCtx<'_>, &mut Diagnostics) -> Option<Box<dyn Stage>>,
 }
 
+impl std::fmt::Debug for KindInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "KindInfo({})", self.name)
+    }
+}
+
 /// Options every stage takes, handled by the engine.
 pub const COMMON_OPTIONS: &[OptionSpec] = &[
-    OptionSpec::required(
-        "kind",
-        crate::config::options::Ty::Str,
-        "stage kind (see `synth list`)",
-    ),
-    OptionSpec::default(
-        "inputs",
-        crate::config::options::Ty::List(&crate::config::options::Ty::Str),
-        "[]",
-        "names of the stages this stage reads",
-    ),
+    OptionSpec::required("kind", crate::config::options::Ty::Str, "stage kind (see `synth list`)"),
+    OptionSpec::default("inputs", crate::config::options::Ty::StrList, "[]", "names of the stages this stage reads"),
     OptionSpec::optional(
         "max_failure_ratio",
         crate::config::options::RATIO,
         "abort the run when more than this share of records fail (default: [pipeline] max_failure_ratio)",
     ),
-    OptionSpec::optional("description", crate::config::options::Ty::Str, "free text")
-        .runtime_only(),
+    OptionSpec::optional("description", crate::config::options::Ty::Str, "free text").runtime_only(),
 ];
 
 /// The one trait every stage kind implements.
@@ -142,11 +138,7 @@ impl BuildCtx<'_> {
         match serde_json::from_value(strip_common(self.options)) {
             Ok(v) => Some(v),
             Err(e) => {
-                diags.error(
-                    &self.spans.get(""),
-                    Some(&self.subject()),
-                    format!("invalid options: {e}"),
-                );
+                diags.error(&self.spans.get(""), Some(&self.subject()), format!("invalid options: {e}"));
                 None
             }
         }
@@ -225,21 +217,13 @@ impl PlanCtx<'_> {
                 None => return,
             }
         }
-        let mut missing: Vec<&str> = vars
-            .into_iter()
-            .filter(|v| !available.iter().any(|a| a == v) && !crate::template::is_global(v))
-            .collect();
+        let mut missing: Vec<&str> =
+            vars.into_iter().filter(|v| !available.iter().any(|a| a == v) && !crate::template::is_global(v)).collect();
         missing.sort_unstable();
         missing.dedup();
         for var in missing {
-            let hint = crate::config::diag::did_you_mean(var, available.iter().map(String::as_str))
-                .unwrap_or_default();
-            let inputs = self
-                .inputs
-                .iter()
-                .map(|i| format!("\"{}\"", i.name))
-                .collect::<Vec<_>>()
-                .join(", ");
+            let hint = crate::config::diag::did_you_mean(var, available.iter().map(String::as_str)).unwrap_or_default();
+            let inputs = self.inputs.iter().map(|i| format!("\"{}\"", i.name)).collect::<Vec<_>>().join(", ");
             self.error(
                 option,
                 format!("{what} uses variable \"{var}\" but no input provides it (inputs: {inputs}){hint}"),
@@ -248,27 +232,16 @@ impl PlanCtx<'_> {
     }
 
     /// Check that named columns exist in input `idx` (when its columns are known).
-    pub fn require_columns<'c>(
-        &mut self,
-        option: &str,
-        idx: usize,
-        columns: impl IntoIterator<Item = &'c str>,
-    ) {
+    pub fn require_columns<'c>(&mut self, option: &str, idx: usize, columns: impl IntoIterator<Item = &'c str>) {
         let Some(schema) = self.input_schema(idx) else {
             return;
         };
         let input = self.inputs[idx].name.clone();
         for col in columns {
             if schema.field_with_name(col).is_err() {
-                let hint = crate::config::diag::did_you_mean(
-                    col,
-                    schema.fields().iter().map(|f| f.name().as_str()),
-                )
-                .unwrap_or_default();
-                self.error(
-                    option,
-                    format!("input \"{input}\" has no column \"{col}\"{hint}"),
-                );
+                let hint = crate::config::diag::did_you_mean(col, schema.fields().iter().map(|f| f.name().as_str()))
+                    .unwrap_or_default();
+                self.error(option, format!("input \"{input}\" has no column \"{col}\"{hint}"));
             }
         }
     }
@@ -305,15 +278,8 @@ pub struct Input {
 
 impl Input {
     pub fn open(name: &str, path: PathBuf) -> Result<Input> {
-        let Footer {
-            schema, num_rows, ..
-        } = crate::store::parquet::read_footer(&path)?;
-        Ok(Input {
-            name: name.to_string(),
-            path,
-            schema,
-            num_rows,
-        })
+        let Footer { schema, num_rows, .. } = crate::store::parquet::read_footer(&path)?;
+        Ok(Input { name: name.to_string(), path, schema, num_rows })
     }
 }
 
@@ -338,10 +304,7 @@ pub struct RunCtx {
 impl RunCtx {
     /// Footer metadata every output of this stage carries.
     pub fn footer_meta(&self) -> Vec<(String, String)> {
-        vec![
-            (FINGERPRINT_KEY.to_string(), self.fingerprint.clone()),
-            (STAGE_KEY.to_string(), self.name.clone()),
-        ]
+        vec![(FINGERPRINT_KEY.to_string(), self.fingerprint.clone()), (STAGE_KEY.to_string(), self.name.clone())]
     }
 
     /// Where this stage's materialized output lives.
@@ -369,9 +332,7 @@ impl RunCtx {
 
     pub fn fail(&self, id: &str, kind: &str, message: impl Into<String>, record: Option<String>) {
         self.failures.record(id, kind, message, record);
-        self.progress
-            .failed
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.progress.failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub fn record_key(&self, id: &str, purpose: &str) -> u64 {

@@ -22,11 +22,7 @@ const OPTIONS: &[OptionSpec] = &[
         Ty::OutPath,
         "output file, relative to the output directory (default: <stage>.parquet)",
     ),
-    OptionSpec::optional(
-        "columns",
-        Ty::List(&Ty::Str),
-        "columns to write, in this order (default: all)",
-    ),
+    OptionSpec::optional("columns", Ty::List(&Ty::Str), "columns to write, in this order (default: all)"),
     OptionSpec::default("include_id", Ty::Bool, "true", "write the record id column"),
 ];
 
@@ -53,17 +49,11 @@ struct ParquetSink {
 }
 
 fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> {
-    Some(Box::new(ParquetSink {
-        opts: ctx.parse(diags)?,
-    }))
+    Some(Box::new(ParquetSink { opts: ctx.parse(diags)? }))
 }
 
 /// Indices of the columns to export (shared with the JSONL sink).
-pub fn export_columns(
-    schema: &Schema,
-    columns: Option<&[String]>,
-    include_id: bool,
-) -> Result<Vec<usize>> {
+pub fn export_columns(schema: &Schema, columns: Option<&[String]>, include_id: bool) -> Result<Vec<usize>> {
     let mut idx = Vec::new();
     if include_id {
         idx.push(0);
@@ -71,12 +61,11 @@ pub fn export_columns(
     match columns {
         Some(cols) => {
             for c in cols.iter().filter(|c| !(include_id && *c == data::ID)) {
-                idx.push(schema.index_of(c).map_err(|_| {
-                    anyhow!(
-                        "no column \"{c}\" to export (columns: {})",
-                        data::column_list(schema)
-                    )
-                })?);
+                idx.push(
+                    schema
+                        .index_of(c)
+                        .map_err(|_| anyhow!("no column \"{c}\" to export (columns: {})", data::column_list(schema)))?,
+                );
             }
         }
         None => idx.extend(1..schema.fields().len()),
@@ -95,17 +84,9 @@ impl Stage for ParquetSink {
 
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
         let input = ctx.inputs[0].clone();
-        let idx = export_columns(
-            &input.schema,
-            self.opts.columns.as_deref(),
-            self.opts.include_id,
-        )?;
+        let idx = export_columns(&input.schema, self.opts.columns.as_deref(), self.opts.include_id)?;
         let schema = Arc::new(input.schema.project(&idx)?);
-        let rel = self
-            .opts
-            .path
-            .clone()
-            .unwrap_or_else(|| format!("{}.parquet", ctx.name));
+        let rel = self.opts.path.clone().unwrap_or_else(|| format!("{}.parquet", ctx.name));
         let dest = ctx.out_dir.join(rel);
         let mut out = ParquetOut::create(&dest, schema.clone(), ctx.footer_meta(), false)?;
         let (cancel, progress) = (ctx.cancel.clone(), ctx.progress.clone());

@@ -20,17 +20,9 @@ use crate::store::parquet::open_reader;
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::optional("n", POSITIVE, "number of records to keep"),
-    OptionSpec::optional(
-        "fraction",
-        RATIO,
-        "share of records to keep (each kept independently)",
-    ),
+    OptionSpec::optional("fraction", RATIO, "share of records to keep (each kept independently)"),
     OptionSpec::optional("stratify_by", Ty::Str, "column whose values define strata"),
-    OptionSpec::optional(
-        "n_per_stratum",
-        POSITIVE,
-        "records to keep from each stratum (needs stratify_by)",
-    ),
+    OptionSpec::optional("n_per_stratum", POSITIVE, "records to keep from each stratum (needs stratify_by)"),
 ];
 
 pub static KIND: KindInfo = KindInfo {
@@ -58,27 +50,13 @@ struct Sample {
 
 fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> {
     let opts: Options = ctx.parse(diags)?;
-    let given = [
-        opts.n.is_some(),
-        opts.fraction.is_some(),
-        opts.n_per_stratum.is_some(),
-    ]
-    .iter()
-    .filter(|b| **b)
-    .count();
+    let given =
+        [opts.n.is_some(), opts.fraction.is_some(), opts.n_per_stratum.is_some()].iter().filter(|b| **b).count();
     if given != 1 {
-        ctx.error(
-            diags,
-            "",
-            "give exactly one of \"n\", \"fraction\" or \"n_per_stratum\"",
-        );
+        ctx.error(diags, "", "give exactly one of \"n\", \"fraction\" or \"n_per_stratum\"");
     }
     if opts.n_per_stratum.is_some() && opts.stratify_by.is_none() {
-        ctx.error(
-            diags,
-            "n_per_stratum",
-            "\"n_per_stratum\" needs \"stratify_by\"",
-        );
+        ctx.error(diags, "n_per_stratum", "\"n_per_stratum\" needs \"stratify_by\"");
     }
     Some(Box::new(Sample { opts }))
 }
@@ -127,25 +105,21 @@ impl Stage for Sample {
                         None => None,
                     };
                     for i in 0..batch.num_rows() {
-                        let s = strata_col
-                            .as_ref()
-                            .map(|c| c[i].clone())
-                            .unwrap_or_default();
+                        let s = strata_col.as_ref().map(|c| c[i].clone()).unwrap_or_default();
                         f(row, ids.value(i), s);
                         row += 1;
                     }
                 }
                 Ok(())
             };
-            let quotas: Option<BTreeMap<String, u64>> =
-                match (opts.n, opts.n_per_stratum, &opts.stratify_by) {
-                    (Some(n), None, Some(_)) => {
-                        let mut counts: BTreeMap<String, u64> = BTreeMap::new();
-                        visit(&mut |_, _, s| *counts.entry(s).or_default() += 1)?;
-                        Some(allocate(n, &counts))
-                    }
-                    _ => None,
-                };
+            let quotas: Option<BTreeMap<String, u64>> = match (opts.n, opts.n_per_stratum, &opts.stratify_by) {
+                (Some(n), None, Some(_)) => {
+                    let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+                    visit(&mut |_, _, s| *counts.entry(s).or_default() += 1)?;
+                    Some(allocate(n, &counts))
+                }
+                _ => None,
+            };
             // One bottom-k heap per stratum (a single one without strata).
             let mut heaps: BTreeMap<String, BinaryHeap<(u64, u64)>> = BTreeMap::new();
             visit(&mut |row, id, s| {
@@ -167,54 +141,31 @@ impl Stage for Sample {
                     heap.push(item);
                 }
             })?;
-            Ok(heaps
-                .into_values()
-                .flat_map(|h| h.into_iter().map(|(_, row)| row))
-                .collect())
+            Ok(heaps.into_values().flat_map(|h| h.into_iter().map(|(_, row)| row)).collect())
         })
         .await
         .context("sample worker panicked")??;
 
         let mut row = 0u64;
-        super::exec::map_batches(
-            ctx,
-            0,
-            input.schema.clone(),
-            move |batch: &RecordBatch, _| {
-                let mask: BooleanArray = (0..batch.num_rows() as u64)
-                    .map(|i| Some(chosen.contains(&(row + i))))
-                    .collect();
-                row += batch.num_rows() as u64;
-                Ok(arrow::compute::filter_record_batch(batch, &mask)?)
-            },
-        )
+        super::exec::map_batches(ctx, 0, input.schema.clone(), move |batch: &RecordBatch, _| {
+            let mask: BooleanArray = (0..batch.num_rows() as u64).map(|i| Some(chosen.contains(&(row + i)))).collect();
+            row += batch.num_rows() as u64;
+            Ok(arrow::compute::filter_record_batch(batch, &mask)?)
+        })
         .await
     }
 }
 
 /// Stratum value of every row as text (null as "").
 fn stratum_strings(batch: &RecordBatch, col: &str) -> Result<Vec<String>> {
-    let idx = batch.schema().index_of(col).map_err(|_| {
-        anyhow::anyhow!(
-            "no column \"{col}\" (columns: {})",
-            data::column_list(&batch.schema())
-        )
-    })?;
+    let idx = batch
+        .schema()
+        .index_of(col)
+        .map_err(|_| anyhow::anyhow!("no column \"{col}\" (columns: {})", data::column_list(&batch.schema())))?;
     let arr = arrow::compute::cast(batch.column(idx), &DataType::Utf8)
         .with_context(|| format!("column \"{col}\" cannot be used for strata"))?;
-    let arr = arr
-        .as_any()
-        .downcast_ref::<arrow::array::StringArray>()
-        .expect("utf8");
-    Ok((0..arr.len())
-        .map(|i| {
-            if arr.is_null(i) {
-                String::new()
-            } else {
-                arr.value(i).to_string()
-            }
-        })
-        .collect())
+    let arr = arr.as_any().downcast_ref::<arrow::array::StringArray>().expect("utf8");
+    Ok((0..arr.len()).map(|i| if arr.is_null(i) { String::new() } else { arr.value(i).to_string() }).collect())
 }
 
 /// Split `n` over strata in proportion to their sizes (largest remainder; ties by name).
@@ -247,12 +198,8 @@ mod tests {
 
     #[test]
     fn allocation_is_proportional_and_exact() {
-        let counts: BTreeMap<String, u64> = [
-            ("a".to_string(), 50),
-            ("b".to_string(), 30),
-            ("c".to_string(), 20),
-        ]
-        .into();
+        let counts: BTreeMap<String, u64> =
+            [("a".to_string(), 50), ("b".to_string(), 30), ("c".to_string(), 20)].into();
         let q = allocate(10, &counts);
         assert_eq!(q.values().sum::<u64>(), 10);
         assert_eq!(q["a"], 5);

@@ -19,9 +19,7 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{
-    Arity, BuildCtx, Cancelled, KindInfo, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Stage,
-};
+use super::{Arity, BuildCtx, Cancelled, KindInfo, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty, UINT, expand_glob};
 use crate::data::{self, ID, Row};
@@ -29,104 +27,36 @@ use crate::hub::HubSpec;
 use crate::store::parquet::ParquetOut;
 
 const HF_OPTIONS: &[OptionSpec] = &[
-    OptionSpec::required(
-        "repo",
-        Ty::Str,
-        "repository id, e.g. \"proj-persona/PersonaHub\"",
-    ),
+    OptionSpec::required("repo", Ty::Str, "repository id, e.g. \"proj-persona/PersonaHub\""),
     OptionSpec::default("revision", Ty::Str, "\"main\"", "branch, tag or commit"),
-    OptionSpec::optional(
-        "files",
-        Ty::StrList,
-        "files or globs in the repo (default: by config and split)",
-    ),
+    OptionSpec::optional("files", Ty::StrList, "files or globs in the repo (default: by config and split)"),
     OptionSpec::optional("config", Ty::Str, "dataset config (subset), e.g. \"v2.1\""),
     OptionSpec::optional("split", Ty::Str, "split, e.g. \"train\""),
-    OptionSpec::default(
-        "repo_type",
-        Ty::Enum(&["dataset", "model", "space"]),
-        "\"dataset\"",
-        "repository type",
-    ),
-    OptionSpec::optional(
-        "endpoint",
-        Ty::Str,
-        "hub URL (default: HF_ENDPOINT or huggingface.co)",
-    )
-    .runtime_only(),
-    OptionSpec::optional(
-        "cache_dir",
-        Ty::Str,
-        "download cache (default: HF_HOME's hub cache)",
-    )
-    .runtime_only(),
-    OptionSpec::default(
-        "token_env",
-        Ty::Str,
-        "\"HF_TOKEN\"",
-        "environment variable holding the hub token",
-    )
-    .runtime_only(),
+    OptionSpec::default("repo_type", Ty::Enum(&["dataset", "model", "space"]), "\"dataset\"", "repository type"),
+    OptionSpec::optional("endpoint", Ty::Str, "hub URL (default: HF_ENDPOINT or huggingface.co)").runtime_only(),
+    OptionSpec::optional("cache_dir", Ty::Str, "download cache (default: HF_HOME's hub cache)").runtime_only(),
+    OptionSpec::default("token_env", Ty::Str, "\"HF_TOKEN\"", "environment variable holding the hub token")
+        .runtime_only(),
 ];
 
 const FORMATS: &[&str] = &["auto", "jsonl", "json", "csv", "tsv", "parquet"];
 
 const OPTIONS: &[OptionSpec] = &[
-    OptionSpec::optional(
-        "path",
-        Ty::Files,
-        "local file(s): a path or glob, or a list of them",
-    ),
-    OptionSpec::optional(
-        "hf",
-        Ty::Struct(HF_OPTIONS),
-        "a Hugging Face Hub dataset instead of local files",
-    ),
-    OptionSpec::default(
-        "format",
-        Ty::Enum(FORMATS),
-        "\"auto\"",
-        "file format (auto: by extension)",
-    ),
-    OptionSpec::optional(
-        "id_column",
-        Ty::Str,
-        "column holding the record id (default: \"id\" if present)",
-    ),
+    OptionSpec::optional("path", Ty::Files, "local file(s): a path or glob, or a list of them"),
+    OptionSpec::optional("hf", Ty::Struct(HF_OPTIONS), "a Hugging Face Hub dataset instead of local files"),
+    OptionSpec::default("format", Ty::Enum(FORMATS), "\"auto\"", "file format (auto: by extension)"),
+    OptionSpec::optional("id_column", Ty::Str, "column holding the record id (default: \"id\" if present)"),
     OptionSpec::optional(
         "columns",
         Ty::List(&Ty::Str),
         "columns to keep, in order; for headerless CSV/TSV the names of the columns",
     ),
-    OptionSpec::optional(
-        "types",
-        Ty::Map(&Ty::Enum(data::TYPE_NAMES)),
-        "column types to enforce",
-    ),
-    OptionSpec::default(
-        "header",
-        Ty::Bool,
-        "true",
-        "CSV/TSV: first row holds column names",
-    ),
-    OptionSpec::optional(
-        "delimiter",
-        Ty::Str,
-        "CSV/TSV: field delimiter (one character)",
-    ),
-    OptionSpec::default(
-        "infer_types",
-        Ty::Bool,
-        "true",
-        "CSV/TSV: infer integer/float/boolean columns",
-    ),
+    OptionSpec::optional("types", Ty::Map(&Ty::Enum(data::TYPE_NAMES)), "column types to enforce"),
+    OptionSpec::default("header", Ty::Bool, "true", "CSV/TSV: first row holds column names"),
+    OptionSpec::optional("delimiter", Ty::Str, "CSV/TSV: field delimiter (one character)"),
+    OptionSpec::default("infer_types", Ty::Bool, "true", "CSV/TSV: infer integer/float/boolean columns"),
     OptionSpec::optional("limit", UINT, "read at most this many records"),
-    OptionSpec::default(
-        "allow_empty",
-        Ty::Bool,
-        "false",
-        "accept a source with no records",
-    ),
+    OptionSpec::default("allow_empty", Ty::Bool, "false", "accept a source with no records"),
 ];
 
 pub static KIND: KindInfo = KindInfo {
@@ -166,11 +96,7 @@ struct Source {
 fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> {
     let opts: Options = ctx.parse(diags)?;
     match (&opts.path, &opts.hf) {
-        (None, None) => ctx.error(
-            diags,
-            "",
-            "a source needs \"path\" (local files) or \"hf\" (a hub dataset)",
-        ),
+        (None, None) => ctx.error(diags, "", "a source needs \"path\" (local files) or \"hf\" (a hub dataset)"),
         (Some(_), Some(_)) => ctx.error(diags, "hf", "give either \"path\" or \"hf\", not both"),
         _ => {}
     }
@@ -178,40 +104,21 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
         Some(d) if d.len() == 1 => Some(d.as_bytes()[0]),
         Some(d) if d == "\\t" => Some(b'\t'),
         Some(_) => {
-            ctx.error(
-                diags,
-                "delimiter",
-                "delimiter must be a single one-byte character",
-            );
+            ctx.error(diags, "delimiter", "delimiter must be a single one-byte character");
             None
         }
         None => None,
     };
     if !opts.header && opts.columns.is_none() && matches!(opts.format.as_str(), "csv" | "tsv") {
-        ctx.error(
-            diags,
-            "header",
-            "header = false needs \"columns\" to name the columns",
-        );
+        ctx.error(diags, "header", "header = false needs \"columns\" to name the columns");
     }
     let types = opts
         .types
         .iter()
         .flatten()
-        .map(|(k, v)| {
-            (
-                k.clone(),
-                data::parse_type_name(v).expect("checked by schema"),
-            )
-        })
+        .map(|(k, v)| (k.clone(), data::parse_type_name(v).expect("checked by schema")))
         .collect();
-    Some(Box::new(Source {
-        name: ctx.name.to_string(),
-        opts,
-        types,
-        delimiter,
-        root: ctx.root.to_path_buf(),
-    }))
+    Some(Box::new(Source { name: ctx.name.to_string(), opts, types, delimiter, root: ctx.root.to_path_buf() }))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -236,25 +143,15 @@ impl Source {
         if let Some(f) = by_name(&self.opts.format) {
             return Ok(f);
         }
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().to_lowercase())
-            .unwrap_or_default();
+        let name = path.file_name().map(|n| n.to_string_lossy().to_lowercase()).unwrap_or_default();
         let ext = name.rsplit('.').next().unwrap_or_default();
         match ext {
             "jsonl" | "ndjson" => Ok(Format::Jsonl),
-            "json" => Ok(if starts_with_bracket(path) {
-                Format::JsonArray
-            } else {
-                Format::Jsonl
-            }),
+            "json" => Ok(if starts_with_bracket(path) { Format::JsonArray } else { Format::Jsonl }),
             "csv" => Ok(Format::Csv),
             "tsv" | "tab" => Ok(Format::Tsv),
             "parquet" | "pq" => Ok(Format::Parquet),
-            _ => bail!(
-                "{}: cannot tell the format from the extension; set format = \"...\"",
-                path.display()
-            ),
+            _ => bail!("{}: cannot tell the format from the extension; set format = \"...\"", path.display()),
         }
     }
 
@@ -284,11 +181,7 @@ impl Source {
                 .iter()
                 .map(|c| {
                     schema.field_with_name(c).cloned().map_err(|_| {
-                        anyhow!(
-                            "{}: no column \"{c}\" (columns: {})",
-                            file.display(),
-                            data::column_list(schema)
-                        )
+                        anyhow!("{}: no column \"{c}\" (columns: {})", file.display(), data::column_list(schema))
                     })
                 })
                 .collect::<Result<_>>()?,
@@ -322,17 +215,14 @@ impl Source {
     }
 
     fn csv_delimiter(&self, format: Format) -> u8 {
-        self.delimiter
-            .unwrap_or(if format == Format::Tsv { b'\t' } else { b',' })
+        self.delimiter.unwrap_or(if format == Format::Tsv { b'\t' } else { b',' })
     }
 }
 
 fn starts_with_bracket(path: &Path) -> bool {
     use std::io::Read;
     let mut buf = [0u8; 256];
-    let n = File::open(path)
-        .and_then(|mut f| f.read(&mut buf))
-        .unwrap_or(0);
+    let n = File::open(path).and_then(|mut f| f.read(&mut buf)).unwrap_or(0);
     buf[..n].iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[')
 }
 
@@ -342,13 +232,7 @@ impl Stage for Source {
         if self.opts.hf.is_some() {
             // Columns of a hub dataset are only known once downloaded, unless declared.
             let cols = self.opts.columns.as_ref()?;
-            let fields = cols.iter().map(|c| {
-                Field::new(
-                    c,
-                    self.types.get(c).cloned().unwrap_or(DataType::Utf8),
-                    true,
-                )
-            });
+            let fields = cols.iter().map(|c| Field::new(c, self.types.get(c).cloned().unwrap_or(DataType::Utf8), true));
             return Some(data::schema_with_id(fields));
         }
         let files = match self.local_files() {
@@ -358,9 +242,7 @@ impl Stage for Source {
         let first = files.first()?.clone();
         ctx.files.extend(files);
         match self.peek_schema(&first) {
-            Ok(schema) => Some(data::schema_with_id(
-                schema.fields().iter().map(|f| f.as_ref().clone()),
-            )),
+            Ok(schema) => Some(data::schema_with_id(schema.fields().iter().map(|f| f.as_ref().clone()))),
             Err(e) => {
                 ctx.error("path", format!("{e:#}"));
                 None
@@ -370,11 +252,7 @@ impl Stage for Source {
 
     async fn prepare(&self, ctx: &PrepareCtx<'_>) -> Result<Option<Prepared>> {
         match &self.opts.hf {
-            None => Ok(Some(Prepared {
-                files: self.local_files()?,
-                hash_files: true,
-                ..Default::default()
-            })),
+            None => Ok(Some(Prepared { files: self.local_files()?, hash_files: true, ..Default::default() })),
             Some(hf) => match hf.resolve(ctx.root, ctx.offline_only).await {
                 Ok(resolved) => {
                     let mut fingerprint = BTreeMap::new();
@@ -382,12 +260,7 @@ impl Stage for Source {
                     fingerprint.insert("hf.commit".into(), resolved.commit.clone());
                     fingerprint.insert(
                         "hf.files".into(),
-                        resolved
-                            .files
-                            .iter()
-                            .map(|(n, _)| n.as_str())
-                            .collect::<Vec<_>>()
-                            .join(","),
+                        resolved.files.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(","),
                     );
                     Ok(Some(Prepared {
                         fingerprint,
@@ -406,19 +279,12 @@ impl Stage for Source {
         if files.is_empty() {
             bail!("no input files");
         }
-        let formats: Vec<Format> = files
-            .iter()
-            .map(|f| self.format_of(f))
-            .collect::<Result<_>>()?;
+        let formats: Vec<Format> = files.iter().map(|f| self.format_of(f)).collect::<Result<_>>()?;
         if formats.iter().any(|f| *f != formats[0]) {
             bail!(
                 "all files of a source must have the same format ({} and {} differ)",
                 files[0].display(),
-                files[formats
-                    .iter()
-                    .position(|f| *f != formats[0])
-                    .expect("exists")]
-                .display()
+                files[formats.iter().position(|f| *f != formats[0]).expect("exists")].display()
             );
         }
         let src = Source {
@@ -437,18 +303,8 @@ impl Stage for Source {
         let failures = ctx.failures.clone();
         let name = ctx.name.clone();
         let (out, rows_in) = tokio::task::spawn_blocking(move || -> Result<(ParquetOut, u64)> {
-            let mut w = Emitter {
-                name,
-                out_path,
-                meta,
-                out: None,
-                ordinal: 0,
-                written: 0,
-                limit,
-                cancel,
-                progress,
-                failures,
-            };
+            let mut w =
+                Emitter { name, out_path, meta, out: None, ordinal: 0, written: 0, limit, cancel, progress, failures };
             match format {
                 Format::Parquet => src.read_parquet(&files, &mut w)?,
                 Format::Jsonl | Format::JsonArray => src.read_json(&files, format, &mut w)?,
@@ -464,12 +320,7 @@ impl Stage for Source {
         if out.rows() == 0 && ctx.failures.is_empty() && !self.opts.allow_empty {
             bail!(
                 "no records in {} (set allow_empty = true to accept an empty source)",
-                ctx.prepared
-                    .files
-                    .iter()
-                    .map(|f| f.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                ctx.prepared.files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", ")
             );
         }
         ctx.set_output(out)
@@ -511,20 +362,12 @@ impl Emitter {
     fn fail(&mut self, message: String, record: Option<String>) {
         let id = self.ordinal_id(self.ordinal);
         self.failures.record(id, "parse", message, record);
-        self.progress
-            .failed
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.progress.failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.ordinal += 1;
     }
 
     /// Write a batch of data columns whose records have the given ordinals.
-    fn emit(
-        &mut self,
-        batch: RecordBatch,
-        ordinals: &[u64],
-        id_col: Option<&str>,
-        file: &Path,
-    ) -> Result<()> {
+    fn emit(&mut self, batch: RecordBatch, ordinals: &[u64], id_col: Option<&str>, file: &Path) -> Result<()> {
         let mut batch = batch;
         let mut ordinals = ordinals.to_vec();
         if let Some(limit) = self.limit {
@@ -547,32 +390,20 @@ impl Emitter {
                     )
                 })?;
                 let arr = batch.column(idx);
-                let strings = arrow::compute::cast(arr, &DataType::Utf8).with_context(|| {
-                    format!(
-                        "{}: id column \"{col}\" cannot be read as text",
-                        file.display()
-                    )
-                })?;
-                let strings = strings
-                    .as_any()
-                    .downcast_ref::<StringArray>()
-                    .expect("utf8")
-                    .clone();
+                let strings = arrow::compute::cast(arr, &DataType::Utf8)
+                    .with_context(|| format!("{}: id column \"{col}\" cannot be read as text", file.display()))?;
+                let strings = strings.as_any().downcast_ref::<StringArray>().expect("utf8").clone();
                 // Records without an id fail; keep the others.
                 if strings.null_count() > 0 {
-                    let keep: arrow::array::BooleanArray = (0..strings.len())
-                        .map(|i| Some(strings.is_valid(i)))
-                        .collect();
+                    let keep: arrow::array::BooleanArray =
+                        (0..strings.len()).map(|i| Some(strings.is_valid(i))).collect();
                     for (i, ord) in ordinals.iter().enumerate() {
                         if strings.is_null(i) {
                             let id = self.ordinal_id(*ord);
                             self.failures.record(
                                 id,
                                 "parse",
-                                format!(
-                                    "{}: record has no value in id column \"{col}\"",
-                                    file.display()
-                                ),
+                                format!("{}: record has no value in id column \"{col}\"", file.display()),
                                 None,
                             );
                         }
@@ -583,9 +414,7 @@ impl Emitter {
                 }
                 Arc::new(strings)
             }
-            None => Arc::new(StringArray::from_iter_values(
-                ordinals.iter().map(|o| self.ordinal_id(*o)),
-            )),
+            None => Arc::new(StringArray::from_iter_values(ordinals.iter().map(|o| self.ordinal_id(*o)))),
         };
         self.write_with_ids(batch, ids)
     }
@@ -593,12 +422,7 @@ impl Emitter {
     fn write_with_ids(&mut self, batch: RecordBatch, ids: ArrayRef) -> Result<()> {
         let batch = data::with_ids(&batch, ids)?;
         if self.out.is_none() {
-            self.out = Some(ParquetOut::create(
-                &self.out_path,
-                batch.schema(),
-                self.meta.clone(),
-                true,
-            )?);
+            self.out = Some(ParquetOut::create(&self.out_path, batch.schema(), self.meta.clone(), true)?);
         }
         let out = self.out.as_mut().expect("created");
         out.write(&batch)?;
@@ -638,25 +462,16 @@ impl Source {
                 })?;
                 infer_json(file, &values)?
             }
-            Format::Csv | Format::Tsv => {
-                self.infer_csv(&[file.to_path_buf()], format, Some(1000))?
-            }
+            Format::Csv | Format::Tsv => self.infer_csv(&[file.to_path_buf()], format, Some(1000))?,
         };
         self.shape_schema(file, &raw)
     }
 
     fn read_parquet(&self, files: &[PathBuf], w: &mut Emitter) -> Result<()> {
         let mut reference: Option<(PathBuf, Schema)> = None;
-        let total: u64 = files
-            .iter()
-            .filter_map(|f| {
-                crate::store::parquet::read_footer(f)
-                    .ok()
-                    .map(|m| m.num_rows)
-            })
-            .sum();
-        w.progress
-            .set_total(w.limit.map_or(total, |l| l.min(total)));
+        let total: u64 =
+            files.iter().filter_map(|f| crate::store::parquet::read_footer(f).ok().map(|m| m.num_rows)).sum();
+        w.progress.set_total(w.limit.map_or(total, |l| l.min(total)));
         for file in files {
             let f = File::open(file).with_context(|| format!("opening {}", file.display()))?;
             let builder = ParquetRecordBatchReaderBuilder::try_new(f)
@@ -688,11 +503,8 @@ impl Source {
                     }
                 }
             }
-            let indices: Vec<usize> = shaped
-                .fields()
-                .iter()
-                .map(|f| file_schema.index_of(f.name()).expect("checked"))
-                .collect();
+            let indices: Vec<usize> =
+                shaped.fields().iter().map(|f| file_schema.index_of(f.name()).expect("checked")).collect();
             let mask = ProjectionMask::roots(builder.parquet_schema(), indices.clone());
             let reader = builder
                 .with_projection(mask)
@@ -705,13 +517,11 @@ impl Source {
                 if w.done() {
                     return Ok(());
                 }
-                let batch =
-                    batch.with_context(|| format!("{}: corrupt Parquet data", file.display()))?;
+                let batch = batch.with_context(|| format!("{}: corrupt Parquet data", file.display()))?;
                 // Projection keeps file order; reorder and cast to the shaped schema.
                 let mut cols = Vec::with_capacity(shaped.fields().len());
                 for field in shaped.fields() {
-                    let col =
-                        batch.column(batch.schema().index_of(field.name()).expect("projected"));
+                    let col = batch.column(batch.schema().index_of(field.name()).expect("projected"));
                     let col = if col.data_type() == field.data_type() {
                         col.clone()
                     } else {
@@ -743,18 +553,11 @@ impl Source {
         // null in the first thousand lines must not be typed wrongly).
         let mut values: Vec<Value> = Vec::new();
         let mut schema: Option<Schema> = None;
-        let declared = self
-            .opts
-            .columns
-            .as_ref()
-            .is_some_and(|c| c.iter().all(|c| self.types.contains_key(c)));
+        let declared = self.opts.columns.as_ref().is_some_and(|c| c.iter().all(|c| self.types.contains_key(c)));
         if declared {
             let cols = self.opts.columns.as_ref().expect("declared");
-            schema = Some(Schema::new(
-                cols.iter()
-                    .map(|c| Field::new(c, self.types[c].clone(), true))
-                    .collect::<Vec<_>>(),
-            ));
+            schema =
+                Some(Schema::new(cols.iter().map(|c| Field::new(c, self.types[c].clone(), true)).collect::<Vec<_>>()));
         } else {
             let mut inferred: Option<Schema> = None;
             for file in files {
@@ -803,17 +606,10 @@ impl Source {
                         w.ordinal += 1;
                     }
                     Ok(other) => w.fail(
-                        format!(
-                            "{}:{line}: expected a JSON object, found {}",
-                            file.display(),
-                            json_kind(&other)
-                        ),
+                        format!("{}:{line}: expected a JSON object, found {}", file.display(), json_kind(&other)),
                         Some(raw.to_string()),
                     ),
-                    Err(msg) => w.fail(
-                        format!("{}:{line}:{msg}", file.display()),
-                        Some(raw.to_string()),
-                    ),
+                    Err(msg) => w.fail(format!("{}:{line}:{msg}", file.display()), Some(raw.to_string())),
                 }
                 w.progress.inc(1);
                 if rows.len() >= 2048 {
@@ -844,17 +640,10 @@ impl Source {
             for_each_json_record(file, format, &mut |line, raw, rec| {
                 match rec {
                     Ok(other) => w.fail(
-                        format!(
-                            "{}:{line}: expected a JSON object, found {}",
-                            file.display(),
-                            json_kind(&other)
-                        ),
+                        format!("{}:{line}: expected a JSON object, found {}", file.display(), json_kind(&other)),
                         Some(raw.to_string()),
                     ),
-                    Err(msg) => w.fail(
-                        format!("{}:{line}:{msg}", file.display()),
-                        Some(raw.to_string()),
-                    ),
+                    Err(msg) => w.fail(format!("{}:{line}:{msg}", file.display()), Some(raw.to_string())),
                 }
                 Ok(true)
             })?;
@@ -886,15 +675,8 @@ impl Source {
                 Err((i, e)) => {
                     let id = w.ordinal_id(ords[i]);
                     let record = serde_json::to_string(&rows[i]).ok();
-                    w.failures.record(
-                        id,
-                        "schema",
-                        format!("{}:{}: {e}", file.display(), lines[i]),
-                        record,
-                    );
-                    w.progress
-                        .failed
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    w.failures.record(id, "schema", format!("{}:{}: {e}", file.display(), lines[i]), record);
+                    w.progress.failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     rows.remove(i);
                     ords.remove(i);
                     lines.remove(i);
@@ -914,17 +696,8 @@ impl Source {
     }
 
     /// Column names and inferred types of CSV/TSV files.
-    fn infer_csv(
-        &self,
-        files: &[PathBuf],
-        format: Format,
-        max_rows: Option<usize>,
-    ) -> Result<Schema> {
-        let mut names: Option<Vec<String>> = if self.opts.header {
-            None
-        } else {
-            self.opts.columns.clone()
-        };
+    fn infer_csv(&self, files: &[PathBuf], format: Format, max_rows: Option<usize>) -> Result<Schema> {
+        let mut names: Option<Vec<String>> = if self.opts.header { None } else { self.opts.columns.clone() };
         let mut kinds: Vec<CsvKind> = Vec::new();
         let mut seen = 0usize;
         for file in files {
@@ -939,10 +712,8 @@ impl Source {
                 }
                 if first && self.opts.header {
                     first = false;
-                    let header: Vec<String> = record
-                        .iter()
-                        .map(|f| String::from_utf8_lossy(f).trim().to_string())
-                        .collect();
+                    let header: Vec<String> =
+                        record.iter().map(|f| String::from_utf8_lossy(f).trim().to_string()).collect();
                     match &names {
                         None => names = Some(header),
                         Some(n) if *n != header => bail!(
@@ -979,13 +750,7 @@ impl Source {
         let fields: Vec<Field> = names
             .iter()
             .enumerate()
-            .map(|(i, n)| {
-                Field::new(
-                    n,
-                    kinds.get(i).copied().unwrap_or(CsvKind::Text).data_type(),
-                    true,
-                )
-            })
+            .map(|(i, n)| Field::new(n, kinds.get(i).copied().unwrap_or(CsvKind::Text).data_type(), true))
             .collect();
         if !self.opts.header {
             // `columns` named the columns; do not treat it as a selection too.
@@ -1007,10 +772,7 @@ impl Source {
                 .map(|f| {
                     Field::new(
                         f.name(),
-                        self.types
-                            .get(f.name())
-                            .cloned()
-                            .unwrap_or_else(|| f.data_type().clone()),
+                        self.types.get(f.name()).cloned().unwrap_or_else(|| f.data_type().clone()),
                         true,
                     )
                 })
@@ -1048,19 +810,11 @@ impl Source {
                     continue;
                 }
                 first = false;
-                let raw_line = record
-                    .iter()
-                    .map(|f| String::from_utf8_lossy(f).to_string())
-                    .collect::<Vec<_>>()
-                    .join("\t");
+                let raw_line =
+                    record.iter().map(|f| String::from_utf8_lossy(f).to_string()).collect::<Vec<_>>().join("\t");
                 if record.len() != names.len() {
                     w.fail(
-                        format!(
-                            "{}:{line}: expected {} fields, found {}",
-                            file.display(),
-                            names.len(),
-                            record.len()
-                        ),
+                        format!("{}:{line}: expected {} fields, found {}", file.display(), names.len(), record.len()),
                         Some(raw_line),
                     );
                     w.progress.inc(1);
@@ -1086,10 +840,7 @@ impl Source {
                             row.insert(name.clone(), v);
                         }
                         Err(msg) => {
-                            bad = Some(format!(
-                                "{}:{line}: field \"{name}\": {msg}",
-                                file.display()
-                            ));
+                            bad = Some(format!("{}:{line}: field \"{name}\": {msg}", file.display()));
                             break;
                         }
                     }
@@ -1135,9 +886,7 @@ fn merge_fields(a: &arrow::datatypes::Fields, b: &arrow::datatypes::Fields) -> V
     let mut out: Vec<Field> = a.iter().map(|f| f.as_ref().clone()).collect();
     for fb in b.iter() {
         match out.iter_mut().find(|f| f.name() == fb.name()) {
-            Some(fa) => {
-                *fa = Field::new(fa.name(), merge_type(fa.data_type(), fb.data_type()), true)
-            }
+            Some(fa) => *fa = Field::new(fa.name(), merge_type(fa.data_type(), fb.data_type()), true),
             None => out.push(fb.as_ref().clone().with_nullable(true)),
         }
     }
@@ -1149,17 +898,11 @@ fn merge_type(a: &DataType, b: &DataType) -> DataType {
     match (a, b) {
         _ if a == b => a.clone(),
         (DataType::Null, x) | (x, DataType::Null) => x.clone(),
-        (DataType::Int64, DataType::Float64) | (DataType::Float64, DataType::Int64) => {
-            DataType::Float64
+        (DataType::Int64, DataType::Float64) | (DataType::Float64, DataType::Int64) => DataType::Float64,
+        (DataType::List(fa), DataType::List(fb)) => {
+            DataType::List(Arc::new(Field::new(fa.name(), merge_type(fa.data_type(), fb.data_type()), true)))
         }
-        (DataType::List(fa), DataType::List(fb)) => DataType::List(Arc::new(Field::new(
-            fa.name(),
-            merge_type(fa.data_type(), fb.data_type()),
-            true,
-        ))),
-        (DataType::Struct(fa), DataType::Struct(fb)) => {
-            DataType::Struct(merge_fields(fa, fb).into())
-        }
+        (DataType::Struct(fa), DataType::Struct(fb)) => DataType::Struct(merge_fields(fa, fb).into()),
         _ => DataType::Utf8,
     }
 }
@@ -1192,9 +935,7 @@ fn for_each_json_record(
         let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
         let value: Value = serde_json::from_slice(&bytes)
             .map_err(|e| anyhow!("{}:{}:{}: {e}", file.display(), e.line(), e.column()))?;
-        let Value::Array(items) = value else {
-            bail!("{}: expected a JSON array of records", file.display())
-        };
+        let Value::Array(items) = value else { bail!("{}: expected a JSON array of records", file.display()) };
         for (i, item) in items.into_iter().enumerate() {
             let raw = item.to_string();
             if !f(i + 1, &raw, Ok(item))? {
@@ -1203,10 +944,8 @@ fn for_each_json_record(
         }
         return Ok(());
     }
-    let reader = BufReader::with_capacity(
-        1 << 20,
-        File::open(file).with_context(|| format!("opening {}", file.display()))?,
-    );
+    let reader =
+        BufReader::with_capacity(1 << 20, File::open(file).with_context(|| format!("opening {}", file.display()))?);
     for (idx, line) in reader.split(b'\n').enumerate() {
         let line = line.with_context(|| format!("reading {}", file.display()))?;
         let line_no = idx + 1;
@@ -1220,20 +959,12 @@ fn for_each_json_record(
                 f(
                     line_no,
                     &raw,
-                    Err(format!(
-                        "{}: invalid UTF-8 (byte {} of the line)",
-                        e.valid_up_to() + 1,
-                        e.valid_up_to() + 1
-                    )),
+                    Err(format!("{}: invalid UTF-8 (byte {} of the line)", e.valid_up_to() + 1, e.valid_up_to() + 1)),
                 )?
             }
             Ok(text) => match serde_json::from_str::<Value>(text) {
                 Ok(v) => f(line_no, text, Ok(v))?,
-                Err(e) => f(
-                    line_no,
-                    text,
-                    Err(format!("{}: invalid JSON: {e}", e.column())),
-                )?,
+                Err(e) => f(line_no, text, Err(format!("{}: invalid JSON: {e}", e.column())))?,
             },
         };
         if !go_on {
@@ -1264,8 +995,7 @@ impl CsvKind {
         };
         let s = s.trim();
         let is_int = s.parse::<i64>().is_ok();
-        let is_float =
-            is_int || (s.parse::<f64>().is_ok() && s.chars().any(|c| c.is_ascii_digit()));
+        let is_float = is_int || (s.parse::<f64>().is_ok() && s.chars().any(|c| c.is_ascii_digit()));
         let is_bool = matches!(s, "true" | "false" | "True" | "False");
         *self = match (*self, is_int, is_float, is_bool) {
             (CsvKind::Unknown, true, _, _) => CsvKind::Int,
@@ -1294,17 +1024,12 @@ fn csv_value(text: &str, ty: &DataType) -> std::result::Result<Value, String> {
     }
     let t = text.trim();
     Ok(match ty {
-        DataType::Int64 | DataType::Int32 => Value::from(
-            t.parse::<i64>()
-                .map_err(|_| format!("\"{text}\" is not an integer"))?,
-        ),
+        DataType::Int64 | DataType::Int32 => {
+            Value::from(t.parse::<i64>().map_err(|_| format!("\"{text}\" is not an integer"))?)
+        }
         DataType::Float64 | DataType::Float32 => {
-            let x = t
-                .parse::<f64>()
-                .map_err(|_| format!("\"{text}\" is not a number"))?;
-            serde_json::Number::from_f64(x)
-                .map(Value::Number)
-                .unwrap_or(Value::Null)
+            let x = t.parse::<f64>().map_err(|_| format!("\"{text}\" is not a number"))?;
+            serde_json::Number::from_f64(x).map(Value::Number).unwrap_or(Value::Null)
         }
         DataType::Boolean => match t {
             "true" | "True" | "1" => Value::Bool(true),

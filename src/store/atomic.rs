@@ -23,9 +23,8 @@ pub struct PendingFile {
 impl PendingFile {
     /// Rename into place and make the rename durable.
     pub fn commit(mut self) -> Result<PathBuf> {
-        std::fs::rename(&self.tmp, &self.dest).with_context(|| {
-            format!("renaming {} to {}", self.tmp.display(), self.dest.display())
-        })?;
+        std::fs::rename(&self.tmp, &self.dest)
+            .with_context(|| format!("renaming {} to {}", self.tmp.display(), self.dest.display()))?;
         self.committed = true;
         sync_dir(&self.dest);
         Ok(self.dest.clone())
@@ -46,46 +45,30 @@ impl Drop for PendingFile {
 
 /// Temporary path next to `dest`.
 pub fn tmp_path(dest: &Path) -> PathBuf {
-    let name = dest
-        .file_name()
-        .map(|n| n.to_string_lossy().to_string())
-        .unwrap_or_default();
+    let name = dest.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
     let nonce: u32 = rand::random();
-    dest.with_file_name(format!(
-        "{TMP_MARK}{}-{nonce:08x}-{name}",
-        std::process::id()
-    ))
+    dest.with_file_name(format!("{TMP_MARK}{}-{nonce:08x}-{name}", std::process::id()))
 }
 
 /// Open a new temporary file for `dest` (creating the directory).
 pub fn create_tmp(dest: &Path) -> Result<(File, PendingFile)> {
     if let Some(dir) = dest.parent() {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("creating directory {}", dir.display()))?;
+        std::fs::create_dir_all(dir).with_context(|| format!("creating directory {}", dir.display()))?;
     }
     let tmp = tmp_path(dest);
     let file = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    Ok((
-        file,
-        PendingFile {
-            tmp,
-            dest: dest.to_path_buf(),
-            committed: false,
-        },
-    ))
+    Ok((file, PendingFile { tmp, dest: dest.to_path_buf(), committed: false }))
 }
 
 /// Flush and fsync a finished temporary file.
 pub fn finish_file(file: File, pending: &PendingFile) -> Result<()> {
-    file.sync_all()
-        .with_context(|| format!("syncing {}", pending.tmp.display()))
+    file.sync_all().with_context(|| format!("syncing {}", pending.tmp.display()))
 }
 
 /// Write a whole file atomically.
 pub fn write_atomic(dest: &Path, bytes: &[u8]) -> Result<()> {
     let (mut file, pending) = create_tmp(dest)?;
-    file.write_all(bytes)
-        .with_context(|| format!("writing {}", pending.tmp.display()))?;
+    file.write_all(bytes).with_context(|| format!("writing {}", pending.tmp.display()))?;
     finish_file(file, &pending)?;
     pending.commit()?;
     Ok(())

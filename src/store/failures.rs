@@ -30,25 +30,11 @@ pub struct FailureLog {
 
 impl FailureLog {
     pub fn push(&self, failure: Failure) {
-        self.inner
-            .lock()
-            .expect("failure log poisoned")
-            .push(failure);
+        self.inner.lock().expect("failure log poisoned").push(failure);
     }
 
-    pub fn record(
-        &self,
-        id: impl Into<String>,
-        kind: &str,
-        message: impl Into<String>,
-        record: Option<String>,
-    ) {
-        self.push(Failure {
-            id: id.into(),
-            kind: kind.to_string(),
-            message: message.into(),
-            record,
-        });
+    pub fn record(&self, id: impl Into<String>, kind: &str, message: impl Into<String>, record: Option<String>) {
+        self.push(Failure { id: id.into(), kind: kind.to_string(), message: message.into(), record });
     }
 
     pub fn len(&self) -> usize {
@@ -60,11 +46,7 @@ impl FailureLog {
     }
 
     pub fn first(&self) -> Option<Failure> {
-        self.inner
-            .lock()
-            .expect("failure log poisoned")
-            .first()
-            .cloned()
+        self.inner.lock().expect("failure log poisoned").first().cloned()
     }
 
     pub fn take(&self) -> Vec<Failure> {
@@ -82,34 +64,18 @@ pub fn failures_schema() -> SchemaRef {
 }
 
 /// Write failures (sorted by id for determinism) to a pending Parquet file.
-pub fn write_failures(
-    dest: &Path,
-    mut failures: Vec<Failure>,
-    meta: Vec<(String, String)>,
-) -> Result<PendingFile> {
-    failures.sort_by(|a, b| {
-        a.id.cmp(&b.id)
-            .then_with(|| a.kind.cmp(&b.kind))
-            .then_with(|| a.message.cmp(&b.message))
-    });
+pub fn write_failures(dest: &Path, mut failures: Vec<Failure>, meta: Vec<(String, String)>) -> Result<PendingFile> {
+    failures.sort_by(|a, b| a.id.cmp(&b.id).then_with(|| a.kind.cmp(&b.kind)).then_with(|| a.message.cmp(&b.message)));
     let schema = failures_schema();
     let mut out = ParquetOut::create(dest, schema.clone(), meta, false)?;
     for chunk in failures.chunks(8192) {
         let batch = RecordBatch::try_new(
             schema.clone(),
             vec![
-                Arc::new(StringArray::from_iter_values(
-                    chunk.iter().map(|f| f.id.as_str()),
-                )),
-                Arc::new(StringArray::from_iter_values(
-                    chunk.iter().map(|f| f.kind.as_str()),
-                )),
-                Arc::new(StringArray::from_iter_values(
-                    chunk.iter().map(|f| f.message.as_str()),
-                )),
-                Arc::new(StringArray::from_iter(
-                    chunk.iter().map(|f| f.record.as_deref()),
-                )),
+                Arc::new(StringArray::from_iter_values(chunk.iter().map(|f| f.id.as_str()))),
+                Arc::new(StringArray::from_iter_values(chunk.iter().map(|f| f.kind.as_str()))),
+                Arc::new(StringArray::from_iter_values(chunk.iter().map(|f| f.message.as_str()))),
+                Arc::new(StringArray::from_iter(chunk.iter().map(|f| f.record.as_deref()))),
             ],
         )?;
         out.write(&batch)?;

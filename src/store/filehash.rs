@@ -32,15 +32,8 @@ impl FileHasher {
     /// Load the memo of an output directory (missing or unreadable memo = empty).
     pub fn load(out_dir: &Path) -> FileHasher {
         let path = out_dir.join(INTERNAL_DIR).join("filehash.json");
-        let entries = std::fs::read(&path)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or_default();
-        FileHasher {
-            path: Some(path),
-            entries,
-            dirty: false,
-        }
+        let entries = std::fs::read(&path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default();
+        FileHasher { path: Some(path), entries, dirty: false }
     }
 
     /// A memo that is never saved.
@@ -50,18 +43,10 @@ impl FileHasher {
 
     /// BLAKE3 hex digest of a file's content.
     pub fn hash(&mut self, file: &Path) -> Result<String> {
-        let meta =
-            std::fs::metadata(file).with_context(|| format!("reading {}", file.display()))?;
-        let mtime_ns = meta
-            .modified()
-            .ok()
-            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let key = std::fs::canonicalize(file)
-            .unwrap_or_else(|_| file.to_path_buf())
-            .to_string_lossy()
-            .to_string();
+        let meta = std::fs::metadata(file).with_context(|| format!("reading {}", file.display()))?;
+        let mtime_ns =
+            meta.modified().ok().and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_nanos()).unwrap_or(0);
+        let key = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf()).to_string_lossy().to_string();
         if let Some(e) = self.entries.get(&key)
             && e.len == meta.len()
             && e.mtime_ns == mtime_ns
@@ -69,14 +54,7 @@ impl FileHasher {
             return Ok(e.hash.clone());
         }
         let hash = hash_file(file)?;
-        self.entries.insert(
-            key,
-            Entry {
-                len: meta.len(),
-                mtime_ns,
-                hash: hash.clone(),
-            },
-        );
+        self.entries.insert(key, Entry { len: meta.len(), mtime_ns, hash: hash.clone() });
         self.dirty = true;
         Ok(hash)
     }
@@ -96,9 +74,7 @@ pub fn hash_file(file: &Path) -> Result<String> {
     let mut hasher = blake3::Hasher::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
-        let n = f
-            .read(&mut buf)
-            .with_context(|| format!("reading {}", file.display()))?;
+        let n = f.read(&mut buf).with_context(|| format!("reading {}", file.display()))?;
         if n == 0 {
             break;
         }

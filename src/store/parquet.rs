@@ -31,14 +31,10 @@ const ROW_GROUP_ROWS: usize = 64 * 1024;
 /// Writer properties shared by every output so identical data gives identical bytes.
 pub fn writer_properties(meta: Vec<(String, String)>) -> WriterProperties {
     WriterProperties::builder()
-        .set_compression(Compression::ZSTD(
-            ZstdLevel::try_new(3).expect("valid level"),
-        ))
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3).expect("valid level")))
         .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
         .set_created_by(format!("synth {}", env!("CARGO_PKG_VERSION")))
-        .set_key_value_metadata(Some(
-            meta.into_iter().map(|(k, v)| KeyValue::new(k, v)).collect(),
-        ))
+        .set_key_value_metadata(Some(meta.into_iter().map(|(k, v)| KeyValue::new(k, v)).collect()))
         .build()
 }
 
@@ -63,22 +59,11 @@ impl BuildHasher for IdHasher {
 
 impl ParquetOut {
     /// Create `dest` (via a temporary file). `check_ids` enforces unique record ids.
-    pub fn create(
-        dest: &Path,
-        schema: SchemaRef,
-        meta: Vec<(String, String)>,
-        check_ids: bool,
-    ) -> Result<ParquetOut> {
+    pub fn create(dest: &Path, schema: SchemaRef, meta: Vec<(String, String)>, check_ids: bool) -> Result<ParquetOut> {
         let (file, pending) = create_tmp(dest)?;
         let writer = ArrowWriter::try_new(file, schema, Some(writer_properties(meta)))
             .with_context(|| format!("starting Parquet file {}", pending.tmp.display()))?;
-        Ok(ParquetOut {
-            writer,
-            pending,
-            rows: 0,
-            check_ids,
-            seen: HashSet::with_hasher(IdHasher),
-        })
+        Ok(ParquetOut { writer, pending, rows: 0, check_ids, seen: HashSet::with_hasher(IdHasher) })
     }
 
     pub fn write(&mut self, batch: &RecordBatch) -> Result<()> {
@@ -90,15 +75,11 @@ impl ParquetOut {
                 let mut h = IdHasher.build_hasher();
                 h.write(id.as_bytes());
                 if !self.seen.insert(h.finish()) {
-                    bail!(
-                        "duplicate record id \"{id}\" (record ids must be unique within a stage output)"
-                    );
+                    bail!("duplicate record id \"{id}\" (record ids must be unique within a stage output)");
                 }
             }
         }
-        self.writer
-            .write(batch)
-            .with_context(|| format!("writing {}", self.pending.tmp.display()))?;
+        self.writer.write(batch).with_context(|| format!("writing {}", self.pending.tmp.display()))?;
         self.rows += batch.num_rows() as u64;
         Ok(())
     }
@@ -109,10 +90,7 @@ impl ParquetOut {
 
     /// Finish the file (footer, fsync). It stays temporary until committed.
     pub fn finish(self) -> Result<(PendingFile, u64)> {
-        let file = self
-            .writer
-            .into_inner()
-            .with_context(|| format!("finishing {}", self.pending.tmp.display()))?;
+        let file = self.writer.into_inner().with_context(|| format!("finishing {}", self.pending.tmp.display()))?;
         finish_file(file, &self.pending)?;
         Ok((self.pending, self.rows))
     }
@@ -132,17 +110,9 @@ pub fn read_footer(path: &Path) -> Result<Footer> {
     let md = builder.metadata().file_metadata();
     let meta = md
         .key_value_metadata()
-        .map(|kvs| {
-            kvs.iter()
-                .filter_map(|kv| Some((kv.key.clone(), kv.value.clone()?)))
-                .collect()
-        })
+        .map(|kvs| kvs.iter().filter_map(|kv| Some((kv.key.clone(), kv.value.clone()?))).collect())
         .unwrap_or_default();
-    Ok(Footer {
-        schema: builder.schema().clone(),
-        num_rows: md.num_rows() as u64,
-        meta,
-    })
+    Ok(Footer { schema: builder.schema().clone(), num_rows: md.num_rows() as u64, meta })
 }
 
 /// A blocking batch reader over a Parquet file.
@@ -181,9 +151,7 @@ pub fn stream_batches(path: PathBuf, batch_size: usize) -> mpsc::Receiver<Result
 pub fn read_all(path: &Path) -> Result<(SchemaRef, Vec<RecordBatch>)> {
     let reader = open_reader(path, 8192)?;
     let schema = arrow::array::RecordBatchReader::schema(&reader);
-    let batches = reader
-        .collect::<Result<Vec<_>, _>>()
-        .with_context(|| format!("reading {}", path.display()))?;
+    let batches = reader.collect::<Result<Vec<_>, _>>().with_context(|| format!("reading {}", path.display()))?;
     Ok((schema, batches))
 }
 

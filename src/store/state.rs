@@ -74,10 +74,7 @@ pub struct StageState {
 }
 
 pub fn state_path(out_dir: &Path, stage: &str) -> PathBuf {
-    out_dir
-        .join(INTERNAL_DIR)
-        .join("state")
-        .join(format!("{stage}.json"))
+    out_dir.join(INTERNAL_DIR).join("state").join(format!("{stage}.json"))
 }
 
 impl StageState {
@@ -95,28 +92,19 @@ impl StageState {
     pub fn outputs_intact(&self, out_dir: &Path) -> bool {
         self.outputs.iter().chain(self.failures.iter()).all(|o| {
             let p = resolve(out_dir, &o.path);
-            std::fs::metadata(&p)
-                .map(|m| m.len() == o.bytes)
-                .unwrap_or(false)
+            std::fs::metadata(&p).map(|m| m.len() == o.bytes).unwrap_or(false)
         })
     }
 }
 
 /// Output paths are stored relative to the output directory when inside it.
 pub fn relative_to(out_dir: &Path, path: &Path) -> String {
-    path.strip_prefix(out_dir)
-        .unwrap_or(path)
-        .to_string_lossy()
-        .to_string()
+    path.strip_prefix(out_dir).unwrap_or(path).to_string_lossy().to_string()
 }
 
 pub fn resolve(out_dir: &Path, stored: &str) -> PathBuf {
     let p = Path::new(stored);
-    if p.is_absolute() {
-        p.to_path_buf()
-    } else {
-        out_dir.join(p)
-    }
+    if p.is_absolute() { p.to_path_buf() } else { out_dir.join(p) }
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -202,8 +190,7 @@ impl Manifest {
     pub fn load(out_dir: &Path) -> Result<Manifest> {
         let path = Self::path(out_dir);
         let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-        serde_json::from_slice(&bytes)
-            .with_context(|| format!("{}: not a synth manifest", path.display()))
+        serde_json::from_slice(&bytes).with_context(|| format!("{}: not a synth manifest", path.display()))
     }
 
     pub fn save(&mut self, out_dir: &Path) -> Result<()> {
@@ -243,9 +230,7 @@ fn is_secret_key(key: &str) -> bool {
     k == "token"
         || k.ends_with("_token")
         || k == "authorization"
-        || ["api_key", "apikey", "secret", "password", "bearer"]
-            .iter()
-            .any(|m| k.contains(m))
+        || ["api_key", "apikey", "secret", "password", "bearer"].iter().any(|m| k.contains(m))
 }
 
 /// Replace values that are, or look like, secrets with `"***"`. Keys that only *name*
@@ -256,8 +241,7 @@ pub fn redact(value: &serde_json::Value) -> serde_json::Value {
         J::Object(map) => J::Object(
             map.iter()
                 .map(|(k, v)| {
-                    let v = if is_secret_key(k) && !v.is_null() && !v.is_boolean() && !v.is_number()
-                    {
+                    let v = if is_secret_key(k) && !v.is_null() && !v.is_boolean() && !v.is_number() {
                         J::String("***".into())
                     } else {
                         redact(v)
@@ -278,9 +262,7 @@ pub fn looks_like_secret(s: &str) -> bool {
     if s.to_lowercase().starts_with("bearer ") {
         return true;
     }
-    (s.starts_with("sk-") || s.starts_with("hf_"))
-        && s.len() >= 12
-        && !s.contains(char::is_whitespace)
+    (s.starts_with("sk-") || s.starts_with("hf_")) && s.len() >= 12 && !s.contains(char::is_whitespace)
 }
 
 #[cfg(test)]

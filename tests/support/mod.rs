@@ -1,0 +1,152 @@
+//! Helpers shared by the integration tests: temporary projects, running the
+//! `synth` binary, reading outputs, comparing directories.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub fn synth_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_synth"))
+}
+
+/// A temporary directory holding a pipeline and its data.
+pub struct Project {
+    pub dir: tempfile::TempDir,
+}
+
+impl Project {
+    pub fn new() -> Project {
+        Project { dir: tempfile::tempdir().expect("tempdir") }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn write(&self, rel: &str, content: impl AsRef<[u8]>) -> PathBuf {
+        let p = self.path().join(rel);
+        if let Some(parent) = p.parent() {
+            std::fs::create_dir_all(parent).unwrap();
+        }
+        std::fs::write(&p, content).unwrap();
+        p
+    }
+
+    /// Run `synth ARGS...` with the project as working directory.
+    pub fn synth(&self, args: &[&str]) -> Run {
+        let out = Command::new(synth_bin())
+            .args(args)
+            .current_dir(self.path())
+            .env("CI", "1")
+            .env_remove("SYNTH_LOG")
+            .output()
+            .expect("run synth");
+        Run::from(out)
+    }
+
+    pub fn read(&self, rel: &str) -> String {
+        std::fs::read_to_string(self.path().join(rel)).unwrap_or_else(|e| panic!("reading {rel}: {e}"))
+    }
+}
+
+/// Outcome of a `synth` invocation.
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl From<Output> for Run {
+    fn from(o: Output) -> Run {
+        Run {
+            code: o.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&o.stdout).to_string(),
+            stderr: String::from_utf8_lossy(&o.stderr).to_string(),
+        }
+    }
+}
+
+impl Run {
+    pub fn ok(self) -> Run {
+        assert_eq!(self.code, 0, "synth failed\nstdout:\n{}\nstderr:\n{}", self.stdout, self.stderr);
+        self
+    }
+
+    pub fn code(self, expected: i32) -> Run {
+        assert_eq!(self.code, expected, "unexpected exit code\nstdout:\n{}\nstderr:\n{}", self.stdout, self.stderr);
+        self
+    }
+}
+
+/// Write `n` JSONL records `{"name": ..., "age": ..., "city": ...}`.
+pub fn people_jsonl(n: usize) -> String {
+    let mut s = String::new();
+    for i in 0..n {
+        s.push_str(&format!(
+            "{{\"name\": \"p{i}\", \"age\": {}, \"city\": \"{}\"}}\n",
+            i % 90,
+            ["rome", "oslo", "lima"][i % 3]
+        ));
+    }
+    s
+}
+
+/// Every data file of an output directory (not `_synth/`, not the manifest) with its bytes.
+pub fn output_files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = entry.path();
+            let rel = p.strip_prefix(dir).unwrap().to_string_lossy().to_string();
+            if rel.starts_with("_synth") || rel == "manifest.json" {
+                continue;
+            }
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.insert(rel, std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    out
+}
+
+/// Assert two output directories hold byte-identical data files.
+pub fn assert_same_outputs(a: &Path, b: &Path) {
+    let fa = output_files(a);
+    let fb = output_files(b);
+    assert_eq!(fa.keys().collect::<Vec<_>>(), fb.keys().collect::<Vec<_>>(), "different output files");
+    for (name, bytes) in &fa {
+        assert!(bytes == &fb[name], "{name} differs between {} and {}", a.display(), b.display());
+    }
+}
+
+/// The manifest of an output directory as JSON.
+pub fn manifest(dir: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).expect("manifest")).expect("json")
+}
+
+/// Stage statuses from the manifest.
+pub fn statuses(dir: &Path) -> BTreeMap<String, String> {
+    manifest(dir)["stages"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v["status"].as_str().unwrap().to_string()))
+        .collect()
+}
+
+/// Rows of a Parquet file as JSON objects.
+pub fn parquet_rows(path: &Path) -> Vec<serde_json::Map<String, serde_json::Value>> {
+    let (_, batches) = synth::store::parquet::read_all(path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+    let mut rows = Vec::new();
+    for b in &batches {
+        for i in 0..b.num_rows() {
+            rows.push(synth::data::row_json(b, i));
+        }
+    }
+    rows
+}
