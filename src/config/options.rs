@@ -375,7 +375,7 @@ fn string_items(node: &Node, ty: &Ty, ctx: &CheckCtx<'_>, path: &str, diags: &mu
 
 /// Expand a path or glob relative to `root` into existing files, sorted.
 pub fn expand_glob(root: &Path, pattern: &str) -> Result<Vec<std::path::PathBuf>, String> {
-    let full = root.join(pattern);
+    let full = super::normalize(&root.join(pattern));
     let is_glob = pattern.contains(['*', '?', '[', '{']);
     if !is_glob {
         return Ok(if full.is_file() { vec![full] } else { vec![] });

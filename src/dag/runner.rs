@@ -161,6 +161,13 @@ pub async fn run(
     let hasher = Arc::new(Mutex::new(if opts.dry_run { FileHasher::ephemeral() } else { FileHasher::load(&out_dir) }));
 
     let mut nodes: Vec<Node> = (0..n).map(|i| if modes[i].is_none() { Node::Skipped } else { Node::Pending }).collect();
+    for (i, node) in nodes.iter().enumerate() {
+        if *node == Node::Skipped
+            && let Some(ms) = manifest.stages.get_mut(&p.stages[i].name)
+        {
+            ms.status = StageStatus::Skipped;
+        }
+    }
     let mut lines: BTreeMap<usize, StageLine> = BTreeMap::new();
     let mut errors: Vec<String> = Vec::new();
     let mut stopping = false;
@@ -259,7 +266,7 @@ pub async fn run(
                 nodes[idx] = Node::Failed;
                 let only = opts.only.clone().unwrap_or_default();
                 errors.push(format!(
-                    "stage \"{only}\" reads \"{name}\", which is not up to date ({reason}); run without --only (or with --from {name})"
+                    "stage \"{only}\" depends on \"{name}\", which is not up to date ({reason}); run without --only (or with --from {name})"
                 ));
                 line.status = StageStatus::Failed;
                 stopping = true;

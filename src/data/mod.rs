@@ -49,6 +49,13 @@ pub fn parse_type_name(name: &str) -> Option<DataType> {
 pub const TYPE_NAMES: &[&str] =
     &["utf8", "string", "json", "int64", "int32", "float64", "float32", "bool", "list<utf8>"];
 
+/// Cast that fails on a value the target type cannot hold (Arrow's default turns
+/// such values into nulls silently).
+pub fn strict_cast(array: &ArrayRef, to: &DataType) -> Result<ArrayRef, ArrowError> {
+    let options = arrow::compute::CastOptions { safe: false, ..Default::default() };
+    arrow::compute::cast_with_options(array, to, &options)
+}
+
 /// Column names of a schema, for messages.
 pub fn column_list(schema: &Schema) -> String {
     schema.fields().iter().map(|f| f.name().as_str()).collect::<Vec<_>>().join(", ")

@@ -337,7 +337,7 @@ impl Reshape {
         // Derived columns may be typed more loosely than the input they replace.
         for (col, field) in cols.iter_mut().zip(self.schema.fields()) {
             if col.data_type() != field.data_type() {
-                *col = arrow::compute::cast(col, field.data_type())?;
+                *col = data::strict_cast(col, field.data_type())?;
             }
         }
         Ok(RecordBatch::try_new(self.schema.clone(), cols)?)

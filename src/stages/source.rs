@@ -525,7 +525,7 @@ impl Source {
                     let col = if col.data_type() == field.data_type() {
                         col.clone()
                     } else {
-                        arrow::compute::cast(col, field.data_type()).with_context(|| {
+                        data::strict_cast(col, field.data_type()).with_context(|| {
                             format!(
                                 "{}: column \"{}\" ({}) cannot be read as {}",
                                 file.display(),

@@ -251,9 +251,30 @@ pub fn redact(value: &serde_json::Value) -> serde_json::Value {
                 .collect(),
         ),
         J::Array(items) => J::Array(items.iter().map(redact).collect()),
-        J::String(s) if looks_like_secret(s) => J::String("***".into()),
+        J::String(s) => J::String(redact_text(s)),
         other => other.clone(),
     }
+}
+
+/// Replace secret-looking tokens inside free text (`sk-...`, `hf_...`, `Bearer x`).
+pub fn redact_text(s: &str) -> String {
+    if !s.contains("sk-") && !s.contains("hf_") && !s.to_lowercase().contains("bearer") {
+        return s.to_string();
+    }
+    let mut out = String::with_capacity(s.len());
+    let mut bearer = false;
+    for (i, token) in s.split(' ').enumerate() {
+        if i > 0 {
+            out.push(' ');
+        }
+        if bearer || looks_like_secret(token) {
+            out.push_str("***");
+        } else {
+            out.push_str(token);
+        }
+        bearer = token.eq_ignore_ascii_case("bearer");
+    }
+    out
 }
 
 /// Common API key shapes (OpenAI `sk-`, Hugging Face `hf_`, bearer tokens).
@@ -280,5 +301,7 @@ mod tests {
         assert_eq!(r["providers"]["gpt"]["model"], "gpt-4o");
         assert_eq!(r["providers"]["gpt"]["headers"]["Authorization"], "***");
         assert_eq!(r["providers"]["gpt"]["note"], "***");
+        assert_eq!(redact_text("key sk-abcdefghijklmnop here"), "key *** here");
+        assert_eq!(redact_text("Authorization: Bearer abc"), "Authorization: Bearer ***");
     }
 }

@@ -1,0 +1,265 @@
+//! Bad input: each case gets one clear message naming what and where, nothing
+//! partial is left looking complete, and completed work is kept.
+
+mod support;
+
+use std::sync::Arc;
+
+use arrow::array::{Int64Array, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, Schema};
+use support::{Project, parquet_rows, people_jsonl};
+
+fn source_pipeline(path: &str, extra: &str) -> String {
+    format!(
+        r#"
+[pipeline]
+output_dir = "out"
+
+[stages.src]
+kind = "source"
+path = "{path}"
+{extra}
+
+[stages.out]
+kind = "jsonl"
+inputs = ["src"]
+"#
+    )
+}
+
+/// Every .parquet in the output directory is a complete, readable file.
+fn assert_no_partial_files(dir: &std::path::Path) {
+    for (name, _) in support::output_files(dir) {
+        assert!(!name.contains(".synth-tmp-"), "temporary file left behind: {name}");
+        if name.ends_with(".parquet") {
+            synth::store::parquet::read_footer(&dir.join(&name)).unwrap_or_else(|e| panic!("{name} is not complete: {e:#}"));
+        }
+    }
+}
+
+#[test]
+fn non_utf8_bytes_in_a_jsonl_line_fail_that_line_only() {
+    let p = Project::new();
+    let mut data = people_jsonl(60).into_bytes();
+    data.extend_from_slice(b"{\"name\": \"caf\xe9\", \"age\": 3, \"city\": \"rome\"}\n");
+    data.extend_from_slice(people_jsonl(3).as_bytes());
+    p.write("people.jsonl", data);
+    p.write("p.toml", source_pipeline("people.jsonl", ""));
+    p.synth(&["run", "p.toml"]).ok();
+    let failures = parquet_rows(&p.path().join("out/src.failures.parquet"));
+    assert_eq!(failures.len(), 1);
+    let msg = failures[0]["message"].as_str().unwrap();
+    assert!(msg.contains("people.jsonl:61:") && msg.contains("invalid UTF-8"), "{msg}");
+    assert_eq!(failures[0]["id"], "src-60");
+    assert_eq!(parquet_rows(&p.path().join("out/src.parquet")).len(), 63);
+}
+
+#[test]
+fn empty_source_is_an_error_unless_allowed() {
+    let p = Project::new();
+    p.write("empty.jsonl", "\n\n");
+    p.write("p.toml", source_pipeline("empty.jsonl", ""));
+    let run = p.synth(&["run", "p.toml"]).code(2);
+    assert!(run.stderr.contains("stage \"src\": no records in empty.jsonl (set allow_empty = true"), "{}", run.stderr);
+    assert!(!p.path().join("out/src.parquet").exists());
+    p.write("p.toml", source_pipeline("empty.jsonl", "allow_empty = true"));
+    p.synth(&["run", "p.toml"]).ok();
+    assert_eq!(parquet_rows(&p.path().join("out/src.parquet")).len(), 0);
+}
+
+fn write_parquet(path: &std::path::Path, schema: Arc<Schema>, batch: RecordBatch) {
+    let file = std::fs::File::create(path).unwrap();
+    let mut w = parquet::arrow::ArrowWriter::try_new(file, schema, None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+}
+
+#[test]
+fn parquet_files_with_the_wrong_schema_are_rejected_by_name() {
+    let p = Project::new();
+    let good = Arc::new(Schema::new(vec![Field::new("q", DataType::Utf8, true), Field::new("n", DataType::Int64, true)]));
+    let batch = RecordBatch::try_new(
+        good.clone(),
+        vec![Arc::new(StringArray::from(vec!["a", "b"])), Arc::new(Int64Array::from(vec![1, 2]))],
+    )
+    .unwrap();
+    std::fs::create_dir_all(p.path().join("data")).unwrap();
+    write_parquet(&p.path().join("data/part-0.parquet"), good.clone(), batch.clone());
+    let other = Arc::new(Schema::new(vec![Field::new("q", DataType::Utf8, true), Field::new("m", DataType::Int64, true)]));
+    let batch2 = RecordBatch::try_new(
+        other.clone(),
+        vec![Arc::new(StringArray::from(vec!["c"])), Arc::new(Int64Array::from(vec![3]))],
+    )
+    .unwrap();
+    write_parquet(&p.path().join("data/part-1.parquet"), other, batch2);
+
+    p.write("p.toml", source_pipeline("data/part-*.parquet", ""));
+    let run = p.synth(&["run", "p.toml"]).code(2);
+    assert!(run.stderr.contains("data/part-1.parquet: no column \"n\" (present in"), "{}", run.stderr);
+    assert!(run.stderr.contains("this file has: q, m"), "{}", run.stderr);
+    assert!(!p.path().join("out/src.parquet").exists());
+    assert_no_partial_files(&p.path().join("out"));
+
+    // Declared columns that a file lacks: found from the footer before anything runs.
+    p.write("p.toml", source_pipeline("data/part-0.parquet", "columns = [\"q\", \"z\"]"));
+    let run = p.synth(&["run", "p.toml"]).code(78);
+    assert!(run.stderr.contains("p.toml:7:8: stage \"src\": data/part-0.parquet: no column \"z\" (columns: q, n)"), "{}", run.stderr);
+
+    // A column that cannot take the declared type.
+    p.write("p.toml", source_pipeline("data/part-0.parquet", "types = { q = \"int64\" }"));
+    let run = p.synth(&["run", "p.toml"]).code(2);
+    assert!(run.stderr.contains("data/part-0.parquet: column \"q\" (string) cannot be read as int64"), "{}", run.stderr);
+
+    // Not a Parquet file at all: found when planning.
+    p.write("data/bogus.parquet", "this is not parquet");
+    p.write("p.toml", source_pipeline("data/bogus.parquet", ""));
+    let run = p.synth(&["run", "p.toml"]).code(78);
+    assert!(run.stderr.contains("data/bogus.parquet: not a readable Parquet file"), "{}", run.stderr);
+}
+
+#[test]
+fn csv_rows_that_cannot_be_parsed_name_their_line() {
+    let p = Project::new();
+    let mut csv = String::from("name,age\n");
+    for i in 0..50 {
+        csv.push_str(&format!("p{i},{i}\n"));
+    }
+    csv.push_str("short\n");
+    csv.push_str("x,1,extra\n");
+    p.write("people.csv", csv);
+    p.write("p.toml", source_pipeline("people.csv", "max_failure_ratio = 0.1"));
+    p.synth(&["run", "p.toml"]).ok();
+    let failures = parquet_rows(&p.path().join("out/src.failures.parquet"));
+    let msgs: Vec<&str> = failures.iter().map(|f| f["message"].as_str().unwrap()).collect();
+    assert!(msgs.contains(&"people.csv:52: expected 2 fields, found 1"), "{msgs:?}");
+    assert!(msgs.contains(&"people.csv:53: expected 2 fields, found 3"), "{msgs:?}");
+    let rows = parquet_rows(&p.path().join("out/src.parquet"));
+    assert_eq!(rows.len(), 50);
+    assert_eq!(rows[7]["age"], 7, "age should be inferred as an integer");
+
+    // TSV without a header, columns named in the config (the MS MARCO collection layout).
+    p.write("c.tsv", "0\tThe first \"quoted\" passage.\n1\tSecond passage\n");
+    p.write(
+        "t.toml",
+        source_pipeline("c.tsv", "header = false\ncolumns = [\"pid\", \"passage\"]\nid_column = \"pid\""),
+    );
+    p.synth(&["run", "t.toml"]).ok();
+    let rows = parquet_rows(&p.path().join("out/src.parquet"));
+    assert_eq!(rows[0]["id"], "0");
+    assert_eq!(rows[0]["passage"], "The first \"quoted\" passage.");
+}
+
+#[test]
+fn an_output_directory_that_cannot_be_written_is_reported() {
+    let p = Project::new();
+    p.write("people.jsonl", people_jsonl(5));
+    p.write("p.toml", source_pipeline("people.jsonl", ""));
+    p.write("blocker", "a file, not a directory");
+    let run = p.synth(&["run", "p.toml", "--out", "blocker/out"]).code(2);
+    assert!(run.stderr.contains("cannot create output directory blocker/out"), "{}", run.stderr);
+}
+
+#[test]
+fn two_runs_cannot_share_an_output_directory() {
+    let p = Project::new();
+    p.write("people.jsonl", people_jsonl(5));
+    p.write("p.toml", source_pipeline("people.jsonl", ""));
+    std::fs::create_dir_all(p.path().join("out/_synth")).unwrap();
+    let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(p.path().join("out/_synth/lock")).unwrap();
+    lock.lock().unwrap();
+    let run = p.synth(&["run", "p.toml"]).code(2);
+    assert!(run.stderr.contains("another synth run is using out"), "{}", run.stderr);
+    drop(lock);
+    p.synth(&["run", "p.toml"]).ok();
+}
+
+/// Run a shell script inside a private mount namespace where `out` is a small tmpfs.
+/// Returns None (and says why) when this machine cannot create namespaces.
+fn on_tiny_disk(p: &Project, size: &str, script: &str) -> Option<support::Run> {
+    let probe = std::process::Command::new("unshare").args(["-rm", "true"]).output();
+    if !probe.map(|o| o.status.success()).unwrap_or(false) {
+        eprintln!("SKIPPED disk-full case: `unshare -rm` is not permitted on this machine");
+        return None;
+    }
+    std::fs::create_dir_all(p.path().join("out")).unwrap();
+    let script = format!("set -u; mount -t tmpfs -o size={size} tmpfs out || exit 99; SYNTH={}; {script}", support::synth_bin().display());
+    let out = std::process::Command::new("unshare")
+        .args(["-rm", "sh", "-c", &script])
+        .current_dir(p.path())
+        .env("CI", "1")
+        .output()
+        .unwrap();
+    Some(support::Run::from(out))
+}
+
+#[test]
+fn disk_full_fails_cleanly_and_keeps_completed_stages() {
+    let p = Project::new();
+    p.write("small.jsonl", people_jsonl(10));
+    // Pseudo-random words compress badly, so this output cannot fit in the tmpfs.
+    let mut big = String::new();
+    let mut x: u64 = 42;
+    for i in 0..40_000 {
+        let mut word = String::new();
+        for _ in 0..40 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            word.push((b'a' + (x % 26) as u8) as char);
+        }
+        big.push_str(&format!("{{\"n\": {i}, \"text\": \"{word}\"}}\n"));
+    }
+    p.write("big.jsonl", big);
+    let small_branch = r#"
+[pipeline]
+name = "disk"
+output_dir = "out"
+
+[stages.small]
+kind = "source"
+path = "small.jsonl"
+
+[stages.small_out]
+kind = "jsonl"
+inputs = ["small"]
+"#;
+    p.write("small.toml", small_branch);
+    p.write(
+        "p.toml",
+        format!("{small_branch}\n[stages.big]\nkind = \"source\"\npath = \"big.jsonl\"\n\n[stages.big_out]\nkind = \"jsonl\"\ninputs = [\"big\"]\n"),
+    );
+    let script = "$SYNTH run small.toml -q >/dev/null || exit 98; \
+                  $SYNTH run p.toml -q; echo \"exit=$?\"; \
+                  echo '--- files'; find out -type f; echo '--- manifest'; cat out/manifest.json";
+    let Some(run) = on_tiny_disk(&p, "400k", script) else { return };
+    let (head, manifest) = run.stdout.split_once("--- manifest").expect(&run.stderr);
+    assert!(head.contains("exit=2"), "stdout:\n{}\nstderr:\n{}", run.stdout, run.stderr);
+    assert!(run.stderr.contains("stage \"big\"") && run.stderr.contains("No space left on device"), "{}", run.stderr);
+    assert!(run.stderr.contains("completed stages are kept in out"), "{}", run.stderr);
+    assert!(!head.contains(".synth-tmp-"), "temporary files left on the full disk:\n{head}");
+    assert!(!head.contains("out/big.parquet"), "a partial output was left under its final name:\n{head}");
+    let m: serde_json::Value = serde_json::from_str(manifest.trim()).expect("manifest after disk full");
+    assert_eq!(m["status"], "failed");
+    assert_eq!(m["stages"]["small"]["status"], "up_to_date");
+    assert_eq!(m["stages"]["small_out"]["status"], "up_to_date");
+    assert_eq!(m["stages"]["big"]["status"], "failed");
+    assert!(head.contains("out/small.parquet") && head.contains("out/small_out.jsonl"), "{head}");
+}
+
+#[test]
+fn a_source_deleted_after_planning_is_reported_with_its_path() {
+    // The checker runs first, so a missing file is a config error (exit 78) naming it.
+    let p = Project::new();
+    p.write("p.toml", source_pipeline("gone.jsonl", ""));
+    let run = p.synth(&["run", "p.toml"]).code(78);
+    assert!(run.stderr.contains("p.toml:7:8: stage \"src\": option \"path\": no file matches \"gone.jsonl\""), "{}", run.stderr);
+    assert!(!p.path().join("out/manifest.json").exists(), "a config error must not start a run");
+}
+
+#[test]
+fn a_non_utf8_pipeline_file_is_a_config_error() {
+    let p = Project::new();
+    p.write("p.toml", b"[stages.a]\nkind = \"sou\xffrce\"\n");
+    let run = p.synth(&["validate", "p.toml"]).code(78);
+    assert!(run.stderr.contains("p.toml:2:12: pipeline file is not valid UTF-8"), "{}", run.stderr);
+}
