@@ -269,7 +269,7 @@ impl Stage for Source {
                     }))
                 }
                 Err(_) if ctx.offline_only => Ok(None),
-                Err(e) => Err(e.context(format!("source \"{}\": resolving {}", ctx.name, hf.repo))),
+                Err(e) => Err(e.context(format!("resolving {} on the hub", hf.repo))),
             },
         }
     }
