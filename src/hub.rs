@@ -108,14 +108,14 @@ impl HubSpec {
     /// use only what the local cache holds.
     pub async fn resolve(&self, root: &Path, offline_only: bool) -> Result<HubFiles> {
         if offline_only {
-            return self.from_cache(root);
+            return self.resolve_from_cache(root);
         }
         let api = self.api(root)?;
         let repo = Repo::with_revision(self.repo.clone(), self.repo_type(), self.revision.clone());
         let info = match api.repo(repo).info().await {
             Ok(info) => info,
             Err(e) => {
-                return self.from_cache(root).map_err(|cache_err| {
+                return self.resolve_from_cache(root).map_err(|cache_err| {
                     anyhow::anyhow!(
                         "cannot reach the hub for {} ({e}) and the local cache cannot serve it ({cache_err:#})",
                         self.repo
@@ -169,7 +169,7 @@ impl HubSpec {
     }
 
     /// Serve from the standard hub cache layout: refs/<revision> -> snapshots/<commit>/...
-    fn from_cache(&self, root: &Path) -> Result<HubFiles> {
+    fn resolve_from_cache(&self, root: &Path) -> Result<HubFiles> {
         let cache = self.cache(root);
         let repo = Repo::with_revision(self.repo.clone(), self.repo_type(), self.revision.clone());
         let repo_dir = cache.path().join(repo.folder_name());

@@ -11,8 +11,10 @@
 //! - [`template`]: minijinja templates and expressions over record columns.
 //! - [`hub`]: Hugging Face Hub downloads (hf-hub).
 //! - [`progress`]: progress bars and log lines.
+//! - [`bench`]: `synth bench` measurements.
 //! - [`cli`]: the command line.
 
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod dag;

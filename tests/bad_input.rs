@@ -32,7 +32,8 @@ fn assert_no_partial_files(dir: &std::path::Path) {
     for (name, _) in support::output_files(dir) {
         assert!(!name.contains(".synth-tmp-"), "temporary file left behind: {name}");
         if name.ends_with(".parquet") {
-            synth::store::parquet::read_footer(&dir.join(&name)).unwrap_or_else(|e| panic!("{name} is not complete: {e:#}"));
+            synth::store::parquet::read_footer(&dir.join(&name))
+                .unwrap_or_else(|e| panic!("{name} is not complete: {e:#}"));
         }
     }
 }
@@ -77,7 +78,8 @@ fn write_parquet(path: &std::path::Path, schema: Arc<Schema>, batch: RecordBatch
 #[test]
 fn parquet_files_with_the_wrong_schema_are_rejected_by_name() {
     let p = Project::new();
-    let good = Arc::new(Schema::new(vec![Field::new("q", DataType::Utf8, true), Field::new("n", DataType::Int64, true)]));
+    let good =
+        Arc::new(Schema::new(vec![Field::new("q", DataType::Utf8, true), Field::new("n", DataType::Int64, true)]));
     let batch = RecordBatch::try_new(
         good.clone(),
         vec![Arc::new(StringArray::from(vec!["a", "b"])), Arc::new(Int64Array::from(vec![1, 2]))],
@@ -85,7 +87,8 @@ fn parquet_files_with_the_wrong_schema_are_rejected_by_name() {
     .unwrap();
     std::fs::create_dir_all(p.path().join("data")).unwrap();
     write_parquet(&p.path().join("data/part-0.parquet"), good.clone(), batch.clone());
-    let other = Arc::new(Schema::new(vec![Field::new("q", DataType::Utf8, true), Field::new("m", DataType::Int64, true)]));
+    let other =
+        Arc::new(Schema::new(vec![Field::new("q", DataType::Utf8, true), Field::new("m", DataType::Int64, true)]));
     let batch2 = RecordBatch::try_new(
         other.clone(),
         vec![Arc::new(StringArray::from(vec!["c"])), Arc::new(Int64Array::from(vec![3]))],
@@ -103,12 +106,20 @@ fn parquet_files_with_the_wrong_schema_are_rejected_by_name() {
     // Declared columns that a file lacks: found from the footer before anything runs.
     p.write("p.toml", source_pipeline("data/part-0.parquet", "columns = [\"q\", \"z\"]"));
     let run = p.synth(&["run", "p.toml"]).code(78);
-    assert!(run.stderr.contains("p.toml:7:8: stage \"src\": data/part-0.parquet: no column \"z\" (columns: q, n)"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("p.toml:7:8: stage \"src\": data/part-0.parquet: no column \"z\" (columns: q, n)"),
+        "{}",
+        run.stderr
+    );
 
     // A column that cannot take the declared type.
     p.write("p.toml", source_pipeline("data/part-0.parquet", "types = { q = \"int64\" }"));
     let run = p.synth(&["run", "p.toml"]).code(2);
-    assert!(run.stderr.contains("data/part-0.parquet: column \"q\" (string) cannot be read as int64"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("data/part-0.parquet: column \"q\" (string) cannot be read as int64"),
+        "{}",
+        run.stderr
+    );
 
     // Not a Parquet file at all: found when planning.
     p.write("data/bogus.parquet", "this is not parquet");
@@ -165,7 +176,12 @@ fn two_runs_cannot_share_an_output_directory() {
     p.write("people.jsonl", people_jsonl(5));
     p.write("p.toml", source_pipeline("people.jsonl", ""));
     std::fs::create_dir_all(p.path().join("out/_synth")).unwrap();
-    let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(p.path().join("out/_synth/lock")).unwrap();
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(p.path().join("out/_synth/lock"))
+        .unwrap();
     lock.lock().unwrap();
     let run = p.synth(&["run", "p.toml"]).code(2);
     assert!(run.stderr.contains("another synth run is using out"), "{}", run.stderr);
@@ -182,7 +198,10 @@ fn on_tiny_disk(p: &Project, size: &str, script: &str) -> Option<support::Run> {
         return None;
     }
     std::fs::create_dir_all(p.path().join("out")).unwrap();
-    let script = format!("set -u; mount -t tmpfs -o size={size} tmpfs out || exit 99; SYNTH={}; {script}", support::synth_bin().display());
+    let script = format!(
+        "set -u; mount -t tmpfs -o size={size} tmpfs out || exit 99; SYNTH={}; {script}",
+        support::synth_bin().display()
+    );
     let out = std::process::Command::new("unshare")
         .args(["-rm", "sh", "-c", &script])
         .current_dir(p.path())
@@ -252,7 +271,11 @@ fn a_source_deleted_after_planning_is_reported_with_its_path() {
     let p = Project::new();
     p.write("p.toml", source_pipeline("gone.jsonl", ""));
     let run = p.synth(&["run", "p.toml"]).code(78);
-    assert!(run.stderr.contains("p.toml:7:8: stage \"src\": option \"path\": no file matches \"gone.jsonl\""), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("p.toml:7:8: stage \"src\": option \"path\": no file matches \"gone.jsonl\""),
+        "{}",
+        run.stderr
+    );
     assert!(!p.path().join("out/manifest.json").exists(), "a config error must not start a run");
 }
 
@@ -262,4 +285,15 @@ fn a_non_utf8_pipeline_file_is_a_config_error() {
     p.write("p.toml", b"[stages.a]\nkind = \"sou\xffrce\"\n");
     let run = p.synth(&["validate", "p.toml"]).code(78);
     assert!(run.stderr.contains("p.toml:2:12: pipeline file is not valid UTF-8"), "{}", run.stderr);
+}
+
+#[test]
+fn duplicate_ids_from_an_id_column_are_an_error_naming_the_id() {
+    let p = Project::new();
+    p.write("d.jsonl", "{\"id\": \"a\", \"x\": 1}\n{\"id\": \"b\", \"x\": 2}\n{\"id\": \"a\", \"x\": 3}\n");
+    p.write("p.toml", source_pipeline("d.jsonl", ""));
+    let run = p.synth(&["run", "p.toml"]).code(2);
+    assert!(run.stderr.contains("stage \"src\": duplicate record id \"a\""), "{}", run.stderr);
+    assert!(!p.path().join("out/src.parquet").exists());
+    assert_no_partial_files(&p.path().join("out"));
 }

@@ -90,7 +90,12 @@ fn assert_consistent(out: &Path) {
                 .unwrap_or_else(|e| panic!("{} is not valid JSON: {e}", entry.path().display()));
             for o in state["outputs"].as_array().unwrap() {
                 let f = out.join(o["path"].as_str().unwrap());
-                assert_eq!(std::fs::metadata(&f).map(|m| m.len()).ok(), o["bytes"].as_u64(), "{} does not match its state record", f.display());
+                assert_eq!(
+                    std::fs::metadata(&f).map(|m| m.len()).ok(),
+                    o["bytes"].as_u64(),
+                    "{} does not match its state record",
+                    f.display()
+                );
             }
         }
     }
@@ -104,7 +109,8 @@ fn sigkill_mid_run_then_rerun_gives_identical_outputs() {
 
     // Kill points: while the source is being read; right after "people" commits
     // (the map is running); right after "greeted" commits.
-    let scenarios: [(&str, Option<&str>); 3] = [("early", None), ("after-source", Some("people")), ("after-map", Some("greeted"))];
+    let scenarios: [(&str, Option<&str>); 3] =
+        [("early", None), ("after-source", Some("people")), ("after-map", Some("greeted"))];
     for (label, after) in scenarios {
         let out = format!("run-{label}");
         let mut child = spawn(&p, &out);
@@ -125,7 +131,9 @@ fn sigkill_mid_run_then_rerun_gives_identical_outputs() {
         let out_dir = p.path().join(&out);
         assert_consistent(&out_dir);
         let committed: Vec<String> = std::fs::read_dir(out_dir.join("_synth/state"))
-            .map(|r| r.flatten().map(|e| e.file_name().to_string_lossy().trim_end_matches(".json").to_string()).collect())
+            .map(|r| {
+                r.flatten().map(|e| e.file_name().to_string_lossy().trim_end_matches(".json").to_string()).collect()
+            })
             .unwrap_or_default();
 
         p.synth(&["run", "p.toml", "--out", &out, "-q"]).ok();

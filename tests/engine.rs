@@ -74,7 +74,8 @@ fn rerun_of_unchanged_pipeline_does_no_work() {
     let second = p.synth(&["run", "pipeline.toml"]).ok();
     assert!(second.stdout.contains("everything is up to date (8 stages)"), "{}", second.stdout);
     assert!(statuses(&out).values().all(|s| s == "up_to_date"), "{:?}", statuses(&out));
-    let after_mtimes: Vec<_> = before.keys().map(|f| std::fs::metadata(out.join(f)).unwrap().modified().unwrap()).collect();
+    let after_mtimes: Vec<_> =
+        before.keys().map(|f| std::fs::metadata(out.join(f)).unwrap().modified().unwrap()).collect();
     assert_eq!(mtimes, after_mtimes, "an up-to-date run rewrote outputs");
     assert_eq!(manifest(&out)["status"], "ok");
 }
@@ -148,7 +149,12 @@ fn force_from_and_only() {
 
     // --only with a stale input refuses and says how to proceed.
     let run = p.synth(&["run", "pipeline.toml", "--only", "shaped", "--set", "stages.adults.where=age >= 21"]).code(2);
-    assert!(run.stderr.contains("depends on \"adults\", which is not up to date (configuration changed); run without --only"), "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("depends on \"adults\", which is not up to date (configuration changed); run without --only"),
+        "{}",
+        run.stderr
+    );
 
     let run = p.synth(&["run", "pipeline.toml", "--only", "shapd"]).code(78);
     assert!(run.stderr.contains("--only shapd: no such stage (did you mean \"shaped\"?)"), "{}", run.stderr);
@@ -166,7 +172,11 @@ fn dry_run_reports_and_runs_nothing() {
     let run = p.synth(&["run", "pipeline.toml", "--dry-run"]).ok();
     assert!(run.stdout.contains("nothing would run"), "{}", run.stdout);
     let run = p.synth(&["run", "pipeline.toml", "--dry-run", "--set", "stages.shaped.derive.line={{ name }}"]).ok();
-    assert!(run.stdout.contains("shaped") && run.stdout.contains("would run (configuration changed)"), "{}", run.stdout);
+    assert!(
+        run.stdout.contains("shaped") && run.stdout.contains("would run (configuration changed)"),
+        "{}",
+        run.stdout
+    );
     assert!(run.stdout.contains("would run (input \"shaped\" changed)"), "{}", run.stdout);
     assert!(run.stdout.contains("2 stage(s) would run"), "{}", run.stdout);
 }
@@ -183,7 +193,10 @@ fn same_config_gives_byte_identical_outputs() {
     let c = std::fs::read(p.path().join("c/sample.parquet")).unwrap();
     assert_ne!(a, c);
     // The seed does not touch stages that do not use randomness.
-    assert_eq!(std::fs::read(p.path().join("a/adults.parquet")).unwrap(), std::fs::read(p.path().join("c/adults.parquet")).unwrap());
+    assert_eq!(
+        std::fs::read(p.path().join("a/adults.parquet")).unwrap(),
+        std::fs::read(p.path().join("c/adults.parquet")).unwrap()
+    );
 }
 
 #[test]
@@ -198,7 +211,8 @@ fn sample_is_stratified_and_ordered() {
     counts.sort();
     assert_eq!(counts, vec![13, 13, 14]);
     // Output keeps input order.
-    let ids: Vec<u64> = rows.iter().map(|r| r["id"].as_str().unwrap().trim_start_matches("people-").parse().unwrap()).collect();
+    let ids: Vec<u64> =
+        rows.iter().map(|r| r["id"].as_str().unwrap().trim_start_matches("people-").parse().unwrap()).collect();
     assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
 }
 
@@ -226,7 +240,10 @@ fn record_failures_are_kept_and_the_ratio_is_enforced() {
     assert_eq!(failures.len(), 2);
     let messages: Vec<&str> = failures.iter().map(|f| f["message"].as_str().unwrap()).collect();
     assert!(messages.iter().any(|m| m.contains("people.jsonl:101:") && m.contains("invalid JSON")), "{messages:?}");
-    assert!(messages.iter().any(|m| m.contains("people.jsonl:102: expected a JSON object, found an array")), "{messages:?}");
+    assert!(
+        messages.iter().any(|m| m.contains("people.jsonl:102: expected a JSON object, found an array")),
+        "{messages:?}"
+    );
     assert_eq!(failures[0]["kind"], "parse");
     let m = manifest(&p.path().join("out"));
     assert_eq!(m["stages"]["people"]["report"]["rows_failed"], 2);
@@ -244,7 +261,11 @@ fn record_failures_are_kept_and_the_ratio_is_enforced() {
     }
     p.write("people.jsonl", &data);
     let run = p.synth(&["run", "pipeline.toml"]).code(2);
-    assert!(run.stderr.contains("stage \"people\": 3 of 13 records failed (23.1% > max_failure_ratio 5.0%)"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("stage \"people\": 3 of 13 records failed (23.1% > max_failure_ratio 5.0%)"),
+        "{}",
+        run.stderr
+    );
     assert!(run.stderr.contains("people.failures.parquet"), "{}", run.stderr);
     assert_eq!(parquet_rows(&p.path().join("out/people.failures.parquet")).len(), 3);
     let m = manifest(&p.path().join("out"));
@@ -270,7 +291,7 @@ fn manifest_records_the_run() {
     let sample = &m["stages"]["sample"];
     assert_eq!(sample["kind"], "sample");
     assert_eq!(sample["fingerprint"].as_str().unwrap().len(), 32);
-    assert_eq!(sample["report"]["rows_in"].as_u64().unwrap() > 0, true);
+    assert!(sample["report"]["rows_in"].as_u64().unwrap() > 0);
     assert_eq!(sample["report"]["rows_out"], 40);
     assert!(sample["report"]["wall_seconds"].as_f64().unwrap() >= 0.0);
     assert_eq!(sample["outputs"][0]["path"], "sample.parquet");
@@ -340,4 +361,16 @@ fn every_kind_runs_on_the_all_kinds_fixture() {
     p.synth(&["run", "ok/all_kinds.toml", "--profile", "tagged"]).ok();
     let both = parquet_rows(&out.join("exports/both.parquet"));
     assert!(both.iter().all(|r| r.contains_key("from") && !r.contains_key("origin")));
+}
+
+#[test]
+fn bench_engine_prints_one_json_line() {
+    let p = Project::new();
+    let run = p.synth(&["bench", "engine", "--records", "20000", "--dir", "b"]).ok();
+    let v: serde_json::Value = serde_json::from_str(run.stdout.trim()).expect("one JSON line");
+    assert_eq!(v["records"], 20000);
+    for key in ["noop_map_records_per_s", "source_records_per_s", "peak_rss_mib", "up_to_date_rerun_seconds"] {
+        assert!(v[key].as_f64().is_some_and(|x| x > 0.0), "{key}: {v}");
+    }
+    assert_eq!(parquet_rows(&p.path().join("b/out/noop.parquet")).len(), 20000);
 }

@@ -93,13 +93,19 @@ fn serve(hub: Arc<Hub>) -> (String, tokio::sync::oneshot::Sender<()>) {
 }
 
 fn personas() -> Vec<u8> {
-    (0..30).map(|i| format!("{{\"persona\": \"A person number {i} who likes tea.\"}}\n")).collect::<String>().into_bytes()
+    (0..30)
+        .map(|i| format!("{{\"persona\": \"A person number {i} who likes tea.\"}}\n"))
+        .collect::<String>()
+        .into_bytes()
 }
 
 fn marco_part(offset: i64) -> Vec<u8> {
     use arrow::array::{Int64Array, RecordBatch, StringArray};
     use arrow::datatypes::{DataType, Field, Schema};
-    let schema = Arc::new(Schema::new(vec![Field::new("query_id", DataType::Int64, false), Field::new("query", DataType::Utf8, false)]));
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("query_id", DataType::Int64, false),
+        Field::new("query", DataType::Utf8, false),
+    ]));
     let batch = RecordBatch::try_new(
         schema.clone(),
         vec![
@@ -176,7 +182,10 @@ fn hub_datasets_download_once_and_work_from_the_cache() {
     let state: serde_json::Value =
         serde_json::from_slice(&std::fs::read(p.path().join("out/_synth/state/marco.json")).unwrap()).unwrap();
     assert_eq!(state["parts"]["extra"]["hf.commit"], SHA);
-    assert_eq!(state["parts"]["extra"]["hf.files"], "v2.1/train-00000-of-00002.parquet,v2.1/train-00001-of-00002.parquet");
+    assert_eq!(
+        state["parts"]["extra"]["hf.files"],
+        "v2.1/train-00000-of-00002.parquet,v2.1/train-00001-of-00002.parquet"
+    );
     let downloads = hub.downloads.lock().unwrap().clone();
     assert_eq!(downloads.len(), 3, "{downloads:?}");
 

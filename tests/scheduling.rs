@@ -126,9 +126,10 @@ inputs = ["left", "right"]
 "#,
     );
     let hub = ProgressHub::new(Mode::Quiet);
-    let result = tokio::time::timeout(Duration::from_secs(30), run(p, options(dir.path()), hub, CancellationToken::new()))
-        .await
-        .expect("independent stages did not run concurrently (barrier never released)");
+    let result =
+        tokio::time::timeout(Duration::from_secs(30), run(p, options(dir.path()), hub, CancellationToken::new()))
+            .await
+            .expect("independent stages did not run concurrently (barrier never released)");
     let summary = result.expect("run");
     assert_eq!(summary.n_ran(), 3);
     let log = log().lock().unwrap().clone();
@@ -168,7 +169,8 @@ inputs = ["quick", "slow"]
         RunError::Interrupted(msg) => assert!(msg.contains("run the same command again to resume"), "{msg}"),
         other => panic!("expected an interruption, got {other:?}"),
     }
-    let m: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("out/manifest.json")).unwrap()).unwrap();
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("out/manifest.json")).unwrap()).unwrap();
     assert_eq!(m["status"], "interrupted");
     assert_eq!(m["stages"]["quick"]["status"], "ran");
     assert_eq!(m["stages"]["slow"]["status"], "cancelled");
@@ -177,7 +179,8 @@ inputs = ["quick", "slow"]
 
     RELEASE.store(true, Ordering::SeqCst);
     let p = pipeline(dir.path(), text);
-    let summary = run(p, options(dir.path()), ProgressHub::new(Mode::Quiet), CancellationToken::new()).await.expect("resume");
+    let summary =
+        run(p, options(dir.path()), ProgressHub::new(Mode::Quiet), CancellationToken::new()).await.expect("resume");
     let status = |name: &str| summary.lines.iter().find(|l| l.stage == name).unwrap().status;
     use synth::store::state::StageStatus;
     assert_eq!(status("quick"), StageStatus::UpToDate);

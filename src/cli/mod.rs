@@ -54,6 +54,22 @@ pub enum Command {
     Inspect(InspectArgs),
     /// Per-stage figures of the last run in an output directory.
     Stats(StatsArgs),
+    /// Measurements that print one JSON line each.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Engine overhead: Parquet source and a no-op map over N records, then an up-to-date re-run.
+    Engine {
+        /// Number of records.
+        #[arg(long, default_value_t = 1_000_000)]
+        records: usize,
+        /// Work directory (default: a temporary one, removed afterwards).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
 }
 
 /// Options shared by commands that load a pipeline.
@@ -171,6 +187,23 @@ pub fn main() -> i32 {
         Command::Run(a) => run::run(&a, cli.quiet),
         Command::Inspect(a) => inspect::run(&a),
         Command::Stats(a) => stats::run(&a),
+        Command::Bench(b) => bench(b),
+    }
+}
+
+fn bench(cmd: BenchCommand) -> i32 {
+    let result = match cmd {
+        BenchCommand::Engine { records, dir } => crate::bench::engine(records, dir),
+    };
+    match result {
+        Ok(line) => {
+            println!("{line}");
+            EXIT_OK
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            EXIT_RUNTIME
+        }
     }
 }
 

@@ -321,11 +321,11 @@ pub async fn run(
     }
 
     // Stages never reached.
-    for i in 0..n {
+    for (i, node) in nodes.iter().enumerate() {
         lines.entry(i).or_insert_with(|| StageLine {
             stage: p.stages[i].name.clone(),
             kind: p.stages[i].kind.name.to_string(),
-            status: if nodes[i] == Node::Skipped { StageStatus::Skipped } else { StageStatus::Cancelled },
+            status: if *node == Node::Skipped { StageStatus::Skipped } else { StageStatus::Cancelled },
             reason: None,
             report: None,
         });
@@ -616,7 +616,7 @@ fn finish_stage(
     let fpath = failures_path(out_dir, &decl.name);
     let failures_rec = if n_failed > 0 {
         let pending = write_failures(&fpath, failures, ctx.footer_meta())?;
-        let bytes = pending.len();
+        let bytes = pending.bytes();
         pending.commit()?;
         Some(OutputRecord { path: relative_to(out_dir, &fpath), bytes, rows: Some(n_failed) })
     } else {
@@ -638,12 +638,12 @@ fn finish_stage(
     }
     let mut outputs = Vec::new();
     if let Some((pending, rows)) = ctx.output.take() {
-        let bytes = pending.len();
+        let bytes = pending.bytes();
         let dest = pending.commit()?;
         outputs.push(OutputRecord { path: relative_to(out_dir, &dest), bytes, rows: Some(rows) });
     }
     for (pending, rows) in ctx.artifacts.drain(..) {
-        let bytes = pending.len();
+        let bytes = pending.bytes();
         let dest = pending.commit()?;
         outputs.push(OutputRecord { path: relative_to(out_dir, &dest), bytes, rows });
     }

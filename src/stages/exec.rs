@@ -21,13 +21,23 @@ pub const BATCH_ROWS: usize = 8192;
 /// Rows per batch written by record-at-a-time stages.
 const ROW_BATCH: usize = 256;
 
+/// Whether a batch transform keeps (a subset of) its input's ids unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ids {
+    Kept,
+    Changed,
+}
+
 /// Transform each input batch with `f` on a blocking thread and write the results.
 /// `f` may record per-record failures in the log it is given.
-pub async fn map_batches<F>(ctx: &mut RunCtx, input: usize, schema: SchemaRef, mut f: F) -> Result<()>
+pub async fn map_batches<F>(ctx: &mut RunCtx, input: usize, schema: SchemaRef, ids: Ids, mut f: F) -> Result<()>
 where
     F: FnMut(&RecordBatch, &FailureLog) -> Result<RecordBatch> + Send + 'static,
 {
-    let mut out = ctx.create_output(schema)?;
+    let mut out = match ids {
+        Ids::Kept => ctx.create_output_keeping_ids(schema)?,
+        Ids::Changed => ctx.create_output(schema)?,
+    };
     let path = ctx.inputs[input].path.clone();
     let cancel = ctx.cancel.clone();
     let progress = ctx.progress.clone();

@@ -67,7 +67,7 @@ impl Stage for Filter {
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
         let schema = ctx.inputs[0].schema.clone();
         let templates = self.templates.clone();
-        super::exec::map_batches(ctx, 0, schema, move |batch, failures| {
+        super::exec::map_batches(ctx, 0, schema, super::exec::Ids::Kept, move |batch, failures| {
             let ids = data::ids(batch);
             let mask: BooleanArray = (0..batch.num_rows())
                 .map(|i| {

@@ -224,8 +224,9 @@ impl Stage for MapStage {
         let templates = self.templates.clone();
         let rekey = self.rekey;
         let needs_rows = !derives.is_empty() || rekey;
+        let ids_mode = if rekey { super::exec::Ids::Changed } else { super::exec::Ids::Kept };
         let plan = Arc::new(Reshape::new(&input_schema, &derives, &self.rename, &out_schema));
-        super::exec::map_batches(ctx, 0, out_schema.clone(), move |batch, failures| {
+        super::exec::map_batches(ctx, 0, out_schema.clone(), ids_mode, move |batch, failures| {
             if !needs_rows {
                 return plan.apply(batch, Vec::new(), None);
             }

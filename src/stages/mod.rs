@@ -317,6 +317,13 @@ impl RunCtx {
         ParquetOut::create(&self.output_path(), schema, self.footer_meta(), true)
     }
 
+    /// Start writing an output whose ids are a subset of one input's ids, kept
+    /// unchanged (filter, sample, map without re-keying): unique by construction,
+    /// so the check and its memory are skipped.
+    pub fn create_output_keeping_ids(&self, schema: SchemaRef) -> Result<ParquetOut> {
+        ParquetOut::create(&self.output_path(), schema, self.footer_meta(), false)
+    }
+
     /// Hand the finished output to the engine.
     pub fn set_output(&mut self, out: ParquetOut) -> Result<()> {
         let (pending, rows) = out.finish()?;

@@ -78,7 +78,7 @@ impl Stage for Sample {
         let key = move |id: &str| crate::rng::record_key(seed, &name, id, "sample");
 
         if let Some(fraction) = opts.fraction {
-            return super::exec::map_batches(ctx, 0, input.schema.clone(), move |batch, _| {
+            return super::exec::map_batches(ctx, 0, input.schema.clone(), super::exec::Ids::Kept, move |batch, _| {
                 let mask: BooleanArray = data::ids(batch)
                     .iter()
                     .map(|id| Some(crate::rng::unit(key(id.unwrap_or_default())) < fraction))
@@ -147,7 +147,7 @@ impl Stage for Sample {
         .context("sample worker panicked")??;
 
         let mut row = 0u64;
-        super::exec::map_batches(ctx, 0, input.schema.clone(), move |batch: &RecordBatch, _| {
+        super::exec::map_batches(ctx, 0, input.schema.clone(), super::exec::Ids::Kept, move |batch: &RecordBatch, _| {
             let mask: BooleanArray = (0..batch.num_rows() as u64).map(|i| Some(chosen.contains(&(row + i)))).collect();
             row += batch.num_rows() as u64;
             Ok(arrow::compute::filter_record_batch(batch, &mask)?)

@@ -926,11 +926,10 @@ fn json_kind(v: &Value) -> &'static str {
 /// Visit each record of a JSONL file (or each element of a JSON array file) with its
 /// line number, raw text and parse result (`Err` holds `col: message`). The callback
 /// returns whether to go on.
-fn for_each_json_record(
-    file: &Path,
-    format: Format,
-    f: &mut dyn FnMut(usize, &str, std::result::Result<Value, String>) -> Result<bool>,
-) -> Result<()> {
+/// Callback of [`for_each_json_record`]: line number, raw text, parsed value or error.
+type RecordVisitor<'a> = dyn FnMut(usize, &str, std::result::Result<Value, String>) -> Result<bool> + 'a;
+
+fn for_each_json_record(file: &Path, format: Format, f: &mut RecordVisitor<'_>) -> Result<()> {
     if format == Format::JsonArray {
         let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
         let value: Value = serde_json::from_slice(&bytes)

@@ -30,7 +30,8 @@ impl PendingFile {
         Ok(self.dest.clone())
     }
 
-    pub fn len(&self) -> u64 {
+    /// Size in bytes of the finished temporary file.
+    pub fn bytes(&self) -> u64 {
         std::fs::metadata(&self.tmp).map(|m| m.len()).unwrap_or(0)
     }
 }

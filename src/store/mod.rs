@@ -5,5 +5,6 @@
 pub mod atomic;
 pub mod failures;
 pub mod filehash;
+pub mod idcheck;
 pub mod parquet;
 pub mod state;

@@ -2,9 +2,8 @@
 //! (temporary file, unique-id check, fingerprint in the footer), and readers that
 //! stream batches from a blocking thread into async code through a bounded channel.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fs::File;
-use std::hash::{BuildHasher, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -19,6 +18,7 @@ use parquet::file::properties::WriterProperties;
 use tokio::sync::mpsc;
 
 use super::atomic::{PendingFile, create_tmp, finish_file};
+use super::idcheck::{IdCheck, id_hash};
 use crate::data;
 
 /// Footer key holding the stage fingerprint.
@@ -43,40 +43,27 @@ pub struct ParquetOut {
     writer: ArrowWriter<File>,
     pending: PendingFile,
     rows: u64,
-    check_ids: bool,
-    seen: HashSet<u64, IdHasher>,
-}
-
-/// Fixed-key hasher so duplicate detection is cheap and needs no randomness.
-#[derive(Default, Clone, Copy)]
-pub struct IdHasher;
-impl BuildHasher for IdHasher {
-    type Hasher = std::collections::hash_map::DefaultHasher;
-    fn build_hasher(&self) -> Self::Hasher {
-        std::collections::hash_map::DefaultHasher::new()
-    }
+    ids: Option<IdCheck>,
 }
 
 impl ParquetOut {
-    /// Create `dest` (via a temporary file). `check_ids` enforces unique record ids.
+    /// Create `dest` (via a temporary file). `check_ids` enforces unique record ids
+    /// (in bounded memory, spilling next to the file).
     pub fn create(dest: &Path, schema: SchemaRef, meta: Vec<(String, String)>, check_ids: bool) -> Result<ParquetOut> {
         let (file, pending) = create_tmp(dest)?;
         let writer = ArrowWriter::try_new(file, schema, Some(writer_properties(meta)))
             .with_context(|| format!("starting Parquet file {}", pending.tmp.display()))?;
-        Ok(ParquetOut { writer, pending, rows: 0, check_ids, seen: HashSet::with_hasher(IdHasher) })
+        let ids = check_ids.then(|| IdCheck::new(dest.parent().unwrap_or(Path::new("."))));
+        Ok(ParquetOut { writer, pending, rows: 0, ids })
     }
 
     pub fn write(&mut self, batch: &RecordBatch) -> Result<()> {
         if batch.num_rows() == 0 {
             return Ok(());
         }
-        if self.check_ids {
+        if let Some(ids) = &mut self.ids {
             for id in data::ids(batch).iter().flatten() {
-                let mut h = IdHasher.build_hasher();
-                h.write(id.as_bytes());
-                if !self.seen.insert(h.finish()) {
-                    bail!("duplicate record id \"{id}\" (record ids must be unique within a stage output)");
-                }
+                ids.push(id)?;
             }
         }
         self.writer.write(batch).with_context(|| format!("writing {}", self.pending.tmp.display()))?;
@@ -92,8 +79,25 @@ impl ParquetOut {
     pub fn finish(self) -> Result<(PendingFile, u64)> {
         let file = self.writer.into_inner().with_context(|| format!("finishing {}", self.pending.tmp.display()))?;
         finish_file(file, &self.pending)?;
+        if let Some(ids) = self.ids
+            && let Some(hash) = ids.finish()?
+        {
+            let id = find_id_with_hash(&self.pending.tmp, hash).unwrap_or_else(|| format!("with hash {hash:016x}"));
+            bail!("duplicate record id \"{id}\" (record ids must be unique within a stage output)");
+        }
         Ok((self.pending, self.rows))
     }
+}
+
+/// Recover the id behind a duplicated hash by scanning the written file.
+fn find_id_with_hash(path: &Path, hash: u64) -> Option<String> {
+    for batch in open_reader(path, 8192).ok()? {
+        let batch = batch.ok()?;
+        if let Some(id) = data::ids(&batch).iter().flatten().find(|id| id_hash(id) == hash) {
+            return Some(id.to_string());
+        }
+    }
+    None
 }
 
 /// Schema, row count and footer key-value metadata of a Parquet file.

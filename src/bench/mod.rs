@@ -1,0 +1,140 @@
+//! `synth bench`: measurements anyone can re-run, each printing one JSON line.
+//! `engine` times the engine itself: a Parquet source and a no-op map over N
+//! records (records/s, peak RSS), then an up-to-date re-run.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use arrow::array::{Float64Array, Int64Array, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, Schema};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{LoadOptions, load};
+use crate::dag::runner::{RunOptions, run};
+use crate::progress::{Mode, ProgressHub};
+
+/// Peak resident set size of this process in MiB (Linux VmHWM).
+pub fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+/// Reset the peak RSS counter so a measurement excludes setup (Linux only).
+pub fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// CPU seconds (user + system) used by this process so far.
+pub fn cpu_seconds() -> f64 {
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return 0.0;
+    }
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    t(usage.ru_utime) + t(usage.ru_stime)
+}
+
+fn write_records(path: &Path, n: usize) -> Result<()> {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("text", DataType::Utf8, false),
+        Field::new("n", DataType::Int64, false),
+        Field::new("score", DataType::Float64, false),
+    ]));
+    let file = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let props = crate::store::parquet::writer_properties(vec![]);
+    let mut w = parquet::arrow::ArrowWriter::try_new(file, schema.clone(), Some(props))?;
+    let chunk = 65_536;
+    let mut start = 0;
+    while start < n {
+        let len = chunk.min(n - start);
+        let ids = start..start + len;
+        let text: StringArray =
+            ids.clone().map(|i| Some(format!("record {i}: a short line of text standing in for a prompt"))).collect();
+        let nums: Int64Array = ids.clone().map(|i| Some(i as i64)).collect();
+        let scores: Float64Array = ids.map(|i| Some((i % 1000) as f64 / 1000.0)).collect();
+        w.write(&RecordBatch::try_new(schema.clone(), vec![Arc::new(text), Arc::new(nums), Arc::new(scores)])?)?;
+        start += len;
+    }
+    w.close()?;
+    Ok(())
+}
+
+/// Engine overhead: source + no-op map over `records` records, then an up-to-date re-run.
+pub fn engine(records: usize, dir: Option<PathBuf>) -> Result<serde_json::Value> {
+    let cleanup = dir.is_none();
+    let dir = match dir {
+        Some(d) => {
+            std::fs::create_dir_all(&d)?;
+            d
+        }
+        None => tempdir()?,
+    };
+    let result = engine_in(records, &dir);
+    if cleanup {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    result
+}
+
+fn engine_in(records: usize, dir: &Path) -> Result<serde_json::Value> {
+    let data = dir.join("records.parquet");
+    write_records(&data, records)?;
+    let pipeline = dir.join("bench.toml");
+    std::fs::write(
+        &pipeline,
+        "[pipeline]\nname = \"bench\"\noutput_dir = \"out\"\n\n\
+         [stages.records]\nkind = \"source\"\npath = \"records.parquet\"\n\n\
+         [stages.noop]\nkind = \"map\"\ninputs = [\"records\"]\n",
+    )?;
+    let out_dir = dir.join("out");
+    let _ = std::fs::remove_dir_all(&out_dir);
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let run_once = |label: &str| -> Result<(f64, crate::dag::runner::RunSummary)> {
+        let (p, diags) = load(&pipeline, &LoadOptions::default());
+        let p = Arc::new(p.with_context(|| format!("bench pipeline invalid: {diags}"))?);
+        let opts = RunOptions { out_dir: out_dir.clone(), ..Default::default() };
+        let started = Instant::now();
+        let summary = runtime
+            .block_on(run(p, opts, ProgressHub::new(Mode::Quiet), CancellationToken::new()))
+            .map_err(|e| anyhow::anyhow!("{label} run failed: {e}"))?;
+        Ok((started.elapsed().as_secs_f64(), summary))
+    };
+    reset_peak_rss();
+    let cpu0 = cpu_seconds();
+    let (first_secs, summary) = run_once("first")?;
+    let cpu = cpu_seconds() - cpu0;
+    let peak = peak_rss_mib();
+    let report = |name: &str| summary.lines.iter().find(|l| l.stage == name).and_then(|l| l.report.clone());
+    let source = report("records").context("source report")?;
+    let noop = report("noop").context("map report")?;
+    let (rerun_secs, rerun) = run_once("up-to-date")?;
+    anyhow::ensure!(rerun.n_ran() == 0, "the re-run was not up to date");
+    let output_bytes = std::fs::metadata(out_dir.join("noop.parquet")).map(|m| m.len()).unwrap_or(0);
+    Ok(serde_json::json!({
+        "bench": "engine",
+        "records": records,
+        "source_seconds": round(source.wall_seconds),
+        "source_records_per_s": round(records as f64 / source.wall_seconds),
+        "noop_map_seconds": round(noop.wall_seconds),
+        "noop_map_records_per_s": round(records as f64 / noop.wall_seconds),
+        "run_seconds": round(first_secs),
+        "run_cpu_seconds": round(cpu),
+        "peak_rss_mib": peak.map(round),
+        "output_mib": round(output_bytes as f64 / (1024.0 * 1024.0)),
+        "up_to_date_rerun_seconds": round(rerun_secs),
+    }))
+}
+
+fn round(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+fn tempdir() -> Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("synth-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
