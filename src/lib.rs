@@ -10,6 +10,10 @@
 //! - [`data`]: records as Arrow batches and their JSON view.
 //! - [`template`]: minijinja templates and expressions over record columns.
 //! - [`hub`]: Hugging Face Hub downloads (hf-hub).
+//! - [`llm`]: chat providers, rate control, retries, parsers, the cached call path.
+//! - [`embed`]: embedders (hashing, fastembed, OpenAI-compatible endpoints).
+//! - [`rolemrc`]: the RoleMRC answer formats.
+//! - [`secrets`]: API keys kept out of every log and artifact.
 //! - [`progress`]: progress bars and log lines.
 //! - [`bench`]: `synth bench` measurements.
 //! - [`cli`]: the command line.
@@ -19,9 +23,13 @@ pub mod cli;
 pub mod config;
 pub mod dag;
 pub mod data;
+pub mod embed;
 pub mod hub;
+pub mod llm;
 pub mod progress;
 pub mod rng;
+pub mod rolemrc;
+pub mod secrets;
 pub mod stages;
 pub mod store;
 pub mod template;

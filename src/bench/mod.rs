@@ -138,3 +138,110 @@ fn tempdir() -> Result<PathBuf> {
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
 }
+
+/// Settings of `synth bench llm`.
+#[derive(Debug, Clone)]
+pub struct LlmBench {
+    pub base_url: String,
+    pub model: String,
+    pub requests: usize,
+    pub rpm: Option<u32>,
+    pub concurrency: usize,
+    pub max_tokens: u32,
+    pub timeout_seconds: f64,
+    pub api_key_env: String,
+}
+
+/// Options of an option list with their defaults filled in.
+fn defaults_of(specs: &[crate::config::options::OptionSpec]) -> serde_json::Map<String, serde_json::Value> {
+    specs.iter().filter_map(|s| s.default_json().map(|d| (s.name.to_string(), d))).collect()
+}
+
+/// Send N distinct chat requests through the provider layer the stages use (rate
+/// control, retries, journal and cache writes) and report throughput and cost.
+pub fn llm(args: &LlmBench) -> Result<serde_json::Value> {
+    use futures::StreamExt;
+
+    use crate::llm::services::{Decl, OPENAI, Services};
+    use crate::llm::{CallCtx, ChatRequest, Message};
+
+    let dir = tempdir()?;
+    let mut options = defaults_of(OPENAI.options);
+    options.insert("base_url".into(), args.base_url.clone().into());
+    options.insert("model".into(), args.model.clone().into());
+    options.insert("api_key_env".into(), args.api_key_env.clone().into());
+    options.insert("max_tokens".into(), args.max_tokens.into());
+    options.insert("max_concurrency".into(), args.concurrency.into());
+    options.insert("initial_concurrency".into(), args.concurrency.into());
+    options.insert("timeout_seconds".into(), args.timeout_seconds.into());
+    if let Some(rpm) = args.rpm {
+        options.insert("requests_per_minute".into(), rpm.into());
+    }
+    let decl = Decl { name: "bench".into(), kind: "openai".into(), options: serde_json::Value::Object(options) };
+    let services = Services::new(&dir, &dir, [("bench".to_string(), decl)].into(), Default::default());
+    // The same runtime `synth run` uses.
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let provider = services.provider("bench")?;
+    let call = CallCtx {
+        stage: "bench".into(),
+        fingerprint: "bench".into(),
+        progress: crate::progress::StageProgress::new("bench"),
+    };
+    let nonce: u64 = rand::random();
+    reset_peak_rss();
+    let cpu0 = cpu_seconds();
+    let started = Instant::now();
+    let (services2, provider2, call2) = (services.clone(), provider.clone(), call.clone());
+    let (n_requests, conc) = (args.requests, args.concurrency);
+    // Drive the requests from a task on the runtime's workers, as a stage does.
+    let results: Vec<bool> = runtime.block_on(async move {
+        let (services, provider, call) = (services2, provider2, call2);
+        let args = (n_requests, conc);
+        tokio::spawn(async move {
+            futures::stream::iter(0..args.0)
+                .map(|i| {
+                    let req = ChatRequest {
+                        messages: vec![Message::new(
+                            "user",
+                            format!("Benchmark request {i} ({nonce:x}): reply with one short sentence."),
+                        )],
+                        params: Default::default(),
+                        sample: 0,
+                        expect: "text".into(),
+                    };
+                    let (services, provider, call) = (services.clone(), provider.clone(), call.clone());
+                    async move { services.chat(&provider, req, &call).await.is_ok() }
+                })
+                .buffer_unordered(args.1.max(1) * 2)
+                .collect::<Vec<bool>>()
+                .await
+        })
+        .await
+        .unwrap_or_default()
+    });
+    let wall = started.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - cpu0;
+    let peak = peak_rss_mib();
+    let ok = results.iter().filter(|r| **r).count();
+    let stats = &provider.rate.stats;
+    use std::sync::atomic::Ordering::Relaxed;
+    let achieved = ok as f64 / wall;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(serde_json::json!({
+        "bench": "llm",
+        "requests": args.requests,
+        "ok": ok,
+        "failed": args.requests - ok,
+        "wall_seconds": round(wall),
+        "requests_per_second": round(achieved),
+        "limit_requests_per_second": args.rpm.map(|r| round(r as f64 / 60.0)),
+        "fraction_of_limit": args.rpm.map(|r| round(achieved / (r as f64 / 60.0))),
+        "sent": stats.sent.load(Relaxed),
+        "retries": stats.retries.load(Relaxed),
+        "http_429": stats.rate_limited.load(Relaxed),
+        "timeouts": stats.timeouts.load(Relaxed),
+        "client_cpu_seconds": round(cpu),
+        "cpu_ms_per_request": round(cpu * 1000.0 / args.requests.max(1) as f64),
+        "peak_rss_mib": peak.map(round),
+    }))
+}

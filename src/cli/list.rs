@@ -32,5 +32,20 @@ pub fn render() -> String {
         out.push_str(&format!("\n  {} ({role}, {arity}, v{}): {}\n", k.name, k.version, k.about));
         describe_specs(k.options, "    ", &mut out);
     }
+    out.push_str("\nprovider kinds ([providers.NAME] kind = ...):\n");
+    for k in crate::llm::services::PROVIDER_KINDS {
+        out.push_str(&format!("\n  {}: {}\n", k.name, k.about));
+        describe_specs(k.options, "    ", &mut out);
+    }
+    out.push_str("\nembedder kinds ([embedders.NAME] kind = ...):\n");
+    for k in crate::embed::EMBEDDER_KINDS {
+        out.push_str(&format!("\n  {}: {}\n", k.name, k.about));
+        describe_specs(k.options, "    ", &mut out);
+    }
+    out.push_str("\nparsers (llm stages: parser = ..., parser_options = { ... }):\n");
+    for k in crate::llm::parse::kinds() {
+        out.push_str(&format!("\n  {}: {}\n", k.name, k.about));
+        describe_specs(k.options, "    ", &mut out);
+    }
     out
 }

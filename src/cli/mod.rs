@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+mod cache;
 mod graph;
 mod inspect;
 mod list;
@@ -57,6 +58,39 @@ pub enum Command {
     /// Measurements that print one JSON line each.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// The LLM response and embedding cache of an output directory.
+    #[command(subcommand)]
+    Cache(CacheCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CacheCommand {
+    /// Size, hit rate and entries per model.
+    Stats {
+        /// An output directory of `synth run`.
+        output_dir: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove entries that no current stage of the pipeline refers to.
+    Gc {
+        #[command(flatten)]
+        pipeline: PipelineArgs,
+        /// Output directory (default: the pipeline's output_dir).
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        /// Only say what would be removed.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Write every cached response to a Parquet file.
+    Export {
+        /// An output directory of `synth run`.
+        output_dir: PathBuf,
+        /// Parquet file to write.
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -69,6 +103,29 @@ pub enum BenchCommand {
         /// Work directory (default: a temporary one, removed afterwards).
         #[arg(long)]
         dir: Option<PathBuf>,
+    },
+    /// Send N distinct chat requests through the provider layer (rate control, retries, journal).
+    Llm {
+        /// OpenAI-compatible API base, e.g. http://127.0.0.1:18080/v1
+        #[arg(long)]
+        base_url: String,
+        #[arg(long)]
+        model: String,
+        #[arg(long, default_value_t = 1000)]
+        requests: usize,
+        /// Client-side requests-per-minute limit.
+        #[arg(long)]
+        rpm: Option<u32>,
+        /// Most requests in flight.
+        #[arg(long, default_value_t = 32)]
+        concurrency: usize,
+        #[arg(long, default_value_t = 64)]
+        max_tokens: u32,
+        #[arg(long, default_value_t = 60.0)]
+        timeout: f64,
+        /// Environment variable holding the API key.
+        #[arg(long, default_value = "OPENAI_API_KEY")]
+        api_key_env: String,
     },
 }
 
@@ -188,12 +245,25 @@ pub fn main() -> i32 {
         Command::Inspect(a) => inspect::run(&a),
         Command::Stats(a) => stats::run(&a),
         Command::Bench(b) => bench(b),
+        Command::Cache(c) => cache::run(c),
     }
 }
 
 fn bench(cmd: BenchCommand) -> i32 {
     let result = match cmd {
         BenchCommand::Engine { records, dir } => crate::bench::engine(records, dir),
+        BenchCommand::Llm { base_url, model, requests, rpm, concurrency, max_tokens, timeout, api_key_env } => {
+            crate::bench::llm(&crate::bench::LlmBench {
+                base_url,
+                model,
+                requests,
+                rpm,
+                concurrency,
+                max_tokens,
+                timeout_seconds: timeout,
+                api_key_env,
+            })
+        }
     };
     match result {
         Ok(line) => {

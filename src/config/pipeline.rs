@@ -6,6 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use std::collections::BTreeMap;
+
 use arrow::datatypes::SchemaRef;
 use serde::Deserialize;
 
@@ -13,10 +15,11 @@ use super::diag::{Diagnostics, did_you_mean, stage_subject};
 use super::node::{self, Node, SourceFile, Span, Table, Value};
 use super::options::{CheckCtx, OptionSpans, OptionSpec, RATIO, Ty, UINT, check_table};
 use crate::dag::Graph;
+use crate::llm::services::{Decl, ProviderKind};
 use crate::stages::{self, Arity, BuildCtx, COMMON_OPTIONS, KindInfo, PlanCtx, PlanInput, Role, Stage};
 
 /// Top-level tables of a pipeline file.
-pub const TOP_LEVEL: &[&str] = &["pipeline", "stages", "profiles"];
+pub const TOP_LEVEL: &[&str] = &["pipeline", "stages", "providers", "embedders", "profiles"];
 
 const PIPELINE_OPTIONS: &[OptionSpec] = &[
     OptionSpec::optional("name", Ty::Str, "pipeline name (default: the file name)"),
@@ -74,6 +77,9 @@ pub struct Pipeline {
     pub profile: Option<String>,
     pub stages: Vec<StageDecl>,
     pub graph: Graph,
+    /// `[providers.NAME]` (chat) and `[embedders.NAME]` declarations.
+    pub providers: BTreeMap<String, Decl>,
+    pub embedders: BTreeMap<String, Decl>,
     /// The resolved document (profile and overrides applied, `profiles` removed).
     pub resolved: serde_json::Value,
 }
@@ -260,6 +266,9 @@ fn check(
     });
     let default_ratio = ptable.as_ref().map(|p| p.max_failure_ratio).unwrap_or(0.05);
 
+    let providers = check_decls(&root, "providers", "provider", crate::llm::services::PROVIDER_KINDS, &root_dir, diags);
+    let embedders = check_decls(&root, "embedders", "embedder", crate::embed::EMBEDDER_KINDS, &root_dir, diags);
+
     // [stages.NAME]
     let mut raws: Vec<RawStage> = Vec::new();
     match root.get("stages") {
@@ -279,7 +288,7 @@ fn check(
     }
 
     let (graph, broken) = check_graph(&raws, diags);
-    plan(&mut raws, &graph, &broken, &root_dir, diags);
+    plan(&mut raws, &graph, &broken, &root_dir, &providers, &embedders, diags);
     let runnable = !broken.iter().any(|b| *b);
     let decls: Option<Vec<StageDecl>> = raws.into_iter().map(|r| r.decl).collect();
 
@@ -299,6 +308,8 @@ fn check(
         profile,
         stages: decls?,
         graph: runnable.then_some(graph)?,
+        providers,
+        embedders,
         resolved,
     })
 }
@@ -482,7 +493,15 @@ fn check_graph(raws: &[RawStage], diags: &mut Diagnostics) -> (Graph, Vec<bool>)
 
 /// Plan columns in topological order, collecting stage-specific diagnostics. A
 /// stage whose input could not be planned sees that input's columns as unknown.
-fn plan(raws: &mut [RawStage], graph: &Graph, broken: &[bool], root: &Path, diags: &mut Diagnostics) {
+fn plan(
+    raws: &mut [RawStage],
+    graph: &Graph,
+    broken: &[bool],
+    root: &Path,
+    providers: &BTreeMap<String, Decl>,
+    embedders: &BTreeMap<String, Decl>,
+    diags: &mut Diagnostics,
+) {
     for &i in &graph.order {
         if raws[i].decl.is_none() || (broken[i] && raws[i].inputs.len() != graph.inputs[i].len()) {
             continue;
@@ -495,11 +514,81 @@ fn plan(raws: &mut [RawStage], graph: &Graph, broken: &[bool], root: &Path, diag
             })
             .collect();
         let d = raws[i].decl.as_ref().expect("checked");
-        let mut ctx = PlanCtx { name: &d.name, spans: &d.spans, root, inputs, diags, files: Vec::new() };
+        let mut ctx =
+            PlanCtx { name: &d.name, spans: &d.spans, root, inputs, providers, embedders, diags, files: Vec::new() };
         let schema = d.stage.plan(&mut ctx);
         let files = std::mem::take(&mut ctx.files);
         let d = raws[i].decl.as_mut().expect("checked");
         d.planned_schema = schema;
         d.files = files;
     }
+}
+
+/// Check `[providers.NAME]` or `[embedders.NAME]` tables against their kinds.
+fn check_decls(
+    root: &Table,
+    table: &str,
+    what: &str,
+    kinds: &[&'static ProviderKind],
+    root_dir: &Path,
+    diags: &mut Diagnostics,
+) -> BTreeMap<String, Decl> {
+    let mut out = BTreeMap::new();
+    let Some(entry) = root.get(table) else { return out };
+    let Some(t) = entry.node.as_table() else {
+        diags.error(&entry.node.span, None, format!("\"{table}\" must be a table of [{table}.NAME] tables"));
+        return out;
+    };
+    for e in &t.entries {
+        let subject = format!("{what} \"{}\"", e.key);
+        if !valid_name(&e.key) {
+            diags.error(&e.key_span, Some(&subject), "names use letters, digits, '_' and '-'");
+        }
+        let Some(body) = e.node.as_table() else {
+            diags.error(&e.node.span, Some(&subject), format!("must be a table, found {}", e.node.value.type_name()));
+            continue;
+        };
+        let Some(kind_name) = body.get("kind").and_then(|k| k.node.as_str()) else {
+            diags.error(
+                &e.key_span,
+                Some(&subject),
+                format!(
+                    "missing required option \"kind\" ({})",
+                    kinds.iter().map(|k| k.name).collect::<Vec<_>>().join(", ")
+                ),
+            );
+            continue;
+        };
+        let Some(kind) = kinds.iter().find(|k| k.name == kind_name) else {
+            let span = body.get("kind").map(|k| k.node.span.clone()).unwrap_or_else(|| e.key_span.clone());
+            let hint = did_you_mean(kind_name, kinds.iter().map(|k| k.name)).unwrap_or_default();
+            diags.error(
+                &span,
+                Some(&subject),
+                format!(
+                    "unknown {what} kind \"{kind_name}\"{hint} (kinds: {})",
+                    kinds.iter().map(|k| k.name).collect::<Vec<_>>().join(", ")
+                ),
+            );
+            continue;
+        };
+        let mut spans = OptionSpans { table: Some(e.key_span.clone()), ..Default::default() };
+        let ctx = CheckCtx { root: root_dir, subject: Some(&subject), extra_keys: &["kind"] };
+        let before = diags.n_errors();
+        let options = check_table(body, &e.key_span, kind.options, &ctx, "", &mut spans, diags);
+        if kind.name == "openai" && !options.contains_key("model") && !options.contains_key("model_env") {
+            diags.error(
+                &e.key_span,
+                Some(&subject),
+                "set \"model\" or \"model_env\" (an environment variable holding the model name)",
+            );
+        }
+        if diags.n_errors() == before {
+            out.insert(
+                e.key.clone(),
+                Decl { name: e.key.clone(), kind: kind.name.to_string(), options: serde_json::Value::Object(options) },
+            );
+        }
+    }
+    out
 }

@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::fingerprint::{combine, config_part, explain};
 use crate::config::Pipeline;
+use crate::llm::services::Services;
 use crate::progress::ProgressHub;
 use crate::stages::{Cancelled, Input, PrepareCtx, Prepared, Role, RunCtx, failures_path, output_path};
 use crate::store::atomic::clean_debris;
@@ -61,6 +62,8 @@ pub struct StageLine {
     /// Why it ran / would run, or why it did not.
     pub reason: Option<String>,
     pub report: Option<StageReport>,
+    /// The stage's fingerprint (when known).
+    pub fingerprint: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -159,6 +162,7 @@ pub async fn run(
         manifest.save(&out_dir).map_err(fail)?;
     }
     let hasher = Arc::new(Mutex::new(if opts.dry_run { FileHasher::ephemeral() } else { FileHasher::load(&out_dir) }));
+    let services = Services::new(&out_dir, &p.root, p.providers.clone(), p.embedders.clone());
 
     let mut nodes: Vec<Node> = (0..n).map(|i| if modes[i].is_none() { Node::Skipped } else { Node::Pending }).collect();
     for (i, node) in nodes.iter().enumerate() {
@@ -213,6 +217,7 @@ pub async fn run(
                     cancel: cancel.clone(),
                     hub: hub.clone(),
                     hasher: hasher.clone(),
+                    services: services.clone(),
                 };
                 tasks.spawn(async move {
                     let idx = job.idx;
@@ -249,15 +254,18 @@ pub async fn run(
             status: StageStatus::Pending,
             reason: None,
             report: None,
+            fingerprint: None,
         };
         match outcome {
             Ok(Outcome::UpToDate { fp, state }) => {
+                line.fingerprint = Some(fp.clone());
                 nodes[idx] = Node::Done(Some(fp.clone()));
                 line.status = StageStatus::UpToDate;
                 line.report = Some(state.report.clone());
                 set_manifest(&mut manifest, &name, StageStatus::UpToDate, Some(fp), Some(&state), None);
             }
             Ok(Outcome::WouldRun { fp, reason }) => {
+                line.fingerprint = fp.clone();
                 nodes[idx] = Node::Done(fp);
                 line.status = StageStatus::Pending;
                 line.reason = Some(reason);
@@ -281,6 +289,7 @@ pub async fn run(
                         r.rows_failed,
                         r.wall_seconds
                     );
+                    line.fingerprint = Some(fp.clone());
                     nodes[idx] = Node::Done(Some(fp.clone()));
                     line.status = StageStatus::Ran;
                     line.report = Some(state.report.clone());
@@ -328,6 +337,7 @@ pub async fn run(
             status: if *node == Node::Skipped { StageStatus::Skipped } else { StageStatus::Cancelled },
             reason: None,
             report: None,
+            fingerprint: None,
         });
     }
     let mut ordered: Vec<StageLine> = p.graph.order.iter().filter_map(|i| lines.remove(i)).collect();
@@ -477,6 +487,7 @@ struct StageJob {
     cancel: CancellationToken,
     hub: Arc<ProgressHub>,
     hasher: Arc<Mutex<FileHasher>>,
+    services: Arc<Services>,
 }
 
 impl StageJob {
@@ -485,6 +496,7 @@ impl StageJob {
         let dry = matches!(self.mode, Mode::Plan { .. });
         let prepare_ctx = PrepareCtx {
             name: &decl.name,
+            services: &self.services,
             root: &self.p.root,
             out_dir: &self.out_dir,
             offline_only: dry,
@@ -537,6 +549,7 @@ impl StageJob {
             progress: progress.clone(),
             failures: Default::default(),
             report: StageReport::default(),
+            services: self.services.clone(),
             output: None,
             artifacts: Vec::new(),
         };

@@ -69,11 +69,14 @@ where
 pub struct RowError {
     pub kind: String,
     pub message: String,
+    /// Not the record's fault (bad API key, unknown model): stop the stage at once
+    /// with this one message instead of failing every record the same way.
+    pub fatal: bool,
 }
 
 impl RowError {
     pub fn new(kind: &str, message: impl Into<String>) -> RowError {
-        RowError { kind: kind.to_string(), message: message.into() }
+        RowError { kind: kind.to_string(), message: message.into(), fatal: false }
     }
 }
 
@@ -167,6 +170,11 @@ where
             Ok(rows) => {
                 n_pending += rows.len();
                 pending.push((id, record, rows));
+            }
+            Err(e) if e.fatal => {
+                // Records in flight are dropped with the stream; their requests are
+                // journaled and come back from the cache or are re-sent next run.
+                bail!("{}", e.message);
             }
             Err(e) => ctx.fail(&id, &e.kind, e.message, record),
         }

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::diag::{Diagnostics, stage_subject};
 use crate::config::options::{OptionSpans, OptionSpec};
+use crate::llm::services::{Decl, Services};
 use crate::progress::StageProgress;
 use crate::store::atomic::PendingFile;
 use crate::store::failures::FailureLog;
@@ -25,10 +26,12 @@ use crate::store::parquet::{FINGERPRINT_KEY, Footer, ParquetOut, STAGE_KEY};
 use crate::store::state::StageReport;
 
 pub mod concat;
+pub mod embed;
 pub mod exec;
 pub mod filter;
 pub mod join;
 pub mod jsonl;
+pub mod llm;
 pub mod map;
 pub mod parquet;
 pub mod sample;
@@ -42,6 +45,8 @@ pub static KINDS: &[&KindInfo] = &[
     &map::KIND,
     &concat::KIND,
     &join::KIND,
+    &llm::KIND,
+    &embed::KIND,
     &parquet::KIND,
     &jsonl::KIND,
 ];
@@ -174,6 +179,9 @@ pub struct PlanCtx<'a> {
     pub spans: &'a OptionSpans,
     pub root: &'a Path,
     pub inputs: Vec<PlanInput>,
+    /// Declared `[providers.*]` and `[embedders.*]`.
+    pub providers: &'a BTreeMap<String, Decl>,
+    pub embedders: &'a BTreeMap<String, Decl>,
     pub diags: &'a mut Diagnostics,
     /// Local files this stage reads; their content is part of the fingerprint.
     pub files: Vec<PathBuf>,
@@ -250,6 +258,7 @@ impl PlanCtx<'_> {
 /// Prepare phase context.
 pub struct PrepareCtx<'a> {
     pub name: &'a str,
+    pub services: &'a Arc<Services>,
     pub root: &'a Path,
     pub out_dir: &'a Path,
     /// Do not use the network (dry runs).
@@ -297,6 +306,8 @@ pub struct RunCtx {
     pub progress: Arc<StageProgress>,
     pub failures: FailureLog,
     pub report: StageReport,
+    /// Providers, embedders and the cache, shared by every stage of the run.
+    pub services: Arc<Services>,
     pub(crate) output: Option<(PendingFile, u64)>,
     pub(crate) artifacts: Vec<(PendingFile, Option<u64>)>,
 }
@@ -338,7 +349,8 @@ impl RunCtx {
     }
 
     pub fn fail(&self, id: &str, kind: &str, message: impl Into<String>, record: Option<String>) {
-        self.failures.record(id, kind, message, record);
+        let message = crate::secrets::scrub(&message.into());
+        self.failures.record(id, kind, message, record.map(|r| crate::secrets::scrub(&r)));
         self.progress.failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 

@@ -1,8 +1,9 @@
 //! Everything synth persists: crash-safe files, Parquet outputs, failure tables,
-//! per-stage state records, the run manifest and input file hashes. (The LLM
-//! response cache and journal join this module with the provider layer.)
+//! per-stage state records, the run manifest, input file hashes, and the SQLite
+//! cache and journal of LLM responses and vectors.
 
 pub mod atomic;
+pub mod cache;
 pub mod failures;
 pub mod filehash;
 pub mod idcheck;

@@ -1,0 +1,241 @@
+//! The `fastembed` embedder: local ONNX models through fastembed — a named model
+//! (downloaded through the Hugging Face Hub into a cache dir) or a model directory
+//! holding `model.onnx` and its tokenizer files, as in `shared/models/all-MiniLM-L6-v2`.
+//! ONNX Runtime is loaded at run time (ort's `load-dynamic`); a missing library is
+//! reported as an error naming where synth looked, not a panic.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use anyhow::{Context, Result, anyhow, bail};
+use async_trait::async_trait;
+use fastembed::{
+    EmbeddingModel, InitOptionsUserDefined, Pooling, TextEmbedding, TextInitOptions, TokenizerFiles,
+    UserDefinedEmbeddingModel,
+};
+use serde::Deserialize;
+
+use super::{Embedder, l2_normalize};
+use crate::llm::CallCtx;
+
+#[derive(Debug, Clone, Deserialize)]
+struct Options {
+    model: Option<String>,
+    model_dir: Option<String>,
+    pooling: String,
+    max_length: usize,
+    dim: Option<usize>,
+    batch_size: usize,
+    ort_dylib: Option<String>,
+    cache_dir: Option<String>,
+    threads: Option<usize>,
+}
+
+/// Named models synth knows the dimension of (fastembed's model codes).
+const NAMED: &[(&str, EmbeddingModel, usize)] = &[
+    ("sentence-transformers/all-MiniLM-L6-v2", EmbeddingModel::AllMiniLML6V2, 384),
+    ("sentence-transformers/all-MiniLM-L12-v2", EmbeddingModel::AllMiniLML12V2, 384),
+    ("BAAI/bge-small-en-v1.5", EmbeddingModel::BGESmallENV15, 384),
+    ("BAAI/bge-base-en-v1.5", EmbeddingModel::BGEBaseENV15, 768),
+    ("BAAI/bge-large-en-v1.5", EmbeddingModel::BGELargeENV15, 1024),
+    ("nomic-ai/nomic-embed-text-v1.5", EmbeddingModel::NomicEmbedTextV15, 768),
+    ("intfloat/multilingual-e5-small", EmbeddingModel::MultilingualE5Small, 384),
+];
+
+pub fn named_models() -> Vec<&'static str> {
+    NAMED.iter().map(|(n, _, _)| *n).collect()
+}
+
+fn find_named(m: &str) -> Option<&'static (&'static str, EmbeddingModel, usize)> {
+    NAMED
+        .iter()
+        .find(|(n, _, _)| n.eq_ignore_ascii_case(m) || n.rsplit('/').next().is_some_and(|s| s.eq_ignore_ascii_case(m)))
+}
+
+/// The dimension of a named model.
+pub fn named_dim(m: &str) -> Option<usize> {
+    find_named(m).map(|(_, _, d)| *d)
+}
+
+pub struct FastEmbed {
+    id: String,
+    dim: usize,
+    batch_size: usize,
+    /// Built on first use (loading ONNX Runtime and the model takes a while).
+    model: Mutex<Option<Arc<Mutex<TextEmbedding>>>>,
+    source: Source,
+    max_length: usize,
+    threads: Option<usize>,
+    dylib: Option<PathBuf>,
+}
+
+#[derive(Clone)]
+enum Source {
+    Named(EmbeddingModel, Option<PathBuf>),
+    Dir(PathBuf, Pooling),
+}
+
+/// Where to load ONNX Runtime from: the option, then $ORT_DYLIB_PATH, then the
+/// library `.ci/setup` installs under the pipeline root's `.tools/onnxruntime/`.
+pub fn find_onnxruntime(option: Option<&str>, root: &Path) -> Option<PathBuf> {
+    if let Some(p) = option {
+        return Some(root.join(p));
+    }
+    if let Some(p) = std::env::var_os("ORT_DYLIB_PATH").filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(p));
+    }
+    for dir in [root.to_path_buf(), std::env::current_dir().unwrap_or_default()] {
+        let mut d = Some(dir.as_path());
+        while let Some(cur) = d {
+            let candidate = cur.join(".tools/onnxruntime/libonnxruntime.so");
+            if candidate.exists() {
+                return Some(candidate);
+            }
+            d = cur.parent();
+        }
+    }
+    None
+}
+
+static ORT_INIT: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+
+/// Load ONNX Runtime once per process.
+fn init_ort(dylib: &Option<PathBuf>) -> Result<()> {
+    let result = ORT_INIT.get_or_init(|| {
+        let Some(path) = dylib else {
+            return Err("ONNX Runtime was not found: set ORT_DYLIB_PATH to libonnxruntime.so (1.24 or newer), \
+                        set `ort_dylib` on the embedder, or run `.ci/setup` to install it under .tools/onnxruntime/"
+                .to_string());
+        };
+        if !path.exists() {
+            return Err(format!("ONNX Runtime library {} does not exist", path.display()));
+        }
+        let path = path.clone();
+        // Loads the library; sessions then create the default environment on first use.
+        let loaded = std::panic::catch_unwind(move || ort::init_from(&path).map(drop));
+        match loaded {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!("loading ONNX Runtime from {}: {e}", dylib.as_ref().expect("checked").display())),
+            Err(_) => Err(format!(
+                "loading ONNX Runtime from {} failed (wrong version? 1.24 or newer is needed)",
+                dylib.as_ref().expect("checked").display()
+            )),
+        }
+    });
+    result.clone().map_err(|e| anyhow!(e))
+}
+
+impl FastEmbed {
+    pub fn from_options(name: &str, v: &serde_json::Value, root: &Path) -> Result<FastEmbed> {
+        let o: Options = serde_json::from_value(v.clone())?;
+        let pooling = if o.pooling == "cls" { Pooling::Cls } else { Pooling::Mean };
+        let (source, dim, id_model) = match (&o.model, &o.model_dir) {
+            (Some(m), None) => {
+                let (_, model, dim) = find_named(m).ok_or_else(|| {
+                    anyhow!(
+                        "embedder \"{name}\": unknown fastembed model \"{m}\" (known: {}); or use model_dir",
+                        named_models().join(", ")
+                    )
+                })?;
+                (
+                    Source::Named(model.clone(), o.cache_dir.as_ref().map(|d| root.join(d))),
+                    o.dim.unwrap_or(*dim),
+                    m.clone(),
+                )
+            }
+            (None, Some(dir)) => {
+                let dim = o.dim.ok_or_else(|| anyhow!("embedder \"{name}\": set `dim` for a model_dir"))?;
+                let path = root.join(dir);
+                if !path.join("model.onnx").is_file() {
+                    bail!("embedder \"{name}\": {} has no model.onnx", path.display());
+                }
+                // The model's identity is its content, not its path.
+                let digest = crate::store::filehash::hash_file(&path.join("model.onnx"))?;
+                (Source::Dir(path, pooling), dim, format!("dir:{}", &digest[..16]))
+            }
+            _ => bail!("embedder \"{name}\": give exactly one of `model` and `model_dir`"),
+        };
+        Ok(FastEmbed {
+            id: format!("fastembed:{id_model}:pool={}:len={}:dim={dim}", o.pooling, o.max_length),
+            dim,
+            batch_size: o.batch_size,
+            model: Mutex::new(None),
+            source,
+            max_length: o.max_length,
+            threads: o.threads,
+            dylib: find_onnxruntime(o.ort_dylib.as_deref(), root),
+        })
+    }
+
+    fn load(&self) -> Result<Arc<Mutex<TextEmbedding>>> {
+        if let Some(m) = self.model.lock().expect("model").as_ref() {
+            return Ok(m.clone());
+        }
+        init_ort(&self.dylib)?;
+        let model = match &self.source {
+            Source::Dir(dir, pooling) => {
+                let read =
+                    |f: &str| std::fs::read(dir.join(f)).with_context(|| format!("reading {}", dir.join(f).display()));
+                let files = TokenizerFiles {
+                    tokenizer_file: read("tokenizer.json")?,
+                    config_file: read("config.json")?,
+                    special_tokens_map_file: read("special_tokens_map.json")?,
+                    tokenizer_config_file: read("tokenizer_config.json")?,
+                };
+                let user = UserDefinedEmbeddingModel::new(read("model.onnx")?, files).with_pooling(pooling.clone());
+                let mut opts = InitOptionsUserDefined::new().with_max_length(self.max_length);
+                if let Some(t) = self.threads {
+                    opts = opts.with_intra_threads(t);
+                }
+                TextEmbedding::try_new_from_user_defined(user, opts)
+                    .map_err(|e| anyhow!("loading the model in {}: {e}", dir.display()))?
+            }
+            Source::Named(model, cache) => {
+                let mut opts = TextInitOptions::new(model.clone())
+                    .with_max_length(self.max_length)
+                    .with_show_download_progress(false);
+                if let Some(c) = cache {
+                    opts = opts.with_cache_dir(c.clone());
+                }
+                if let Some(t) = self.threads {
+                    opts = opts.with_intra_threads(t);
+                }
+                TextEmbedding::try_new(opts).map_err(|e| anyhow!("loading fastembed model {model:?}: {e}"))?
+            }
+        };
+        let model = Arc::new(Mutex::new(model));
+        *self.model.lock().expect("model") = Some(model.clone());
+        Ok(model)
+    }
+
+    /// Embed on the calling thread (blocking).
+    pub fn embed_blocking(&self, texts: &[String]) -> Result<Vec<Vec<f32>>> {
+        let model = self.load()?;
+        let mut m = model.lock().expect("model");
+        let mut out = m.embed(texts, Some(self.batch_size)).map_err(|e| anyhow!("embedding: {e}"))?;
+        for v in &mut out {
+            if v.len() != self.dim {
+                bail!("the model returns {}-dimensional vectors but `dim` is {}", v.len(), self.dim);
+            }
+            l2_normalize(v);
+        }
+        Ok(out)
+    }
+}
+
+#[async_trait]
+impl Embedder for FastEmbed {
+    fn id(&self) -> String {
+        self.id.clone()
+    }
+    fn dim(&self) -> usize {
+        self.dim
+    }
+    fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+    async fn embed(&self, texts: &[String], _ctx: &CallCtx) -> Result<Vec<Vec<f32>>> {
+        // Model loading and inference are CPU-bound: keep them off the async workers.
+        tokio::task::block_in_place(|| self.embed_blocking(texts))
+    }
+}

@@ -1,0 +1,197 @@
+//! LLM providers: the request/response types, the provider kinds (`openai` over
+//! async-openai, `offline` for demos and CI), rate control and retries, output
+//! parsers, prices, and the call path every LLM stage goes through —
+//! cache lookup, single-flight, journal, rate-limited provider call, durable store.
+//!
+//! **Invariant:** the only modules that do network I/O are `llm/openai.rs`,
+//! `embed/openai.rs`, `embed/fastembed.rs` (model download) and `hub.rs`.
+
+pub mod offline;
+pub mod openai;
+pub mod parse;
+pub mod pricing;
+pub mod rate;
+pub mod services;
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use services::{CallCtx, Services};
+
+/// One chat message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+}
+
+impl Message {
+    pub fn new(role: &str, content: impl Into<String>) -> Message {
+        Message { role: role.to_string(), content: content.into() }
+    }
+}
+
+/// Generation parameters, as configured on a provider (a stage may override).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GenParams {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop: Option<Vec<String>>,
+    /// Extra body parameters sent as they are (vLLM's `top_k`, `repetition_penalty`...).
+    #[serde(skip_serializing_if = "serde_json::Map::is_empty", default)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+impl GenParams {
+    /// `other`'s values where set, ours otherwise.
+    pub fn overlay(&self, other: &GenParams) -> GenParams {
+        let mut extra = self.extra.clone();
+        extra.extend(other.extra.clone());
+        GenParams {
+            temperature: other.temperature.or(self.temperature),
+            top_p: other.top_p.or(self.top_p),
+            max_tokens: other.max_tokens.or(self.max_tokens),
+            seed: other.seed.or(self.seed),
+            stop: other.stop.clone().or_else(|| self.stop.clone()),
+            extra,
+        }
+    }
+}
+
+/// A chat request as the provider layer sees it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatRequest {
+    pub messages: Vec<Message>,
+    pub params: GenParams,
+    /// Sample index (n samples of the same prompt are distinct cache entries).
+    pub sample: u32,
+    /// The parser that will read the answer; the offline provider generates that shape.
+    pub expect: String,
+}
+
+/// Token usage reported by the server (or estimated).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatResponse {
+    pub text: String,
+    pub finish_reason: String,
+    pub usage: Usage,
+    /// The model the server says answered.
+    pub model: String,
+}
+
+/// How a provider call failed; decides retry, per-record failure or run stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// 429, or 503 with overload: retry, slow down.
+    RateLimited,
+    /// Other 5xx: retry.
+    Server,
+    /// No answer within the timeout: retry.
+    Timeout,
+    /// Connection refused/reset: retry.
+    Connection,
+    /// A 2xx whose body is not a valid completion: retry.
+    Malformed,
+    /// 400/413/422: the request itself is wrong; never retried; the record fails.
+    Rejected,
+    /// 401/403: stops the run.
+    Auth,
+    /// 404 (model or endpoint not found): stops the run.
+    NotFound,
+    /// The circuit breaker gave up on the provider: stops the run.
+    Unavailable,
+}
+
+impl ErrorKind {
+    pub fn retryable(self) -> bool {
+        matches!(
+            self,
+            ErrorKind::RateLimited
+                | ErrorKind::Server
+                | ErrorKind::Timeout
+                | ErrorKind::Connection
+                | ErrorKind::Malformed
+        )
+    }
+
+    /// Errors that make every further request pointless: stop the run with one message.
+    pub fn fatal(self) -> bool {
+        matches!(self, ErrorKind::Auth | ErrorKind::NotFound | ErrorKind::Unavailable)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::RateLimited => "rate_limited",
+            ErrorKind::Server => "server_error",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Connection => "connection",
+            ErrorKind::Malformed => "malformed_response",
+            ErrorKind::Rejected => "rejected",
+            ErrorKind::Auth => "auth",
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::Unavailable => "unavailable",
+        }
+    }
+
+    /// Classify an HTTP status.
+    pub fn from_status(status: u16) -> ErrorKind {
+        match status {
+            429 => ErrorKind::RateLimited,
+            503 | 529 => ErrorKind::RateLimited,
+            401 | 403 => ErrorKind::Auth,
+            404 => ErrorKind::NotFound,
+            408 => ErrorKind::Timeout,
+            s if s >= 500 => ErrorKind::Server,
+            _ => ErrorKind::Rejected,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct LlmError {
+    pub kind: ErrorKind,
+    /// Message for humans, secrets removed.
+    pub message: String,
+    /// Server-requested wait (Retry-After, x-ratelimit-reset-*).
+    pub retry_after: Option<Duration>,
+}
+
+impl LlmError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> LlmError {
+        LlmError { kind, message: message.into(), retry_after: None }
+    }
+}
+
+impl std::fmt::Display for LlmError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.message, self.kind.name())
+    }
+}
+
+impl std::error::Error for LlmError {}
+
+/// A chat-completion backend.
+#[async_trait::async_trait]
+pub trait ChatBackend: Send + Sync {
+    /// One attempt: no retries here (the rate-control layer owns them).
+    async fn chat_once(&self, req: &ChatRequest, params: &GenParams) -> Result<ChatResponse, LlmError>;
+}
+
+/// Rough token count of a text (4 characters per token, as OpenAI's rule of thumb).
+pub fn estimate_tokens(text: &str) -> u64 {
+    (text.chars().count() as u64).div_ceil(4).max(1)
+}

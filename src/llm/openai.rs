@@ -1,0 +1,287 @@
+//! The `openai` provider: chat completions and embeddings against any
+//! OpenAI-compatible server (OpenAI, vLLM, Ollama, LiteLLM, TGI) through the
+//! async-openai client. Requests are built as JSON (`byot`), so any extra body
+//! parameter passes through. async-openai's own retry layer is replaced by a tower
+//! service that sends each request exactly once and records the response status and
+//! rate-limit headers for the rate-control layer, which owns retries.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_openai::Client;
+use async_openai::config::OpenAIConfig;
+use async_openai::error::OpenAIError;
+use async_openai::middleware::HttpRequestFactory;
+use serde::Deserialize;
+
+use super::{ChatBackend, ChatRequest, ChatResponse, ErrorKind, GenParams, LlmError, Usage, estimate_tokens};
+
+/// Status and headers of the last HTTP response seen in this task.
+#[derive(Debug, Clone, Default)]
+struct Seen {
+    retry_after: Option<Duration>,
+}
+
+tokio::task_local! {
+    static SEEN: Arc<Mutex<Seen>>;
+}
+
+/// Sends each request once (no retries) and records what the retry layer needs.
+#[derive(Clone)]
+struct OnceService {
+    http: reqwest::Client,
+}
+
+impl tower::Service<HttpRequestFactory> for OnceService {
+    type Response = reqwest::Response;
+    type Error = OpenAIError;
+    type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<reqwest::Response, OpenAIError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, factory: HttpRequestFactory) -> Self::Future {
+        let http = self.http.clone();
+        Box::pin(async move {
+            let request = factory.build().await?;
+            let response = http.execute(request).await.map_err(OpenAIError::Reqwest)?;
+            let retry_after = super::rate::retry_after(response.headers());
+            let _ = SEEN.try_with(|seen| seen.lock().expect("seen").retry_after = retry_after);
+            Ok(response)
+        })
+    }
+}
+
+/// Where and how to connect.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    pub base_url: String,
+    pub model: String,
+    /// The key itself (read from the environment); never logged or stored.
+    pub api_key: Option<String>,
+}
+
+/// Build an async-openai client that never retries on its own.
+fn client(endpoint: &Endpoint) -> Result<Client<OpenAIConfig>, String> {
+    let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(15))
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_max_idle_per_host(256)
+        .tcp_nodelay(true)
+        .build()
+        .map_err(|e| format!("building the HTTP client: {e}"))?;
+    let mut config = OpenAIConfig::new().with_api_base(endpoint.base_url.trim_end_matches('/'));
+    // Always set a key: without one async-openai reads OPENAI_API_KEY by itself.
+    config = config.with_api_key(endpoint.api_key.clone().unwrap_or_default());
+    // `Client::build` takes our HTTP client (`with_config` would build and discard one).
+    Ok(Client::build(http.clone(), config).with_http_service(OnceService { http }))
+}
+
+pub struct OpenAiChat {
+    client: Client<OpenAIConfig>,
+    endpoint: Endpoint,
+}
+
+impl OpenAiChat {
+    pub fn new(endpoint: Endpoint) -> Result<OpenAiChat, String> {
+        Ok(OpenAiChat { client: client(&endpoint)?, endpoint })
+    }
+}
+
+#[derive(Deserialize)]
+struct CompletionBody {
+    #[serde(default)]
+    model: Option<String>,
+    choices: Vec<Choice>,
+    #[serde(default)]
+    usage: Option<UsageBody>,
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    message: ChoiceMessage,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ChoiceMessage {
+    #[serde(default)]
+    content: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct UsageBody {
+    #[serde(default)]
+    prompt_tokens: u64,
+    #[serde(default)]
+    completion_tokens: u64,
+}
+
+/// The JSON body of a chat completion request.
+pub fn chat_body(model: &str, req: &ChatRequest, params: &GenParams) -> serde_json::Value {
+    let mut body = serde_json::json!({
+        "model": model,
+        "messages": req.messages,
+        "stream": false,
+    });
+    let obj = body.as_object_mut().expect("object");
+    if let Some(t) = params.temperature {
+        obj.insert("temperature".into(), t.into());
+    }
+    if let Some(p) = params.top_p {
+        obj.insert("top_p".into(), p.into());
+    }
+    if let Some(m) = params.max_tokens {
+        obj.insert("max_tokens".into(), m.into());
+    }
+    if let Some(s) = params.seed {
+        obj.insert("seed".into(), s.into());
+    }
+    if let Some(stop) = &params.stop {
+        obj.insert("stop".into(), stop.clone().into());
+    }
+    for (k, v) in &params.extra {
+        obj.insert(k.clone(), v.clone());
+    }
+    body
+}
+
+/// Map an async-openai error to our classification (with the server's wait hint).
+pub(crate) fn classify(e: OpenAIError, retry_after: Option<Duration>) -> LlmError {
+    let scrub = crate::secrets::scrub;
+    let mut err = match e {
+        OpenAIError::ApiError(api) => {
+            let status = api.status_code.as_u16();
+            let code = api.api_error.code.clone().unwrap_or_default();
+            let mut kind = ErrorKind::from_status(status);
+            if code == "model_not_found" {
+                kind = ErrorKind::NotFound;
+            }
+            if status == 429 && code == "insufficient_quota" {
+                kind = ErrorKind::Auth;
+            }
+            let msg = api.api_error.message.chars().take(500).collect::<String>();
+            LlmError::new(kind, scrub(&format!("HTTP {status}: {msg}")))
+        }
+        OpenAIError::JSONDeserialize(e, content) => LlmError::new(
+            ErrorKind::Malformed,
+            scrub(&format!(
+                "response is not a valid completion: {e}: {}",
+                content.chars().take(200).collect::<String>()
+            )),
+        ),
+        OpenAIError::Reqwest(e) => {
+            let kind = if e.is_timeout() {
+                ErrorKind::Timeout
+            } else if let Some(status) = e.status() {
+                ErrorKind::from_status(status.as_u16())
+            } else if e.is_decode() || e.is_body() {
+                ErrorKind::Malformed
+            } else {
+                ErrorKind::Connection
+            };
+            LlmError::new(kind, scrub(&format!("HTTP error: {}", error_chain(&e))))
+        }
+        other => LlmError::new(ErrorKind::Connection, scrub(&other.to_string())),
+    };
+    err.retry_after = retry_after;
+    err
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
+}
+
+#[async_trait::async_trait]
+impl ChatBackend for OpenAiChat {
+    async fn chat_once(&self, req: &ChatRequest, params: &GenParams) -> Result<ChatResponse, LlmError> {
+        let body = chat_body(&self.endpoint.model, req, params);
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let result: Result<CompletionBody, OpenAIError> =
+            SEEN.scope(seen.clone(), self.client.chat().create_byot(body)).await;
+        let retry_after = seen.lock().expect("seen").retry_after;
+        let body = result.map_err(|e| classify(e, retry_after))?;
+        let Some(choice) = body.choices.into_iter().next() else {
+            return Err(LlmError::new(ErrorKind::Malformed, "response has no choices"));
+        };
+        let Some(text) = choice.message.content else {
+            return Err(LlmError::new(ErrorKind::Malformed, "response message has no content"));
+        };
+        let usage = match body.usage {
+            Some(u) => Usage { prompt_tokens: u.prompt_tokens, completion_tokens: u.completion_tokens },
+            None => Usage {
+                prompt_tokens: req.messages.iter().map(|m| estimate_tokens(&m.content)).sum(),
+                completion_tokens: estimate_tokens(&text),
+            },
+        };
+        Ok(ChatResponse {
+            text,
+            finish_reason: choice.finish_reason.unwrap_or_else(|| "stop".into()),
+            usage,
+            model: body.model.unwrap_or_else(|| self.endpoint.model.clone()),
+        })
+    }
+}
+
+/// Embeddings over the same client (TEI, vLLM or OpenAI `/embeddings`).
+pub struct OpenAiEmbed {
+    client: Client<OpenAIConfig>,
+    endpoint: Endpoint,
+}
+
+#[derive(Deserialize)]
+struct EmbeddingBody {
+    data: Vec<EmbeddingItem>,
+    #[serde(default)]
+    usage: Option<UsageBody>,
+}
+
+#[derive(Deserialize)]
+struct EmbeddingItem {
+    #[serde(default)]
+    index: Option<usize>,
+    embedding: Vec<f32>,
+}
+
+impl OpenAiEmbed {
+    pub fn new(endpoint: Endpoint) -> Result<OpenAiEmbed, String> {
+        Ok(OpenAiEmbed { client: client(&endpoint)?, endpoint })
+    }
+
+    /// One attempt for a batch of texts; vectors in input order, and prompt tokens.
+    pub async fn embed_once(
+        &self,
+        texts: &[String],
+        dimensions: Option<usize>,
+    ) -> Result<(Vec<Vec<f32>>, u64), LlmError> {
+        let mut body = serde_json::json!({"model": self.endpoint.model, "input": texts, "encoding_format": "float"});
+        if let Some(d) = dimensions {
+            body["dimensions"] = d.into();
+        }
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let result: Result<EmbeddingBody, OpenAIError> =
+            SEEN.scope(seen.clone(), self.client.embeddings().create_byot(body)).await;
+        let retry_after = seen.lock().expect("seen").retry_after;
+        let body = result.map_err(|e| classify(e, retry_after))?;
+        if body.data.len() != texts.len() {
+            return Err(LlmError::new(
+                ErrorKind::Malformed,
+                format!("asked for {} embeddings, got {}", texts.len(), body.data.len()),
+            ));
+        }
+        let mut items = body.data;
+        items.sort_by_key(|i| i.index.unwrap_or(0));
+        let tokens =
+            body.usage.map(|u| u.prompt_tokens).unwrap_or_else(|| texts.iter().map(|t| estimate_tokens(t)).sum());
+        Ok((items.into_iter().map(|i| i.embedding).collect(), tokens))
+    }
+}

@@ -1,0 +1,249 @@
+//! Output parsers: turn an LLM answer into typed fields, or say precisely why it
+//! cannot be used (the LLM stage appends that reason and asks again). Each parser
+//! declares its output columns so schemas are known before anything runs, and
+//! tells the offline provider which shape to produce.
+
+use std::collections::BTreeMap;
+
+use arrow::datatypes::{DataType, Field};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::config::options::{OptionSpec, Ty};
+use crate::data::{self, Row};
+
+/// Parses one answer.
+pub trait Parser: Send + Sync {
+    /// Columns this parser adds.
+    fn fields(&self) -> Vec<Field>;
+    /// Parse an answer; `record` is the input record (for context such as a role name).
+    fn parse(&self, text: &str, record: &Row) -> Result<Row, String>;
+    /// What the offline provider should produce (`profile`, `dialogue`, `json:a,b`...).
+    fn expect(&self) -> String;
+}
+
+/// A parser kind: name, options, constructor.
+pub struct ParserKind {
+    pub name: &'static str,
+    pub about: &'static str,
+    pub options: &'static [OptionSpec],
+    pub build: fn(&Value) -> Result<Box<dyn Parser>, String>,
+}
+
+/// Every parser, in the order `synth list` shows them.
+pub fn kinds() -> Vec<&'static ParserKind> {
+    let mut all: Vec<&'static ParserKind> = vec![&TEXT, &JSON, &SCORE];
+    all.extend(crate::rolemrc::parsers::KINDS.iter().copied());
+    all
+}
+
+pub fn kind(name: &str) -> Option<&'static ParserKind> {
+    kinds().into_iter().find(|k| k.name == name)
+}
+
+/// Build a parser from its name and options (checked against its option schema).
+pub fn build(name: &str, options: &Value) -> Result<Box<dyn Parser>, String> {
+    let k = kind(name).ok_or_else(|| format!("unknown parser \"{name}\""))?;
+    (k.build)(options)
+}
+
+fn options<T: for<'de> Deserialize<'de> + Default>(v: &Value) -> Result<T, String> {
+    if v.is_null() {
+        return Ok(T::default());
+    }
+    serde_json::from_value(v.clone()).map_err(|e| format!("bad parser options: {e}"))
+}
+
+// --- text
+
+pub static TEXT: ParserKind = ParserKind {
+    name: "text",
+    about: "the answer as text (trimmed), column `text`",
+    options: &[OptionSpec::default("min_chars", crate::config::options::UINT, "1", "shorter answers are rejected")],
+    build: |v| {
+        #[derive(Deserialize, Default)]
+        struct O {
+            #[serde(default)]
+            min_chars: Option<usize>,
+        }
+        let o: O = options(v)?;
+        Ok(Box::new(TextParser { min_chars: o.min_chars.unwrap_or(1) }))
+    },
+};
+
+struct TextParser {
+    min_chars: usize,
+}
+
+impl Parser for TextParser {
+    fn fields(&self) -> Vec<Field> {
+        vec![Field::new("text", DataType::Utf8, false)]
+    }
+    fn parse(&self, text: &str, _: &Row) -> Result<Row, String> {
+        let t = text.trim();
+        if t.chars().count() < self.min_chars {
+            return Err(format!("the answer is shorter than {} characters", self.min_chars));
+        }
+        Ok(Row::from_iter([("text".to_string(), Value::String(t.to_string()))]))
+    }
+    fn expect(&self) -> String {
+        "text".into()
+    }
+}
+
+// --- json
+
+pub static JSON: ParserKind = ParserKind {
+    name: "json",
+    about: "a JSON object (fences allowed); `fields` names the keys and their types",
+    options: &[OptionSpec::required(
+        "fields",
+        Ty::Map(&Ty::Enum(data::TYPE_NAMES)),
+        "key = type, for every key to extract",
+    )],
+    build: |v| {
+        #[derive(Deserialize, Default)]
+        struct O {
+            fields: BTreeMap<String, String>,
+        }
+        let o: O = options(v)?;
+        if o.fields.is_empty() {
+            return Err("the json parser needs `fields`".into());
+        }
+        let fields = o
+            .fields
+            .into_iter()
+            .map(|(k, t)| {
+                data::parse_type_name(&t).map(|dt| (k.clone(), dt, t == "json")).ok_or(format!("unknown type {t}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Box::new(JsonParser { fields }))
+    },
+};
+
+struct JsonParser {
+    fields: Vec<(String, DataType, bool)>,
+}
+
+/// The JSON object inside an answer (a ```json fence or the outermost braces).
+pub fn extract_json_object(text: &str) -> Result<serde_json::Map<String, Value>, String> {
+    let t = text.trim();
+    let inner = if let Some(start) = t.find("```") {
+        let rest = &t[start + 3..];
+        let rest = rest.strip_prefix("json").unwrap_or(rest);
+        rest.split("```").next().unwrap_or(rest)
+    } else {
+        t
+    };
+    let (s, e) = (inner.find('{'), inner.rfind('}'));
+    let body = match (s, e) {
+        (Some(s), Some(e)) if e > s => &inner[s..=e],
+        _ => return Err("the answer contains no JSON object".into()),
+    };
+    match serde_json::from_str::<Value>(body) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err("the answer is JSON but not an object".into()),
+        Err(e) => Err(format!("the answer is not valid JSON: {e}")),
+    }
+}
+
+impl Parser for JsonParser {
+    fn fields(&self) -> Vec<Field> {
+        self.fields.iter().map(|(n, t, _)| Field::new(n, t.clone(), true)).collect()
+    }
+    fn parse(&self, text: &str, _: &Row) -> Result<Row, String> {
+        let obj = extract_json_object(text)?;
+        let mut out = Row::new();
+        for (name, ty, as_json) in &self.fields {
+            let v = obj.get(name).ok_or_else(|| format!("the JSON object has no key \"{name}\""))?;
+            let v = match (ty, as_json) {
+                (_, true) => Value::String(v.to_string()),
+                (DataType::Utf8, false) => match v {
+                    Value::String(s) => Value::String(s.clone()),
+                    other => Value::String(other.to_string()),
+                },
+                (DataType::Int64 | DataType::Int32, _) => {
+                    v.as_i64().map(Value::from).ok_or_else(|| format!("\"{name}\" must be an integer, found {v}"))?
+                }
+                (DataType::Float64 | DataType::Float32, _) => {
+                    v.as_f64().map(Value::from).ok_or_else(|| format!("\"{name}\" must be a number, found {v}"))?
+                }
+                (DataType::Boolean, _) => v
+                    .as_bool()
+                    .map(Value::from)
+                    .ok_or_else(|| format!("\"{name}\" must be true or false, found {v}"))?,
+                _ => v.clone(),
+            };
+            out.insert(name.clone(), v);
+        }
+        Ok(out)
+    }
+    fn expect(&self) -> String {
+        format!("json:{}", self.fields.iter().map(|(n, _, _)| n.as_str()).collect::<Vec<_>>().join(","))
+    }
+}
+
+// --- score
+
+pub static SCORE: ParserKind = ParserKind {
+    name: "score",
+    about: "a judge score such as `Score: 1` (the \"Score:\" prefix is optional), column `score`",
+    options: &[OptionSpec::default("values", Ty::List(&crate::config::options::INT), "[0, 1]", "accepted scores")],
+    build: |v| {
+        #[derive(Deserialize, Default)]
+        struct O {
+            #[serde(default)]
+            values: Option<Vec<i64>>,
+        }
+        let o: O = options(v)?;
+        Ok(Box::new(ScoreParser { values: o.values.unwrap_or_else(|| vec![0, 1]) }))
+    },
+};
+
+struct ScoreParser {
+    values: Vec<i64>,
+}
+
+/// The integer after an optional `Score:` prefix, as the RoleMRC judge reads it.
+pub fn parse_score(text: &str) -> Option<i64> {
+    let t = text.trim();
+    let t = t.strip_prefix("Score:").or_else(|| t.strip_prefix("score:")).unwrap_or(t).trim();
+    t.parse::<i64>().ok()
+}
+
+impl Parser for ScoreParser {
+    fn fields(&self) -> Vec<Field> {
+        vec![Field::new("score", DataType::Int64, false)]
+    }
+    fn parse(&self, text: &str, _: &Row) -> Result<Row, String> {
+        match parse_score(text) {
+            Some(s) if self.values.contains(&s) => Ok(Row::from_iter([("score".to_string(), Value::from(s))])),
+            Some(s) => Err(format!("score {s} is not one of {:?}", self.values)),
+            None => Err("answer with the score only, e.g. \"Score: 1\"".into()),
+        }
+    }
+    fn expect(&self) -> String {
+        "score".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generic_parsers() {
+        let row = Row::new();
+        let p = build("json", &serde_json::json!({"fields": {"a": "utf8", "n": "int64"}})).unwrap();
+        let out = p.parse("Sure!\n```json\n{\"a\": \"x\", \"n\": 3}\n```", &row).unwrap();
+        assert_eq!(out["a"], "x");
+        assert_eq!(out["n"], 3);
+        assert!(p.parse("{\"a\": 1}", &row).unwrap_err().contains("no key \"n\""));
+        let s = build("score", &Value::Null).unwrap();
+        assert_eq!(s.parse("Score: 1", &row).unwrap()["score"], 1);
+        assert_eq!(s.parse(" 0 ", &row).unwrap()["score"], 0);
+        assert!(s.parse("Score: maybe", &row).is_err());
+        assert!(s.parse("Score: 7", &row).is_err());
+        assert!(build("text", &Value::Null).unwrap().parse("   ", &row).is_err());
+    }
+}

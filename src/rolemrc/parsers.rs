@@ -1,0 +1,539 @@
+//! Parsers for the RoleMRC answer formats: the standardized role profile of
+//! Appendix D / Figure 13 (seven sections, speech examples with topic, narration
+//! and content), the `**User**:` / `**Name**:` dialogues of Figure 14, and the
+//! stylized answers of Figure 15 (an optional narration in parentheses).
+
+use arrow::datatypes::{DataType, Field, Fields};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::config::options::{OptionSpec, POSITIVE, Ty};
+use crate::data::Row;
+use crate::llm::parse::{Parser, ParserKind};
+
+pub static KINDS: &[&ParserKind] = &[&PROFILE, &DIALOGUE, &STYLIZED];
+
+fn options<T: for<'de> Deserialize<'de> + Default>(v: &Value) -> Result<T, String> {
+    if v.is_null() {
+        return Ok(T::default());
+    }
+    serde_json::from_value(v.clone()).map_err(|e| format!("bad parser options: {e}"))
+}
+
+fn list_of(fields: Vec<Field>) -> DataType {
+    DataType::List(std::sync::Arc::new(Field::new("item", DataType::Struct(Fields::from(fields)), true)))
+}
+
+fn named_items() -> DataType {
+    list_of(vec![Field::new("name", DataType::Utf8, true), Field::new("description", DataType::Utf8, true)])
+}
+
+// ------------------------------------------------------------------ profile
+
+/// The seven sections, with the words that identify their headings.
+pub const SECTIONS: [(&str, &[&str]); 7] = [
+    ("Role Name and Brief Description", &["role name", "brief description"]),
+    ("Specific Abilities and Skills", &["abilities", "skills"]),
+    ("Speech Style", &["speech style", "speaking style"]),
+    ("Personality Characteristics", &["personality"]),
+    ("Past Experience and Background", &["experience", "background"]),
+    ("Ability and Knowledge Boundaries", &["boundar"]),
+    ("Speech Examples", &["speech example", "example"]),
+];
+
+pub static PROFILE: ParserKind = ParserKind {
+    name: "profile",
+    about: "a standardized role profile (Appendix D): seven sections, at least one speech example",
+    options: &[OptionSpec::default("min_speech_examples", POSITIVE, "1", "fewer speech examples are rejected")],
+    build: |v| {
+        #[derive(Deserialize, Default)]
+        struct O {
+            #[serde(default)]
+            min_speech_examples: Option<usize>,
+        }
+        let o: O = options(v)?;
+        Ok(Box::new(ProfileParser { min_examples: o.min_speech_examples.unwrap_or(1) }))
+    },
+};
+
+struct ProfileParser {
+    min_examples: usize,
+}
+
+/// A parsed role profile.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Profile {
+    pub role_name: String,
+    pub identification: String,
+    pub description: String,
+    pub skills: Vec<(String, String)>,
+    pub speech_style: String,
+    pub personality: Vec<(String, String)>,
+    pub experience: Vec<String>,
+    pub boundaries: String,
+    /// (topic, narration, content)
+    pub speech_examples: Vec<(String, String, String)>,
+}
+
+fn heading_of(line: &str) -> Option<usize> {
+    let t = line.trim();
+    let is_heading = t.starts_with('#') || (t.starts_with("**") && t.ends_with("**") && t.len() > 4);
+    if !is_heading {
+        return None;
+    }
+    let text = t.trim_matches(|c| c == '#' || c == '*' || c == ' ').to_lowercase();
+    let text = text.trim_start_matches(|c: char| c.is_ascii_digit() || c == '.' || c == ' ');
+    SECTIONS.iter().position(|(_, keys)| keys.iter().any(|k| text.contains(k)))
+}
+
+/// Strip a list marker (`1.`, `2)`, `-`, `*`) from a line.
+fn strip_marker(line: &str) -> &str {
+    let t = line.trim();
+    let no_num = t.trim_start_matches(|c: char| c.is_ascii_digit());
+    if no_num.len() < t.len() && (no_num.starts_with(". ") || no_num.starts_with(") ")) {
+        return no_num[2..].trim();
+    }
+    t.strip_prefix("- ").or_else(|| t.strip_prefix("* ")).or_else(|| t.strip_prefix("• ")).unwrap_or(t).trim()
+}
+
+fn items(lines: &[&str]) -> Vec<String> {
+    lines.iter().map(|l| strip_marker(l).to_string()).filter(|l| !l.is_empty()).collect()
+}
+
+fn name_desc(item: &str) -> (String, String) {
+    match item.split_once(':') {
+        Some((n, d)) if n.chars().count() <= 80 => {
+            (n.trim().trim_matches('*').trim().to_string(), d.trim().to_string())
+        }
+        _ => (item.trim().to_string(), String::new()),
+    }
+}
+
+/// `(narration) content` or `"(narration) content"` → (narration, content).
+pub fn split_narration(text: &str) -> (String, String) {
+    let t = text.trim().trim_matches(|c| c == '"' || c == '“' || c == '”').trim();
+    if t.starts_with('(')
+        && let Some(end) = t.find(')')
+    {
+        let narration = t[1..end].trim().to_string();
+        let content = t[end + 1..].trim().trim_matches(|c| c == '"' || c == '“' || c == '”').trim().to_string();
+        return (narration, content);
+    }
+    (String::new(), t.to_string())
+}
+
+/// Parse a profile, saying which part is missing when it is not usable.
+pub fn parse_profile(text: &str, min_examples: usize) -> Result<Profile, String> {
+    let mut sections: [Option<Vec<&str>>; 7] = Default::default();
+    let mut current: Option<usize> = None;
+    for line in text.lines() {
+        if line.trim().starts_with("```") {
+            continue;
+        }
+        if let Some(idx) = heading_of(line) {
+            // "Speech Examples" also matches the generic "example": only take it when unseen.
+            if sections[idx].is_none() {
+                sections[idx] = Some(Vec::new());
+                current = Some(idx);
+                continue;
+            }
+        }
+        if let (Some(idx), false) = (current, line.trim().is_empty()) {
+            sections[idx].as_mut().expect("open section").push(line);
+        }
+    }
+    let missing: Vec<&str> = SECTIONS
+        .iter()
+        .zip(&sections)
+        .filter(|(_, s)| s.as_ref().is_none_or(|l| l.is_empty()))
+        .map(|((n, _), _)| *n)
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "the profile is missing or has an empty section: {} (use the headings ####{} ...)",
+            missing.join(", "),
+            SECTIONS[0].0
+        ));
+    }
+    let s: Vec<Vec<&str>> = sections.into_iter().map(|s| s.expect("checked")).collect();
+    let identification = s[0][0].trim().trim_matches('*').trim().to_string();
+    let identification =
+        identification.strip_prefix("Identification:").map(str::trim).unwrap_or(&identification).to_string();
+    let role_name = identification
+        .split([',', '(', '–', '—'])
+        .next()
+        .unwrap_or("")
+        .split(" the ")
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    if role_name.is_empty() {
+        return Err(
+            "the first section must start with the role's name (e.g. \"Thorin Ironfoot, the Creative Dwarf\")".into()
+        );
+    }
+    let description = s[0][1..].iter().map(|l| l.trim()).collect::<Vec<_>>().join(" ");
+    let description = description.strip_prefix("Description:").map(str::trim).unwrap_or(&description).to_string();
+    if description.is_empty() {
+        return Err("the first section needs a description after the name line".into());
+    }
+    let speech_examples: Vec<(String, String, String)> = items(&s[6])
+        .iter()
+        .filter_map(|item| {
+            let (topic, rest) = match item.split_once(':') {
+                Some((t, r)) if t.chars().count() <= 80 && !t.contains('(') => {
+                    (t.trim().trim_matches('*').to_string(), r)
+                }
+                _ => (String::new(), item.as_str()),
+            };
+            let (narration, content) = split_narration(rest);
+            (!content.is_empty()).then_some((topic, narration, content))
+        })
+        .collect();
+    if speech_examples.len() < min_examples {
+        return Err(format!(
+            "the profile needs at least {min_examples} speech example(s), each \"Topic: \\\"(narration) words\\\"\""
+        ));
+    }
+    Ok(Profile {
+        role_name,
+        identification,
+        description,
+        skills: items(&s[1]).iter().map(|i| name_desc(i)).collect(),
+        speech_style: s[2].iter().map(|l| l.trim()).collect::<Vec<_>>().join(" "),
+        personality: items(&s[3]).iter().map(|i| name_desc(i)).collect(),
+        experience: items(&s[4]),
+        boundaries: s[5].iter().map(|l| l.trim()).collect::<Vec<_>>().join(" "),
+        speech_examples,
+    })
+}
+
+impl Profile {
+    /// The canonical text of the profile, with or without the narration of speech examples.
+    pub fn render(&self, narration: bool) -> String {
+        let mut out = String::new();
+        let numbered = |out: &mut String, list: &[(String, String)]| {
+            for (i, (n, d)) in list.iter().enumerate() {
+                if d.is_empty() {
+                    out.push_str(&format!("{}. {n}\n", i + 1));
+                } else {
+                    out.push_str(&format!("{}. {n}: {d}\n", i + 1));
+                }
+            }
+        };
+        out.push_str(&format!("####{}\n{}\n{}\n", SECTIONS[0].0, self.identification, self.description));
+        out.push_str(&format!("####{}\n", SECTIONS[1].0));
+        numbered(&mut out, &self.skills);
+        out.push_str(&format!("####{}\n{}\n", SECTIONS[2].0, self.speech_style));
+        out.push_str(&format!("####{}\n", SECTIONS[3].0));
+        numbered(&mut out, &self.personality);
+        out.push_str(&format!("####{}\n", SECTIONS[4].0));
+        for (i, e) in self.experience.iter().enumerate() {
+            out.push_str(&format!("{}. {e}\n", i + 1));
+        }
+        out.push_str(&format!("####{}\n{}\n", SECTIONS[5].0, self.boundaries));
+        out.push_str(&format!("####{}\n", SECTIONS[6].0));
+        for (i, (topic, narr, content)) in self.speech_examples.iter().enumerate() {
+            let speech = if narration && !narr.is_empty() { format!("({narr}) {content}") } else { content.clone() };
+            let topic = if topic.is_empty() { String::new() } else { format!("{topic}: ") };
+            out.push_str(&format!("{}. {topic}\"{speech}\"\n", i + 1));
+        }
+        out.trim_end().to_string()
+    }
+
+    pub fn to_row(&self) -> Row {
+        let pairs = |l: &[(String, String)]| -> Value {
+            Value::Array(l.iter().map(|(n, d)| json!({"name": n, "description": d})).collect())
+        };
+        let mut r = Row::new();
+        r.insert("role_name".into(), json!(self.role_name));
+        r.insert("identification".into(), json!(self.identification));
+        r.insert("description".into(), json!(self.description));
+        r.insert("skills".into(), pairs(&self.skills));
+        r.insert("speech_style".into(), json!(self.speech_style));
+        r.insert("personality".into(), pairs(&self.personality));
+        r.insert("experience".into(), json!(self.experience));
+        r.insert("boundaries".into(), json!(self.boundaries));
+        r.insert(
+            "speech_examples".into(),
+            Value::Array(
+                self.speech_examples
+                    .iter()
+                    .map(|(t, n, c)| json!({"topic": t, "narration": n, "content": c}))
+                    .collect(),
+            ),
+        );
+        r.insert("profile_text".into(), json!(self.render(true)));
+        r.insert("profile_text_no_narration".into(), json!(self.render(false)));
+        r
+    }
+}
+
+impl Parser for ProfileParser {
+    fn fields(&self) -> Vec<Field> {
+        vec![
+            Field::new("role_name", DataType::Utf8, false),
+            Field::new("identification", DataType::Utf8, false),
+            Field::new("description", DataType::Utf8, false),
+            Field::new("skills", named_items(), false),
+            Field::new("speech_style", DataType::Utf8, false),
+            Field::new("personality", named_items(), false),
+            Field::new(
+                "experience",
+                DataType::List(std::sync::Arc::new(Field::new("item", DataType::Utf8, true))),
+                false,
+            ),
+            Field::new("boundaries", DataType::Utf8, false),
+            Field::new(
+                "speech_examples",
+                list_of(vec![
+                    Field::new("topic", DataType::Utf8, true),
+                    Field::new("narration", DataType::Utf8, true),
+                    Field::new("content", DataType::Utf8, true),
+                ]),
+                false,
+            ),
+            Field::new("profile_text", DataType::Utf8, false),
+            Field::new("profile_text_no_narration", DataType::Utf8, false),
+        ]
+    }
+    fn parse(&self, text: &str, _: &Row) -> Result<Row, String> {
+        Ok(parse_profile(text, self.min_examples)?.to_row())
+    }
+    fn expect(&self) -> String {
+        "profile".into()
+    }
+}
+
+// ----------------------------------------------------------------- dialogue
+
+pub static DIALOGUE: ParserKind = ParserKind {
+    name: "dialogue",
+    about: "a `**User**:` / `**Role Name**:` dialogue: alternating speakers, turn count in range",
+    options: &[
+        OptionSpec::default("role_column", Ty::Str, "\"role_name\"", "input column holding the role's name"),
+        OptionSpec::default("min_turns", POSITIVE, "10", "fewest lines (turns) accepted"),
+        OptionSpec::default("max_turns", POSITIVE, "15", "most lines (turns) accepted"),
+        OptionSpec::default("first", Ty::Enum(&["any", "role", "user"]), "\"any\"", "who must speak first"),
+        OptionSpec::default(
+            "narration",
+            Ty::Enum(&["keep", "strip", "reject"]),
+            "\"keep\"",
+            "what to do with narration in parentheses at the start of the role's turns",
+        ),
+    ],
+    build: |v| {
+        #[derive(Deserialize, Default)]
+        struct O {
+            role_column: Option<String>,
+            min_turns: Option<usize>,
+            max_turns: Option<usize>,
+            first: Option<String>,
+            narration: Option<String>,
+        }
+        let o: O = options(v)?;
+        Ok(Box::new(DialogueParser {
+            role_column: o.role_column.unwrap_or_else(|| "role_name".into()),
+            min: o.min_turns.unwrap_or(10),
+            max: o.max_turns.unwrap_or(15),
+            first: o.first.unwrap_or_else(|| "any".into()),
+            narration: o.narration.unwrap_or_else(|| "keep".into()),
+        }))
+    },
+};
+
+struct DialogueParser {
+    role_column: String,
+    min: usize,
+    max: usize,
+    first: String,
+    narration: String,
+}
+
+/// One turn: `User` or `Assistant` (the role), and what was said.
+pub fn turns_type() -> DataType {
+    list_of(vec![Field::new("role", DataType::Utf8, false), Field::new("content", DataType::Utf8, false)])
+}
+
+/// `**Speaker**: text` (also `Speaker: text`) → (speaker, text).
+fn speaker_line(line: &str) -> Option<(String, String)> {
+    let t = line.trim();
+    if let Some(rest) = t.strip_prefix("**") {
+        let end = rest.find("**")?;
+        let speaker = rest[..end].trim().trim_end_matches(':').trim();
+        let after = rest[end + 2..].trim_start();
+        let after = after.strip_prefix(':').unwrap_or(after);
+        return Some((speaker.to_string(), after.trim().to_string()));
+    }
+    None
+}
+
+fn same_name(a: &str, b: &str) -> bool {
+    let a = a.trim().to_lowercase();
+    let b = b.trim().to_lowercase();
+    a == b || b.split_whitespace().next() == Some(a.as_str()) || a.split_whitespace().next() == Some(b.as_str())
+}
+
+/// Parse a dialogue between `role` and the user.
+pub fn parse_dialogue(
+    text: &str,
+    role: &str,
+    min: usize,
+    max: usize,
+    first: &str,
+    narration: &str,
+) -> Result<Vec<(String, String)>, String> {
+    let mut turns: Vec<(String, String)> = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let t = line.trim();
+        if t.is_empty() || t.starts_with("```") {
+            continue;
+        }
+        match speaker_line(t) {
+            Some((speaker, content)) => {
+                let who = if speaker.eq_ignore_ascii_case("user") {
+                    "User"
+                } else if same_name(&speaker, role) {
+                    "Assistant"
+                } else {
+                    return Err(format!("line {}: speaker \"{speaker}\" is neither User nor {role}", i + 1));
+                };
+                if turns.last().is_some_and(|(w, _)| w == who) {
+                    return Err(format!(
+                        "line {}: {} speaks twice in a row; turns must alternate",
+                        i + 1,
+                        if who == "User" { "User" } else { role }
+                    ));
+                }
+                turns.push((who.to_string(), content));
+            }
+            None => match turns.last_mut() {
+                // A wrapped line continues the previous turn.
+                Some((_, content)) => {
+                    content.push('\n');
+                    content.push_str(t);
+                }
+                None => return Err(format!("line {}: expected \"**User**: ...\" or \"**{role}**: ...\"", i + 1)),
+            },
+        }
+    }
+    if turns.iter().any(|(_, c)| c.trim().is_empty()) {
+        return Err("a turn is empty".into());
+    }
+    if turns.len() < min || turns.len() > max {
+        return Err(format!("the dialogue has {} turns; it must have {min} to {max}", turns.len()));
+    }
+    match (first, turns.first().map(|(w, _)| w.as_str())) {
+        ("role", Some("User")) => return Err(format!("the dialogue must start with {role}")),
+        ("user", Some("Assistant")) => return Err("the dialogue must start with the user".into()),
+        _ => {}
+    }
+    for (who, content) in &mut turns {
+        if who == "Assistant" && content.trim_start().starts_with('(') {
+            match narration {
+                "strip" => *content = split_narration(content).1,
+                "reject" => return Err("narration in parentheses is not allowed in this dialogue".into()),
+                _ => {}
+            }
+        }
+    }
+    Ok(turns)
+}
+
+impl Parser for DialogueParser {
+    fn fields(&self) -> Vec<Field> {
+        vec![
+            Field::new("turns", turns_type(), false),
+            Field::new("n_turns", DataType::Int64, false),
+            Field::new("first_speaker", DataType::Utf8, false),
+        ]
+    }
+    fn parse(&self, text: &str, record: &Row) -> Result<Row, String> {
+        let role = record.get(&self.role_column).and_then(Value::as_str).ok_or_else(|| {
+            format!("the record has no role name in column \"{}\" (set parser_options.role_column)", self.role_column)
+        })?;
+        let turns = parse_dialogue(text, role, self.min, self.max, &self.first, &self.narration)?;
+        let first = if turns[0].0 == "User" { "user" } else { "role" };
+        let mut r = Row::new();
+        r.insert("turns".into(), Value::Array(turns.iter().map(|(w, c)| json!({"role": w, "content": c})).collect()));
+        r.insert("n_turns".into(), json!(turns.len()));
+        r.insert("first_speaker".into(), json!(first));
+        Ok(r)
+    }
+    fn expect(&self) -> String {
+        "dialogue".into()
+    }
+}
+
+// ---------------------------------------------------------------- stylized
+
+pub static STYLIZED: ParserKind = ParserKind {
+    name: "stylized",
+    about: "one stylized answer, optionally opening with a narration in parentheses",
+    options: &[OptionSpec::default(
+        "narration",
+        Ty::Enum(&["optional", "required", "strip"]),
+        "\"optional\"",
+        "required: reject answers without a leading narration; strip: remove it",
+    )],
+    build: |v| {
+        #[derive(Deserialize, Default)]
+        struct O {
+            narration: Option<String>,
+        }
+        let o: O = options(v)?;
+        Ok(Box::new(StylizedParser { narration: o.narration.unwrap_or_else(|| "optional".into()) }))
+    },
+};
+
+struct StylizedParser {
+    narration: String,
+}
+
+/// Clean a stylized answer: drop fences, a leading label, surrounding quotes.
+pub fn clean_answer(text: &str) -> String {
+    let mut t = text.trim();
+    if t.starts_with("```") {
+        t = t.trim_start_matches('`').trim_end_matches('`').trim();
+    }
+    for label in ["<Edited Answer>", "Edited Answer:", "Edited answer:"] {
+        if let Some(rest) = t.strip_prefix(label) {
+            t = rest.trim();
+        }
+    }
+    t.to_string()
+}
+
+impl Parser for StylizedParser {
+    fn fields(&self) -> Vec<Field> {
+        vec![
+            Field::new("reply", DataType::Utf8, false),
+            Field::new("narration", DataType::Utf8, true),
+            Field::new("content", DataType::Utf8, false),
+        ]
+    }
+    fn parse(&self, text: &str, _: &Row) -> Result<Row, String> {
+        let reply = clean_answer(text);
+        if reply.is_empty() {
+            return Err("the answer is empty".into());
+        }
+        let (narration, content) = split_narration(&reply);
+        if content.is_empty() {
+            return Err("the answer has a narration but no words".into());
+        }
+        if self.narration == "required" && narration.is_empty() {
+            return Err("the answer must start with a narration in parentheses, e.g. (She smiles) ...".into());
+        }
+        let (reply, narration) =
+            if self.narration == "strip" { (content.clone(), String::new()) } else { (reply.clone(), narration) };
+        let mut r = Row::new();
+        r.insert("reply".into(), json!(reply));
+        r.insert("narration".into(), if narration.is_empty() { Value::Null } else { json!(narration) });
+        r.insert("content".into(), json!(content));
+        Ok(r)
+    }
+    fn expect(&self) -> String {
+        "stylized".into()
+    }
+}

@@ -1,0 +1,244 @@
+//! `embed`: embed one text per record — a column, or a template over columns —
+//! with a named embedder, storing the vector as a `FixedSizeList<f32>` column.
+//! Vectors are cached by (embedder identity, text hash), so re-runs and resumed
+//! runs compute only new texts. Embedders that learn corpus statistics (hashing
+//! with IDF) first see every text of the input.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result, anyhow, bail};
+use arrow::array::{ArrayRef, FixedSizeListArray, Float32Array, RecordBatch};
+use arrow::datatypes::{DataType, Field, SchemaRef};
+use async_trait::async_trait;
+use serde::Deserialize;
+
+use super::{Arity, BuildCtx, Cancelled, KindInfo, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Stage};
+use crate::config::diag::Diagnostics;
+use crate::config::options::{OptionSpec, POSITIVE, Ty};
+use crate::data::{self, Row};
+use crate::embed::Embedder;
+use crate::llm::CallCtx;
+use crate::store::cache::Use;
+use crate::store::parquet::stream_batches;
+use crate::template::Templates;
+
+const OPTIONS: &[OptionSpec] = &[
+    OptionSpec::required("embedder", Ty::Str, "name of an [embedders.NAME] table"),
+    OptionSpec::optional("column", Ty::Str, "text column to embed"),
+    OptionSpec::optional("template", Ty::Str, "template over columns giving the text to embed (instead of column)"),
+    OptionSpec::default("output", Ty::Str, "\"embedding\"", "name of the vector column"),
+    OptionSpec::optional("batch_size", POSITIVE, "texts per embedder call (default: the embedder's)").runtime_only(),
+];
+
+pub static KIND: KindInfo = KindInfo {
+    name: "embed",
+    version: 1,
+    about: "embed a text column (or template) with an embedder into a FixedSizeList<f32> column",
+    role: Role::Transform,
+    arity: Arity::Exactly(1),
+    options: OPTIONS,
+    uses_seed: false,
+    build,
+};
+
+#[derive(Deserialize)]
+struct Options {
+    embedder: String,
+    column: Option<String>,
+    template: Option<String>,
+    output: String,
+    batch_size: Option<usize>,
+}
+
+struct Embed {
+    opts: Options,
+    templates: Arc<Templates>,
+    vars: Vec<String>,
+}
+
+fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> {
+    let opts: Options = ctx.parse(diags)?;
+    let mut templates = Templates::new();
+    let vars = match (&opts.column, &opts.template) {
+        (Some(c), None) => vec![c.clone()],
+        (None, Some(t)) => match templates.add("text", t) {
+            Ok(v) => v.into_iter().collect(),
+            Err(e) => {
+                ctx.error(diags, "template", format!("bad template: {e}"));
+                return None;
+            }
+        },
+        _ => {
+            ctx.error(diags, "", "give exactly one of \"column\" and \"template\"");
+            return None;
+        }
+    };
+    Some(Box::new(Embed { opts, templates: Arc::new(templates), vars }))
+}
+
+pub fn vector_type(dim: usize) -> DataType {
+    DataType::FixedSizeList(Arc::new(Field::new("item", DataType::Float32, true)), dim as i32)
+}
+
+/// The dimension an embedder declaration promises (for planning).
+fn declared_dim(decl: &crate::llm::services::Decl) -> Option<usize> {
+    decl.options.get("dim").and_then(|v| v.as_u64()).map(|d| d as usize).or_else(|| {
+        let model = decl.options.get("model").and_then(|v| v.as_str())?;
+        crate::embed::fastembed::named_dim(model)
+    })
+}
+
+impl Embed {
+    fn text_of(&self, row: &Row) -> std::result::Result<String, String> {
+        match &self.opts.column {
+            Some(c) => match row.get(c) {
+                Some(serde_json::Value::String(s)) => Ok(s.clone()),
+                Some(serde_json::Value::Null) | None => Ok(String::new()),
+                Some(other) => Ok(other.to_string()),
+            },
+            None => self.templates.render("text", row),
+        }
+    }
+}
+
+#[async_trait]
+impl Stage for Embed {
+    fn plan(&self, ctx: &mut PlanCtx<'_>) -> Option<SchemaRef> {
+        let Some(decl) = ctx.embedders.get(&self.opts.embedder).cloned() else {
+            let hint = crate::config::diag::did_you_mean(&self.opts.embedder, ctx.embedders.keys().map(String::as_str))
+                .unwrap_or_default();
+            ctx.error("embedder", format!("no embedder \"{}\" in [embedders]{hint}", self.opts.embedder));
+            return None;
+        };
+        match &self.opts.column {
+            Some(c) => ctx.require_columns("column", 0, [c.as_str()]),
+            None => ctx.check_variables("template", "template", self.vars.iter().map(String::as_str), &[data::ID]),
+        }
+        let input = ctx.input_schema(0)?;
+        if input.field_with_name(&self.opts.output).is_ok() {
+            ctx.error("output", format!("the input already has a column \"{}\"", self.opts.output));
+            return None;
+        }
+        let dim = declared_dim(&decl)?;
+        Some(data::schema_with_id(input.fields().iter().skip(1).map(|f| f.as_ref().clone()).chain([Field::new(
+            &self.opts.output,
+            vector_type(dim),
+            false,
+        )])))
+    }
+
+    async fn prepare(&self, ctx: &PrepareCtx<'_>) -> Result<Option<Prepared>> {
+        let decl = ctx.services.embedder_decl(&self.opts.embedder)?;
+        let mut p = Prepared::default();
+        p.fingerprint.insert("embedder".into(), crate::embed::identity(decl)?.to_string());
+        Ok(Some(p))
+    }
+
+    async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
+        let mut embedder: Arc<dyn Embedder> = ctx
+            .services
+            .embedder(&self.opts.embedder)
+            .with_context(|| format!("embedder \"{}\"", self.opts.embedder))?;
+        let input = ctx.inputs[0].clone();
+        // Fit corpus statistics first when the embedder needs them.
+        if let Some(mut fitter) = embedder.fitter() {
+            let mut rx = stream_batches(input.path.clone(), 4096);
+            while let Some(batch) = rx.recv().await {
+                let batch = batch?;
+                for i in 0..batch.num_rows() {
+                    let row = data::row_json(&batch, i);
+                    fitter.observe(&self.text_of(&row).unwrap_or_default());
+                }
+                if ctx.cancel.is_cancelled() {
+                    bail!(Cancelled);
+                }
+            }
+            embedder = fitter.finish();
+        }
+        let dim = embedder.dim();
+        let id = embedder.id();
+        ctx.report.info.insert("embedder".into(), id.clone());
+        let out_field = Field::new(&self.opts.output, vector_type(dim), false);
+        let schema = data::schema_with_id(
+            input.schema.fields().iter().skip(1).map(|f| f.as_ref().clone()).chain([out_field.clone()]),
+        );
+        let writer = super::exec::WriterTask::spawn(ctx.create_output_keeping_ids(schema.clone())?);
+        let cache = ctx.services.cache()?;
+        let usage = Use { stage: ctx.name.clone(), fingerprint: ctx.fingerprint.clone() };
+        let call =
+            CallCtx { stage: ctx.name.clone(), fingerprint: ctx.fingerprint.clone(), progress: ctx.progress.clone() };
+        let batch_size = self.opts.batch_size.unwrap_or_else(|| embedder.batch_size()).max(1);
+        ctx.progress.set_total(input.num_rows);
+        let mut rx = stream_batches(input.path.clone(), batch_size.max(256));
+        let mut rows_in = 0u64;
+        while let Some(batch) = rx.recv().await {
+            if ctx.cancel.is_cancelled() {
+                bail!(Cancelled);
+            }
+            let batch = batch?;
+            let mut keep = vec![true; batch.num_rows()];
+            let mut texts = Vec::with_capacity(batch.num_rows());
+            for (i, keep_row) in keep.iter_mut().enumerate() {
+                let row = data::row_json(&batch, i);
+                match self.text_of(&row) {
+                    Ok(t) => texts.push(t),
+                    Err(e) => {
+                        ctx.fail(data::ids(&batch).value(i), "template", e, serde_json::to_string(&row).ok());
+                        *keep_row = false;
+                    }
+                }
+            }
+            let kept = arrow::compute::filter_record_batch(&batch, &arrow::array::BooleanArray::from(keep))?;
+            let hashes: Vec<String> = texts.iter().map(|t| blake3::hash(t.as_bytes()).to_hex().to_string()).collect();
+            let mut vectors = cache.get_vectors(&id, &hashes, &usage)?;
+            let missing: Vec<usize> = (0..vectors.len()).filter(|i| vectors[*i].is_none()).collect();
+            ctx.progress
+                .cache_hits
+                .fetch_add((vectors.len() - missing.len()) as u64, std::sync::atomic::Ordering::Relaxed);
+            for chunk in missing.chunks(batch_size) {
+                let chunk_texts: Vec<String> = chunk.iter().map(|i| texts[*i].clone()).collect();
+                let computed = embedder
+                    .embed(&chunk_texts, &call)
+                    .await
+                    .with_context(|| format!("embedder \"{}\"", self.opts.embedder))?;
+                if computed.len() != chunk.len() {
+                    bail!(
+                        "embedder \"{}\" returned {} vectors for {} texts",
+                        self.opts.embedder,
+                        computed.len(),
+                        chunk.len()
+                    );
+                }
+                let mut store = Vec::with_capacity(chunk.len());
+                for (i, v) in chunk.iter().zip(computed) {
+                    if v.len() != dim {
+                        return Err(anyhow!(
+                            "embedder \"{}\" returned a {}-dimensional vector, expected {dim}",
+                            self.opts.embedder,
+                            v.len()
+                        ));
+                    }
+                    store.push((hashes[*i].clone(), v.clone()));
+                    vectors[*i] = Some(v);
+                }
+                cache.put_vectors(&id, store, &usage).await?;
+            }
+            let flat: Vec<f32> = vectors.into_iter().flat_map(|v| v.expect("filled")).collect();
+            let values = Arc::new(Float32Array::from(flat));
+            let list = FixedSizeListArray::try_new(
+                Arc::new(Field::new("item", DataType::Float32, true)),
+                dim as i32,
+                values,
+                None,
+            )?;
+            let mut cols: Vec<ArrayRef> = kept.columns().to_vec();
+            cols.push(Arc::new(list));
+            writer.write(RecordBatch::try_new(schema.clone(), cols)?).await?;
+            rows_in += batch.num_rows() as u64;
+            ctx.progress.inc(batch.num_rows() as u64);
+        }
+        let out = writer.finish().await?;
+        ctx.report.rows_in = rows_in;
+        ctx.set_output(out)
+    }
+}

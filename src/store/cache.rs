@@ -1,0 +1,688 @@
+//! The LLM response cache and the embedding cache, in one SQLite database per
+//! output directory (`_synth/cache.sqlite`, WAL mode), and the request journal
+//! beside it (`_synth/journal.log`).
+//!
+//! One writer thread applies writes: commands queue in memory and are committed in
+//! one transaction per window (100 ms after the first queued command, sooner at 256
+//! commands or on a flush), then the writer fsyncs the WAL file, and only then are
+//! paid results (responses, vectors) acknowledged — a response is durable, even
+//! across a power loss, before the record counts as done, and concurrent requests
+//! share transactions and fsyncs. The database is opened in exclusive locking mode
+//! (one process: synth's run lock guarantees it), so commits take no file locks;
+//! lookups share the connection under a mutex.
+//!
+//! The journal is an append-only file: a request is recorded (one `write`, no
+//! fsync: it survives a killed process) before it is sent, and a failed request is
+//! marked ended. A request that was started, not ended and is not in the cache was
+//! in flight when the process stopped; everything else either came back and is in
+//! the cache, or was never started. Every use of a cache entry is tagged with the
+//! stage and stage fingerprint that needed it, which is what `synth cache gc` keeps.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, anyhow};
+use rusqlite::{Connection, OptionalExtension, params};
+use tokio::sync::oneshot;
+
+pub const CACHE_FILE: &str = "cache.sqlite";
+pub const JOURNAL_FILE: &str = "journal.log";
+
+/// Longest wait before the fsync that makes paid results durable.
+const DURABLE_WINDOW: std::time::Duration = std::time::Duration::from_millis(100);
+/// Results waiting for an fsync that trigger it at once.
+const DURABLE_BATCH: usize = 256;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS responses (
+    key TEXT PRIMARY KEY,
+    provider TEXT NOT NULL,
+    base_url TEXT NOT NULL,
+    model TEXT NOT NULL,
+    request TEXT NOT NULL,
+    response TEXT NOT NULL,
+    tokens_in INTEGER NOT NULL,
+    tokens_out INTEGER NOT NULL,
+    cost_usd REAL NOT NULL,
+    created_at INTEGER NOT NULL,
+    last_used_at INTEGER NOT NULL,
+    hits INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS embeddings (
+    embedder TEXT NOT NULL,
+    text_hash TEXT NOT NULL,
+    dim INTEGER NOT NULL,
+    vector BLOB NOT NULL,
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (embedder, text_hash)
+);
+CREATE TABLE IF NOT EXISTS uses (
+    key TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    PRIMARY KEY (key, stage, fingerprint)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS counters (
+    name TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+);
+";
+
+fn now() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+}
+
+/// A cached LLM response.
+#[derive(Debug, Clone)]
+pub struct StoredResponse {
+    pub response: String,
+    pub tokens_in: u64,
+    pub tokens_out: u64,
+}
+
+/// One response to store.
+#[derive(Debug, Clone)]
+pub struct ResponseRow {
+    pub key: String,
+    pub provider: String,
+    pub base_url: String,
+    pub model: String,
+    pub request: String,
+    pub response: String,
+    pub tokens_in: u64,
+    pub tokens_out: u64,
+    pub cost_usd: f64,
+}
+
+/// Who needed an entry (for gc).
+#[derive(Debug, Clone)]
+pub struct Use {
+    pub stage: String,
+    pub fingerprint: String,
+}
+
+enum Cmd {
+    PutResponse(ResponseRow, Use, oneshot::Sender<Result<()>>),
+    PutVectors(String, Vec<(String, Vec<f32>)>, Use, oneshot::Sender<Result<()>>),
+    Hit(String, Use),
+    VectorUses(String, Vec<String>, Use),
+    Flush(oneshot::Sender<Result<()>>),
+}
+
+/// Lookup counters, kept in memory and added to the database with the next write.
+#[derive(Default)]
+struct Counts {
+    lookups: AtomicI64,
+    hits: AtomicI64,
+    vector_lookups: AtomicI64,
+    vector_hits: AtomicI64,
+}
+
+/// Commands waiting for the writer.
+#[derive(Default)]
+struct Queue {
+    cmds: Vec<Cmd>,
+    first_at: Option<std::time::Instant>,
+    closing: bool,
+}
+
+struct Shared {
+    queue: Mutex<Queue>,
+    cond: std::sync::Condvar,
+}
+
+/// Handle to the cache database of one output directory.
+pub struct Cache {
+    path: PathBuf,
+    conn: Arc<Mutex<Connection>>,
+    shared: Arc<Shared>,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    counts: Arc<Counts>,
+    journal: Mutex<std::fs::File>,
+    journal_path: PathBuf,
+}
+
+fn open(path: &Path, exclusive: bool) -> Result<Connection> {
+    let conn = Connection::open(path).with_context(|| format!("opening cache {}", path.display()))?;
+    conn.busy_timeout(std::time::Duration::from_secs(if exclusive { 30 } else { 5 }))?;
+    if exclusive {
+        // Before WAL is first touched: the WAL index then lives in heap memory.
+        conn.pragma_update(None, "locking_mode", "EXCLUSIVE")?;
+    }
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    // Commits write the WAL without fsync; the writer fsyncs the WAL itself before
+    // acknowledging paid results (see `writer_loop`).
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    Ok(conn)
+}
+
+impl Cache {
+    /// Open (creating) the cache in `dir`.
+    pub fn open(dir: &Path) -> Result<Cache> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let path = dir.join(CACHE_FILE);
+        let conn = open(&path, true)?;
+        conn.execute_batch(SCHEMA).with_context(|| format!("creating cache tables in {}", path.display()))?;
+        let journal_path = dir.join(JOURNAL_FILE);
+        // Keep only what was in flight when the last process stopped.
+        let stale = in_flight_of(&journal_path, &conn)?;
+        let text: String = stale.iter().map(|(k, s)| format!("S\t{k}\t{s}\n")).collect();
+        super::atomic::write_atomic(&journal_path, text.as_bytes())?;
+        let journal = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&journal_path)
+            .with_context(|| format!("opening {}", journal_path.display()))?;
+        let conn = Arc::new(Mutex::new(conn));
+        let shared = Arc::new(Shared { queue: Mutex::new(Queue::default()), cond: std::sync::Condvar::new() });
+        let counts = Arc::new(Counts::default());
+        let (c, sh, co, p) = (conn.clone(), shared.clone(), counts.clone(), path.clone());
+        let writer = std::thread::Builder::new()
+            .name("synth-cache-writer".into())
+            .spawn(move || writer_loop(c, sh, p, co))
+            .context("starting the cache writer")?;
+        Ok(Cache {
+            path,
+            conn,
+            shared,
+            writer: Mutex::new(Some(writer)),
+            counts,
+            journal: Mutex::new(journal),
+            journal_path,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn send(&self, cmd: Cmd) -> Result<()> {
+        let urgent = matches!(cmd, Cmd::Flush(_));
+        let mut q = self.shared.queue.lock().expect("cache queue");
+        if q.closing {
+            return Err(anyhow!("the cache writer stopped"));
+        }
+        let first = q.first_at.is_none();
+        if first {
+            q.first_at = Some(std::time::Instant::now());
+        }
+        q.cmds.push(cmd);
+        let wake = first || urgent || q.cmds.len() >= DURABLE_BATCH;
+        drop(q);
+        if wake {
+            self.shared.cond.notify_one();
+        }
+        Ok(())
+    }
+
+    async fn send_wait(&self, make: impl FnOnce(oneshot::Sender<Result<()>>) -> Cmd) -> Result<()> {
+        let (done, wait) = oneshot::channel();
+        self.send(make(done))?;
+        wait.await.map_err(|_| anyhow!("the cache writer stopped"))?
+    }
+
+    /// A cached response, if any (counts the lookup and, on a hit, tags the use).
+    pub fn get_response(&self, key: &str, usage: &Use) -> Result<Option<StoredResponse>> {
+        let found = {
+            let conn = self.conn.lock().expect("cache connection");
+            let mut stmt =
+                conn.prepare_cached("SELECT response, tokens_in, tokens_out FROM responses WHERE key = ?1")?;
+            stmt.query_row(params![key], |r| {
+                Ok(StoredResponse {
+                    response: r.get(0)?,
+                    tokens_in: r.get::<_, i64>(1)? as u64,
+                    tokens_out: r.get::<_, i64>(2)? as u64,
+                })
+            })
+            .optional()
+            .with_context(|| format!("reading {}", self.path.display()))?
+        };
+        self.counts.lookups.fetch_add(1, Ordering::Relaxed);
+        if found.is_some() {
+            self.counts.hits.fetch_add(1, Ordering::Relaxed);
+            self.send(Cmd::Hit(key.to_string(), usage.clone()))?;
+        }
+        Ok(found)
+    }
+
+    /// Store a response durably (and clear its journal entry) before returning.
+    pub async fn put_response(&self, row: ResponseRow, usage: &Use) -> Result<()> {
+        let usage = usage.clone();
+        self.send_wait(move |done| Cmd::PutResponse(row, usage, done)).await
+    }
+
+    /// Record a request as in flight before it is sent (survives a killed process).
+    pub fn journal_start(&self, key: &str, stage: &str) -> Result<()> {
+        use std::io::Write;
+        let line = format!("S\t{key}\t{stage}\n");
+        self.journal
+            .lock()
+            .expect("journal")
+            .write_all(line.as_bytes())
+            .with_context(|| format!("writing {}", self.journal_path.display()))
+    }
+
+    /// The request ended without a response to store.
+    pub fn journal_end(&self, key: &str) {
+        use std::io::Write;
+        let _ = self.journal.lock().expect("journal").write_all(format!("E\t{key}\n").as_bytes());
+    }
+
+    /// Requests started but neither ended nor answered: in flight when the process
+    /// that wrote the journal stopped (or still in flight now).
+    pub fn in_flight(&self) -> Result<Vec<(String, String)>> {
+        let conn = self.conn.lock().expect("cache connection");
+        in_flight_of(&self.journal_path, &conn)
+    }
+
+    /// Cached vectors of `embedder` for these text hashes (missing ones are absent).
+    pub fn get_vectors(&self, embedder: &str, hashes: &[String], usage: &Use) -> Result<Vec<Option<Vec<f32>>>> {
+        let mut out = Vec::with_capacity(hashes.len());
+        let mut hit_keys = Vec::new();
+        {
+            let conn = self.conn.lock().expect("cache connection");
+            let mut stmt =
+                conn.prepare_cached("SELECT vector FROM embeddings WHERE embedder = ?1 AND text_hash = ?2")?;
+            for h in hashes {
+                let v: Option<Vec<u8>> = stmt.query_row(params![embedder, h], |r| r.get(0)).optional()?;
+                if v.is_some() {
+                    hit_keys.push(h.clone());
+                }
+                out.push(v.map(|bytes| {
+                    bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+                }));
+            }
+        }
+        self.counts.vector_lookups.fetch_add(hashes.len() as i64, Ordering::Relaxed);
+        if !hit_keys.is_empty() {
+            self.counts.vector_hits.fetch_add(hit_keys.len() as i64, Ordering::Relaxed);
+            self.send(Cmd::VectorUses(embedder.to_string(), hit_keys, usage.clone()))?;
+        }
+        Ok(out)
+    }
+
+    /// Store vectors durably.
+    pub async fn put_vectors(&self, embedder: &str, items: Vec<(String, Vec<f32>)>, usage: &Use) -> Result<()> {
+        let (embedder, usage) = (embedder.to_string(), usage.clone());
+        self.send_wait(move |done| Cmd::PutVectors(embedder, items, usage, done)).await
+    }
+
+    /// Wait until every write sent so far is committed.
+    pub async fn flush(&self) -> Result<()> {
+        self.send_wait(Cmd::Flush).await
+    }
+}
+
+fn in_flight_of(journal: &Path, conn: &Connection) -> Result<Vec<(String, String)>> {
+    let text = match std::fs::read_to_string(journal) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", journal.display())),
+    };
+    let mut started: Vec<(String, String)> = Vec::new();
+    let mut ended = std::collections::HashSet::new();
+    for line in text.lines() {
+        let mut parts = line.split('\t');
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some("S"), Some(k), Some(s)) => started.push((k.to_string(), s.to_string())),
+            (Some("E"), Some(k), _) => {
+                ended.insert(k.to_string());
+            }
+            _ => {} // a torn last line of a killed process
+        }
+    }
+    let mut stmt = conn.prepare_cached("SELECT 1 FROM responses WHERE key = ?1")?;
+    let mut out = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for (k, s) in started {
+        if ended.contains(&k) || !seen.insert(k.clone()) {
+            continue;
+        }
+        if stmt.query_row(params![k], |_| Ok(())).optional()?.is_none() {
+            out.push((k, s));
+        }
+    }
+    Ok(out)
+}
+
+/// The key under which an embedding's uses are tagged.
+pub fn vector_use_key(embedder: &str, text_hash: &str) -> String {
+    format!("emb:{embedder}:{text_hash}")
+}
+
+impl Drop for Cache {
+    fn drop(&mut self) {
+        // Let the writer commit what is queued (and the last counts), sync, and stop.
+        let (done, _wait) = oneshot::channel();
+        let _ = self.send(Cmd::Flush(done));
+        self.shared.queue.lock().expect("cache queue").closing = true;
+        self.shared.cond.notify_one();
+        if let Some(w) = self.writer.lock().expect("writer").take() {
+            let _ = w.join();
+        }
+    }
+}
+
+fn writer_loop(conn: Arc<Mutex<Connection>>, shared: Arc<Shared>, path: PathBuf, counts: Arc<Counts>) {
+    let wal_path = PathBuf::from(format!("{}-wal", path.display()));
+    let mut wal: Option<std::fs::File> = None;
+    loop {
+        // Wait for a window's worth of commands.
+        let (batch, closing) = {
+            let mut q = shared.queue.lock().expect("cache queue");
+            loop {
+                let urgent =
+                    q.closing || q.cmds.len() >= DURABLE_BATCH || q.cmds.iter().any(|c| matches!(c, Cmd::Flush(_)));
+                match q.first_at {
+                    None if q.closing => break,
+                    None => q = shared.cond.wait(q).expect("cache queue"),
+                    Some(_) if urgent => break,
+                    Some(t) => {
+                        let left = (t + DURABLE_WINDOW).saturating_duration_since(std::time::Instant::now());
+                        if left.is_zero() {
+                            break;
+                        }
+                        q = shared.cond.wait_timeout(q, left).expect("cache queue").0;
+                    }
+                }
+            }
+            q.first_at = None;
+            (std::mem::take(&mut q.cmds), q.closing)
+        };
+        if !batch.is_empty() {
+            let result = {
+                let mut c = conn.lock().expect("cache connection");
+                apply(&mut c, &batch, &counts).map_err(|e| format!("writing {}: {e:#}", path.display()))
+            };
+            let durable = batch.iter().any(|c| matches!(c, Cmd::PutResponse(..) | Cmd::PutVectors(..) | Cmd::Flush(_)));
+            let synced = match (&result, durable) {
+                (Ok(()), true) => {
+                    if wal.is_none() {
+                        wal = std::fs::File::open(&wal_path).ok();
+                    }
+                    match &wal {
+                        Some(f) => f.sync_data().map_err(|e| format!("syncing {}: {e}", wal_path.display())),
+                        None => Ok(()), // no WAL yet: nothing written that needs syncing
+                    }
+                }
+                (Ok(()), false) => Ok(()),
+                (Err(e), _) => Err(e.clone()),
+            };
+            for cmd in batch {
+                if let Cmd::PutResponse(_, _, done) | Cmd::PutVectors(_, _, _, done) | Cmd::Flush(done) = cmd {
+                    let _ = done.send(synced.clone().map_err(|e| anyhow!(e)));
+                }
+            }
+        }
+        if closing && shared.queue.lock().expect("cache queue").cmds.is_empty() {
+            return;
+        }
+    }
+}
+
+fn apply(conn: &mut Connection, batch: &[Cmd], counts: &Counts) -> Result<()> {
+    // Prepared BEGIN/COMMIT: a transaction per batch without re-parsing SQL.
+    conn.prepare_cached("BEGIN")?.execute([])?;
+    let result = apply_in(conn, batch, counts);
+    match result {
+        Ok(()) => {
+            conn.prepare_cached("COMMIT")?.execute([])?;
+            Ok(())
+        }
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
+fn apply_in(tx: &Connection, batch: &[Cmd], counts: &Counts) -> Result<()> {
+    let t = now();
+    for (name, counter) in [
+        ("lookups", &counts.lookups),
+        ("hits", &counts.hits),
+        ("vector_lookups", &counts.vector_lookups),
+        ("vector_hits", &counts.vector_hits),
+    ] {
+        let n = counter.swap(0, Ordering::Relaxed);
+        if n != 0 {
+            tx.prepare_cached(
+                "INSERT INTO counters (name, value) VALUES (?1, ?2) ON CONFLICT(name) DO UPDATE SET value = value + ?2",
+            )?
+            .execute(params![name, n])?;
+        }
+    }
+    for cmd in batch {
+        match cmd {
+            Cmd::PutResponse(row, usage, _) => {
+                tx.prepare_cached(
+                    "INSERT INTO responses (key, provider, base_url, model, request, response, tokens_in, tokens_out, cost_usd, created_at, last_used_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10)
+                     ON CONFLICT(key) DO UPDATE SET response = excluded.response, last_used_at = excluded.last_used_at",
+                )?
+                .execute(params![
+                        row.key,
+                        row.provider,
+                        row.base_url,
+                        row.model,
+                        row.request,
+                        row.response,
+                        row.tokens_in as i64,
+                        row.tokens_out as i64,
+                        row.cost_usd,
+                        t
+                    ])?;
+                tag(tx, &row.key, usage)?;
+            }
+            Cmd::PutVectors(embedder, items, usage, _) => {
+                let mut stmt = tx.prepare_cached(
+                    "INSERT OR REPLACE INTO embeddings (embedder, text_hash, dim, vector, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+                )?;
+                for (hash, v) in items {
+                    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                    stmt.execute(params![embedder, hash, v.len() as i64, bytes, t])?;
+                    tag(tx, &vector_use_key(embedder, hash), usage)?;
+                }
+            }
+            Cmd::Hit(key, usage) => {
+                tx.prepare_cached("UPDATE responses SET hits = hits + 1, last_used_at = ?2 WHERE key = ?1")?
+                    .execute(params![key, t])?;
+                tag(tx, key, usage)?;
+            }
+            Cmd::VectorUses(embedder, hashes, usage) => {
+                for h in hashes {
+                    tag(tx, &vector_use_key(embedder, h), usage)?;
+                }
+            }
+            Cmd::Flush(_) => {}
+        }
+    }
+    Ok(())
+}
+
+fn tag(tx: &Connection, key: &str, usage: &Use) -> Result<()> {
+    tx.prepare_cached("INSERT OR IGNORE INTO uses (key, stage, fingerprint) VALUES (?1, ?2, ?3)")?.execute(params![
+        key,
+        usage.stage,
+        usage.fingerprint
+    ])?;
+    Ok(())
+}
+
+/// Read-only views for `synth cache`.
+pub mod admin {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    pub fn open_existing(dir: &Path) -> Result<Connection> {
+        let path = dir.join(super::CACHE_FILE);
+        if !path.exists() {
+            anyhow::bail!("no cache at {} (run a pipeline with LLM or embedding stages first)", path.display());
+        }
+        let conn = open(&path, false).map_err(|e| anyhow!("{e:#} (is a synth run using this output directory?)"))?;
+        conn.execute_batch(SCHEMA).map_err(|e| anyhow!("{e} (is a synth run using this output directory?)"))?;
+        Ok(conn)
+    }
+
+    #[derive(Debug, serde::Serialize)]
+    pub struct ModelStats {
+        pub provider: String,
+        pub model: String,
+        pub entries: u64,
+        pub tokens_in: u64,
+        pub tokens_out: u64,
+        pub cost_usd: f64,
+        pub hits: u64,
+    }
+
+    #[derive(Debug, serde::Serialize)]
+    pub struct Stats {
+        pub path: String,
+        pub bytes: u64,
+        pub responses: u64,
+        pub vectors: u64,
+        pub lookups: u64,
+        pub hits: u64,
+        pub hit_rate: f64,
+        pub vector_lookups: u64,
+        pub vector_hits: u64,
+        pub in_flight: u64,
+        pub by_model: Vec<ModelStats>,
+        pub vectors_by_embedder: Vec<(String, u64)>,
+    }
+
+    pub fn stats(dir: &Path) -> Result<Stats> {
+        let conn = open_existing(dir)?;
+        let path = dir.join(super::CACHE_FILE);
+        let bytes = ["", "-wal", "-shm"]
+            .iter()
+            .filter_map(|s| std::fs::metadata(format!("{}{s}", path.display())).ok().map(|m| m.len()))
+            .sum();
+        let count = |sql: &str| -> Result<u64> { Ok(conn.query_row(sql, [], |r| r.get::<_, i64>(0))? as u64) };
+        let counter = |name: &str| -> Result<u64> {
+            Ok(conn
+                .query_row("SELECT value FROM counters WHERE name = ?1", params![name], |r| r.get::<_, i64>(0))
+                .optional()?
+                .unwrap_or(0) as u64)
+        };
+        let mut stmt = conn.prepare(
+            "SELECT provider, model, COUNT(*), SUM(tokens_in), SUM(tokens_out), SUM(cost_usd), SUM(hits)
+             FROM responses GROUP BY provider, model ORDER BY provider, model",
+        )?;
+        let by_model = stmt
+            .query_map([], |r| {
+                Ok(ModelStats {
+                    provider: r.get(0)?,
+                    model: r.get(1)?,
+                    entries: r.get::<_, i64>(2)? as u64,
+                    tokens_in: r.get::<_, i64>(3)? as u64,
+                    tokens_out: r.get::<_, i64>(4)? as u64,
+                    cost_usd: r.get(5)?,
+                    hits: r.get::<_, i64>(6)? as u64,
+                })
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut stmt = conn.prepare("SELECT embedder, COUNT(*) FROM embeddings GROUP BY embedder ORDER BY embedder")?;
+        let vectors_by_embedder =
+            stmt.query_map([], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as u64)))?.collect::<Result<Vec<_>, _>>()?;
+        let lookups = counter("lookups")?;
+        let hits = counter("hits")?;
+        Ok(Stats {
+            path: path.display().to_string(),
+            bytes,
+            responses: count("SELECT COUNT(*) FROM responses")?,
+            vectors: count("SELECT COUNT(*) FROM embeddings")?,
+            lookups,
+            hits,
+            hit_rate: if lookups == 0 { 0.0 } else { hits as f64 / lookups as f64 },
+            vector_lookups: counter("vector_lookups")?,
+            vector_hits: counter("vector_hits")?,
+            in_flight: in_flight_of(&dir.join(super::JOURNAL_FILE), &conn)?.len() as u64,
+            by_model,
+            vectors_by_embedder,
+        })
+    }
+
+    /// Delete entries not used by any of `keep` ((stage, fingerprint) pairs).
+    /// Returns (responses removed, vectors removed).
+    pub fn gc(dir: &Path, keep: &BTreeSet<(String, String)>, dry_run: bool) -> Result<(u64, u64)> {
+        let mut conn = open_existing(dir)?;
+        let tx = conn.transaction()?;
+        tx.execute_batch("CREATE TEMP TABLE keep (stage TEXT, fingerprint TEXT)")?;
+        for (stage, fp) in keep {
+            tx.execute("INSERT INTO keep VALUES (?1, ?2)", params![stage, fp])?;
+        }
+        let live = "SELECT u.key FROM uses u JOIN keep k ON u.stage = k.stage AND u.fingerprint = k.fingerprint";
+        let dead_responses: i64 =
+            tx.query_row(&format!("SELECT COUNT(*) FROM responses WHERE key NOT IN ({live})"), [], |r| r.get(0))?;
+        let dead_vectors: i64 = tx.query_row(
+            &format!("SELECT COUNT(*) FROM embeddings WHERE 'emb:' || embedder || ':' || text_hash NOT IN ({live})"),
+            [],
+            |r| r.get(0),
+        )?;
+        if !dry_run {
+            tx.execute(&format!("DELETE FROM responses WHERE key NOT IN ({live})"), [])?;
+            tx.execute(
+                &format!("DELETE FROM embeddings WHERE 'emb:' || embedder || ':' || text_hash NOT IN ({live})"),
+                [],
+            )?;
+            tx.execute("DELETE FROM uses WHERE (stage, fingerprint) NOT IN (SELECT stage, fingerprint FROM keep)", [])?;
+
+            tx.commit()?;
+            conn.execute_batch("VACUUM")?;
+        }
+        Ok((dead_responses as u64, dead_vectors as u64))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(key: &str) -> ResponseRow {
+        ResponseRow {
+            key: key.into(),
+            provider: "offline".into(),
+            base_url: "".into(),
+            model: "offline".into(),
+            request: "{}".into(),
+            response: format!("{{\"text\":\"{key}\"}}"),
+            tokens_in: 3,
+            tokens_out: 4,
+            cost_usd: 0.0,
+        }
+    }
+
+    #[tokio::test]
+    async fn responses_journal_and_gc() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::open(dir.path()).unwrap();
+        let u1 = Use { stage: "a".into(), fingerprint: "f1".into() };
+        cache.journal_start("k1", "a").unwrap();
+        cache.journal_start("k2", "a").unwrap();
+        assert_eq!(cache.in_flight().unwrap().len(), 2);
+        cache.put_response(row("k1"), &u1).await.unwrap();
+        assert_eq!(cache.in_flight().unwrap(), vec![("k2".to_string(), "a".to_string())]);
+        assert_eq!(cache.get_response("k1", &u1).unwrap().unwrap().tokens_out, 4);
+        assert!(cache.get_response("nope", &u1).unwrap().is_none());
+        cache.put_vectors("hashing", vec![("h1".into(), vec![0.5, -0.25])], &u1).await.unwrap();
+        assert_eq!(
+            cache.get_vectors("hashing", &["h1".into(), "h2".into()], &u1).unwrap(),
+            vec![Some(vec![0.5, -0.25]), None]
+        );
+        let u2 = Use { stage: "a".into(), fingerprint: "f2".into() };
+        cache.put_response(row("k3"), &u2).await.unwrap();
+        cache.flush().await.unwrap();
+        drop(cache);
+
+        let s = admin::stats(dir.path()).unwrap();
+        assert_eq!((s.responses, s.vectors, s.lookups, s.hits, s.in_flight), (2, 1, 2, 1, 1));
+        let keep = [("a".to_string(), "f2".to_string())].into_iter().collect();
+        assert_eq!(admin::gc(dir.path(), &keep, true).unwrap(), (1, 1));
+        assert_eq!(admin::gc(dir.path(), &keep, false).unwrap(), (1, 1));
+        let s = admin::stats(dir.path()).unwrap();
+        assert_eq!((s.responses, s.vectors), (1, 0));
+    }
+}

@@ -1,0 +1,329 @@
+//! The project's loopback OpenAI-compatible test server (127.0.0.1 only, bounded
+//! in time). It serves `/v1/chat/completions` and `/v1/embeddings` and can inject
+//! latency, a requests-per-minute limit answered with 429 + Retry-After, random 429s,
+//! 500s, hangs past the client's timeout, malformed JSON, 401 for a wrong key and
+//! 404 for an unknown model. It counts requests by body hash and by status.
+//! Used by the tests and by `benches/mock_openai.rs` (for `synth bench llm`).
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+
+/// What the server does.
+#[derive(Clone)]
+pub struct Behaviour {
+    pub latency: Duration,
+    /// Token bucket: this many requests per minute, burst of one second's worth.
+    pub rpm: Option<u32>,
+    /// Seconds sent in Retry-After with a 429.
+    pub retry_after_secs: u64,
+    pub p_429: f64,
+    pub p_500: f64,
+    pub p_hang: f64,
+    pub hang: Duration,
+    pub p_malformed: f64,
+    /// The key clients must send (401 otherwise; the message echoes what was sent).
+    pub api_key: Option<String>,
+    /// Models that exist (404 model_not_found otherwise); empty = any.
+    pub models: Vec<String>,
+    /// 400 for requests whose last user message contains this text.
+    pub reject_marker: Option<String>,
+    /// Answer for a request body.
+    pub responder: Arc<dyn Fn(&serde_json::Value) -> String + Send + Sync>,
+    pub embedding_dim: usize,
+    pub seed: u64,
+    /// The server stops by itself after this long.
+    pub lifetime: Duration,
+}
+
+impl Default for Behaviour {
+    fn default() -> Self {
+        Behaviour {
+            latency: Duration::ZERO,
+            rpm: None,
+            retry_after_secs: 1,
+            p_429: 0.0,
+            p_500: 0.0,
+            p_hang: 0.0,
+            hang: Duration::from_secs(30),
+            p_malformed: 0.0,
+            api_key: None,
+            models: Vec::new(),
+            reject_marker: None,
+            responder: Arc::new(default_answer),
+            embedding_dim: 8,
+            seed: 7,
+            lifetime: Duration::from_secs(600),
+        }
+    }
+}
+
+/// "answer to: <start of the last user message>".
+pub fn default_answer(body: &serde_json::Value) -> String {
+    let last = last_user(body);
+    format!("answer to: {}", last.chars().take(60).collect::<String>())
+}
+
+pub fn last_user(body: &serde_json::Value) -> String {
+    body["messages"]
+        .as_array()
+        .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[derive(Default)]
+pub struct Counters {
+    pub total: AtomicU64,
+    pub ok: AtomicU64,
+    pub s429: AtomicU64,
+    pub s500: AtomicU64,
+    pub hangs: AtomicU64,
+    pub malformed: AtomicU64,
+    pub s401: AtomicU64,
+    pub s404: AtomicU64,
+    pub s400: AtomicU64,
+    /// body hash -> requests
+    pub by_body: Mutex<HashMap<String, u64>>,
+    /// body hash -> successful (200) answers
+    pub ok_by_body: Mutex<HashMap<String, u64>>,
+    /// (time since start, last user message) of every request
+    pub log: Mutex<Vec<(Duration, String)>>,
+}
+
+struct Shared {
+    b: Behaviour,
+    c: Arc<Counters>,
+    bucket: Mutex<(f64, Instant)>,
+    rng: Mutex<u64>,
+    started: Instant,
+}
+
+/// A running server; dropping it stops it.
+pub struct Server {
+    pub addr: SocketAddr,
+    pub counters: Arc<Counters>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Server {
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn next_unit(shared: &Shared) -> f64 {
+    let mut x = shared.rng.lock().unwrap();
+    // xorshift64*
+    *x ^= *x >> 12;
+    *x ^= *x << 25;
+    *x ^= *x >> 27;
+    let v = x.wrapping_mul(0x2545F4914F6CDD1D);
+    (v >> 11) as f64 / (1u64 << 53) as f64
+}
+
+fn error(status: StatusCode, message: &str, kind: &str, code: Option<&str>) -> Response {
+    let body = serde_json::json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
+    (status, [("content-type", "application/json")], body.to_string()).into_response()
+}
+
+async fn chat(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    handle(s, headers, body, false).await
+}
+
+async fn embeddings(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    handle(s, headers, body, true).await
+}
+
+async fn handle(s: Arc<Shared>, headers: HeaderMap, body: Bytes, embed: bool) -> Response {
+    let c = &s.c;
+    c.total.fetch_add(1, Ordering::SeqCst);
+    let hash = blake3::hash(&body).to_hex().to_string();
+    *c.by_body.lock().unwrap().entry(hash.clone()).or_default() += 1;
+    let json: serde_json::Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(_) => {
+            c.s400.fetch_add(1, Ordering::SeqCst);
+            return error(StatusCode::BAD_REQUEST, "body is not JSON", "invalid_request_error", None);
+        }
+    };
+    c.log.lock().unwrap().push((s.started.elapsed(), last_user(&json)));
+    if let Some(key) = &s.b.api_key {
+        let sent = headers.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("");
+        if sent != format!("Bearer {key}") {
+            c.s401.fetch_add(1, Ordering::SeqCst);
+            let shown = sent.strip_prefix("Bearer ").unwrap_or(sent);
+            return error(
+                StatusCode::UNAUTHORIZED,
+                &format!("Incorrect API key provided: {shown}"),
+                "invalid_request_error",
+                Some("invalid_api_key"),
+            );
+        }
+    }
+    let model = json["model"].as_str().unwrap_or_default();
+    if !s.b.models.is_empty() && !s.b.models.iter().any(|m| m == model) {
+        c.s404.fetch_add(1, Ordering::SeqCst);
+        return error(
+            StatusCode::NOT_FOUND,
+            &format!("The model `{model}` does not exist"),
+            "invalid_request_error",
+            Some("model_not_found"),
+        );
+    }
+    if let Some(marker) = &s.b.reject_marker
+        && last_user(&json).contains(marker.as_str())
+    {
+        c.s400.fetch_add(1, Ordering::SeqCst);
+        return error(StatusCode::BAD_REQUEST, "this request is not acceptable", "invalid_request_error", None);
+    }
+    // Rate limit: token bucket refilled at rpm/60 per second, burst rpm/60.
+    if let Some(rpm) = s.b.rpm {
+        let per_sec = rpm as f64 / 60.0;
+        let mut bucket = s.bucket.lock().unwrap();
+        let now = Instant::now();
+        bucket.0 = (bucket.0 + now.duration_since(bucket.1).as_secs_f64() * per_sec).min(per_sec.max(1.0));
+        bucket.1 = now;
+        if bucket.0 < 1.0 {
+            drop(bucket);
+            c.s429.fetch_add(1, Ordering::SeqCst);
+            let mut r = error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "Rate limit reached for requests",
+                "requests",
+                Some("rate_limit_exceeded"),
+            );
+            r.headers_mut().insert("retry-after", s.b.retry_after_secs.to_string().parse().unwrap());
+            r.headers_mut().insert(
+                "x-ratelimit-reset-requests",
+                format!("{}ms", (1000.0 / per_sec).ceil() as u64).parse().unwrap(),
+            );
+            return r;
+        }
+        bucket.0 -= 1.0;
+    }
+    let roll = next_unit(&s);
+    let mut edge = s.b.p_429;
+    if roll < edge {
+        c.s429.fetch_add(1, Ordering::SeqCst);
+        let mut r = error(StatusCode::TOO_MANY_REQUESTS, "Rate limit reached", "requests", Some("rate_limit_exceeded"));
+        r.headers_mut().insert("retry-after", s.b.retry_after_secs.to_string().parse().unwrap());
+        return r;
+    }
+    edge += s.b.p_500;
+    if roll < edge {
+        c.s500.fetch_add(1, Ordering::SeqCst);
+        return (StatusCode::INTERNAL_SERVER_ERROR, "internal error").into_response();
+    }
+    edge += s.b.p_hang;
+    if roll < edge {
+        c.hangs.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(s.b.hang).await;
+        return (StatusCode::GATEWAY_TIMEOUT, "hung").into_response();
+    }
+    if !s.b.latency.is_zero() {
+        tokio::time::sleep(s.b.latency).await;
+    }
+    edge += s.b.p_malformed;
+    if roll < edge {
+        c.malformed.fetch_add(1, Ordering::SeqCst);
+        return (StatusCode::OK, [("content-type", "application/json")], "{\"choices\": [ {\"message\": ")
+            .into_response();
+    }
+    c.ok.fetch_add(1, Ordering::SeqCst);
+    *c.ok_by_body.lock().unwrap().entry(hash).or_default() += 1;
+    let body = if embed {
+        let inputs: Vec<String> = match &json["input"] {
+            serde_json::Value::String(s) => vec![s.clone()],
+            serde_json::Value::Array(a) => a.iter().map(|v| v.as_str().unwrap_or_default().to_string()).collect(),
+            _ => vec![],
+        };
+        let data: Vec<serde_json::Value> = inputs
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let h = blake3::hash(t.as_bytes());
+                let v: Vec<f32> =
+                    h.as_bytes().iter().cycle().take(s.b.embedding_dim).map(|b| *b as f32 / 255.0 - 0.5).collect();
+                serde_json::json!({"object": "embedding", "index": i, "embedding": v})
+            })
+            .collect();
+        let tokens: usize = inputs.iter().map(|t| t.len() / 4 + 1).sum();
+        serde_json::json!({"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+    } else {
+        let text = (s.b.responder)(&json);
+        let prompt_tokens: usize = json["messages"]
+            .as_array()
+            .map(|m| m.iter().map(|x| x["content"].as_str().unwrap_or("").len() / 4 + 1).sum())
+            .unwrap_or(1);
+        serde_json::json!({
+            "id": "chatcmpl-test", "object": "chat.completion", "created": 0, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": text.len() / 4 + 1, "total_tokens": prompt_tokens + text.len() / 4 + 1}
+        })
+    };
+    (StatusCode::OK, [("content-type", "application/json")], body.to_string()).into_response()
+}
+
+/// Start a server on 127.0.0.1:`port` (0 = any free port) on its own thread.
+pub fn start_on(port: u16, b: Behaviour) -> Server {
+    let counters = Arc::new(Counters::default());
+    let shared = Arc::new(Shared {
+        bucket: Mutex::new((b.rpm.map(|r| (r as f64 / 60.0).max(1.0)).unwrap_or(0.0), Instant::now())),
+        rng: Mutex::new(b.seed.max(1)),
+        started: Instant::now(),
+        c: counters.clone(),
+        b,
+    });
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let lifetime = shared.b.lifetime;
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        rt.block_on(async move {
+            let app = Router::new()
+                .route("/v1/chat/completions", post(chat))
+                .route("/v1/embeddings", post(embeddings))
+                .with_state(shared);
+            let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+            addr_tx.send(listener.local_addr().unwrap()).unwrap();
+            // Stop at once on request (hung handlers are dropped with the runtime).
+            tokio::select! {
+                _ = axum::serve(listener, app) => {}
+                _ = rx => {}
+                _ = tokio::time::sleep(lifetime) => {}
+            }
+        });
+        rt.shutdown_timeout(Duration::from_millis(100));
+    });
+    let addr = addr_rx.recv().unwrap();
+    Server { addr, counters, stop: Some(tx), thread: Some(thread) }
+}
+
+pub fn start(b: Behaviour) -> Server {
+    start_on(0, b)
+}
