@@ -424,7 +424,10 @@ pub fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
             return Some(when.duration_since(std::time::SystemTime::now()).unwrap_or_default());
         }
     }
-    ["x-ratelimit-reset-requests", "x-ratelimit-reset-tokens"].iter().filter_map(|h| get(h).and_then(parse_go_duration)).max()
+    ["x-ratelimit-reset-requests", "x-ratelimit-reset-tokens"]
+        .iter()
+        .filter_map(|h| get(h).and_then(parse_go_duration))
+        .max()
 }
 
 /// Parse durations like `1s`, `6m0s`, `1h2m3.5s`, `250ms` (OpenAI's reset headers).

@@ -2,14 +2,15 @@
 //! output directory (`_synth/cache.sqlite`, WAL mode), and the request journal
 //! beside it (`_synth/journal.log`).
 //!
-//! One writer thread applies writes: commands queue in memory and are committed in
-//! one transaction per window (100 ms after the first queued command, sooner at 256
-//! commands or on a flush), then the writer fsyncs the WAL file, and only then are
-//! paid results (responses, vectors) acknowledged — a response is durable, even
-//! across a power loss, before the record counts as done, and concurrent requests
-//! share transactions and fsyncs. The database is opened in exclusive locking mode
-//! (one process: synth's run lock guarantees it), so commits take no file locks;
-//! lookups share the connection under a mutex.
+//! One writer thread applies writes: whatever is queued is committed at once, in
+//! one transaction (a committed WAL transaction survives a killed process), and the
+//! WAL file is fsynced at most every 100 ms (sooner at 256 pending results or on a
+//! flush); paid results (responses, vectors) are acknowledged only after that
+//! fsync — a response is durable, even across a power loss, before the record
+//! counts as done, and concurrent requests share transactions and fsyncs. The
+//! database is opened in exclusive locking mode (one process: synth's run lock
+//! guarantees it), so commits take no file locks; lookups share the connection
+//! under a mutex.
 //!
 //! The journal is an append-only file: a request is recorded (one `write`, no
 //! fsync: it survives a killed process) before it is sent, and a failed request is
@@ -37,7 +38,10 @@ const DURABLE_BATCH: usize = 256;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS responses (
-    key TEXT PRIMARY KEY,
+    id INTEGER PRIMARY KEY,
+    key TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
     provider TEXT NOT NULL,
     base_url TEXT NOT NULL,
     model TEXT NOT NULL,
@@ -51,12 +55,14 @@ CREATE TABLE IF NOT EXISTS responses (
     hits INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS embeddings (
+    id INTEGER PRIMARY KEY,
     embedder TEXT NOT NULL,
     text_hash TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
     dim INTEGER NOT NULL,
     vector BLOB NOT NULL,
-    created_at INTEGER NOT NULL,
-    PRIMARY KEY (embedder, text_hash)
+    created_at INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS uses (
     key TEXT NOT NULL,
@@ -69,6 +75,13 @@ CREATE TABLE IF NOT EXISTS counters (
     value INTEGER NOT NULL
 );
 ";
+
+/// Row id of a key: its first 8 bytes as an integer (rowid lookups need no index;
+/// the full key is stored and compared too).
+fn row_id(key: &str) -> i64 {
+    let h = blake3::hash(key.as_bytes());
+    i64::from_le_bytes(h.as_bytes()[..8].try_into().expect("8 bytes"))
+}
 
 fn now() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
@@ -124,7 +137,6 @@ struct Counts {
 #[derive(Default)]
 struct Queue {
     cmds: Vec<Cmd>,
-    first_at: Option<std::time::Instant>,
     closing: bool,
 }
 
@@ -198,21 +210,13 @@ impl Cache {
     }
 
     fn send(&self, cmd: Cmd) -> Result<()> {
-        let urgent = matches!(cmd, Cmd::Flush(_));
         let mut q = self.shared.queue.lock().expect("cache queue");
         if q.closing {
             return Err(anyhow!("the cache writer stopped"));
         }
-        let first = q.first_at.is_none();
-        if first {
-            q.first_at = Some(std::time::Instant::now());
-        }
         q.cmds.push(cmd);
-        let wake = first || urgent || q.cmds.len() >= DURABLE_BATCH;
         drop(q);
-        if wake {
-            self.shared.cond.notify_one();
-        }
+        self.shared.cond.notify_one();
         Ok(())
     }
 
@@ -226,9 +230,9 @@ impl Cache {
     pub fn get_response(&self, key: &str, usage: &Use) -> Result<Option<StoredResponse>> {
         let found = {
             let conn = self.conn.lock().expect("cache connection");
-            let mut stmt =
-                conn.prepare_cached("SELECT response, tokens_in, tokens_out FROM responses WHERE key = ?1")?;
-            stmt.query_row(params![key], |r| {
+            let mut stmt = conn
+                .prepare_cached("SELECT response, tokens_in, tokens_out FROM responses WHERE id = ?1 AND key = ?2")?;
+            stmt.query_row(params![row_id(key), key], |r| {
                 Ok(StoredResponse {
                     response: r.get(0)?,
                     tokens_in: r.get::<_, i64>(1)? as u64,
@@ -282,10 +286,11 @@ impl Cache {
         let mut hit_keys = Vec::new();
         {
             let conn = self.conn.lock().expect("cache connection");
-            let mut stmt =
-                conn.prepare_cached("SELECT vector FROM embeddings WHERE embedder = ?1 AND text_hash = ?2")?;
+            let mut stmt = conn
+                .prepare_cached("SELECT vector FROM embeddings WHERE id = ?1 AND embedder = ?2 AND text_hash = ?3")?;
             for h in hashes {
-                let v: Option<Vec<u8>> = stmt.query_row(params![embedder, h], |r| r.get(0)).optional()?;
+                let id = row_id(&vector_use_key(embedder, h));
+                let v: Option<Vec<u8>> = stmt.query_row(params![id, embedder, h], |r| r.get(0)).optional()?;
                 if v.is_some() {
                     hit_keys.push(h.clone());
                 }
@@ -332,14 +337,14 @@ fn in_flight_of(journal: &Path, conn: &Connection) -> Result<Vec<(String, String
             _ => {} // a torn last line of a killed process
         }
     }
-    let mut stmt = conn.prepare_cached("SELECT 1 FROM responses WHERE key = ?1")?;
+    let mut stmt = conn.prepare_cached("SELECT 1 FROM responses WHERE id = ?1 AND key = ?2")?;
     let mut out = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for (k, s) in started {
         if ended.contains(&k) || !seen.insert(k.clone()) {
             continue;
         }
-        if stmt.query_row(params![k], |_| Ok(())).optional()?.is_none() {
+        if stmt.query_row(params![row_id(&k), k], |_| Ok(())).optional()?.is_none() {
             out.push((k, s));
         }
     }
@@ -367,19 +372,21 @@ impl Drop for Cache {
 fn writer_loop(conn: Arc<Mutex<Connection>>, shared: Arc<Shared>, path: PathBuf, counts: Arc<Counts>) {
     let wal_path = PathBuf::from(format!("{}-wal", path.display()));
     let mut wal: Option<std::fs::File> = None;
+    // Acknowledgements of committed results waiting for the next fsync.
+    let mut waiting: Vec<oneshot::Sender<Result<()>>> = Vec::new();
+    let mut deadline: Option<std::time::Instant> = None;
+    let mut sync_now = false;
     loop {
-        // Wait for a window's worth of commands.
         let (batch, closing) = {
             let mut q = shared.queue.lock().expect("cache queue");
             loop {
-                let urgent =
-                    q.closing || q.cmds.len() >= DURABLE_BATCH || q.cmds.iter().any(|c| matches!(c, Cmd::Flush(_)));
-                match q.first_at {
-                    None if q.closing => break,
+                if !q.cmds.is_empty() || q.closing || sync_now {
+                    break;
+                }
+                match deadline {
                     None => q = shared.cond.wait(q).expect("cache queue"),
-                    Some(_) if urgent => break,
-                    Some(t) => {
-                        let left = (t + DURABLE_WINDOW).saturating_duration_since(std::time::Instant::now());
+                    Some(d) => {
+                        let left = d.saturating_duration_since(std::time::Instant::now());
                         if left.is_zero() {
                             break;
                         }
@@ -387,35 +394,51 @@ fn writer_loop(conn: Arc<Mutex<Connection>>, shared: Arc<Shared>, path: PathBuf,
                     }
                 }
             }
-            q.first_at = None;
             (std::mem::take(&mut q.cmds), q.closing)
         };
         if !batch.is_empty() {
+            // Commit at once: a committed transaction survives a killed process.
             let result = {
                 let mut c = conn.lock().expect("cache connection");
                 apply(&mut c, &batch, &counts).map_err(|e| format!("writing {}: {e:#}", path.display()))
             };
-            let durable = batch.iter().any(|c| matches!(c, Cmd::PutResponse(..) | Cmd::PutVectors(..) | Cmd::Flush(_)));
-            let synced = match (&result, durable) {
-                (Ok(()), true) => {
-                    if wal.is_none() {
-                        wal = std::fs::File::open(&wal_path).ok();
-                    }
-                    match &wal {
-                        Some(f) => f.sync_data().map_err(|e| format!("syncing {}: {e}", wal_path.display())),
-                        None => Ok(()), // no WAL yet: nothing written that needs syncing
-                    }
-                }
-                (Ok(()), false) => Ok(()),
-                (Err(e), _) => Err(e.clone()),
-            };
             for cmd in batch {
-                if let Cmd::PutResponse(_, _, done) | Cmd::PutVectors(_, _, _, done) | Cmd::Flush(done) = cmd {
-                    let _ = done.send(synced.clone().map_err(|e| anyhow!(e)));
+                let (done, flush) = match cmd {
+                    Cmd::PutResponse(_, _, d) | Cmd::PutVectors(_, _, _, d) => (d, false),
+                    Cmd::Flush(d) => (d, true),
+                    _ => continue,
+                };
+                match &result {
+                    Ok(()) => {
+                        waiting.push(done);
+                        sync_now |= flush;
+                    }
+                    Err(e) => {
+                        let _ = done.send(Err(anyhow!(e.clone())));
+                    }
                 }
             }
+            if !waiting.is_empty() && deadline.is_none() {
+                deadline = Some(std::time::Instant::now() + DURABLE_WINDOW);
+            }
         }
-        if closing && shared.queue.lock().expect("cache queue").cmds.is_empty() {
+        let due = deadline.is_some_and(|d| std::time::Instant::now() >= d);
+        if !waiting.is_empty() && (sync_now || due || closing || waiting.len() >= DURABLE_BATCH) {
+            // Then make it survive a power loss too, for everything committed so far.
+            if wal.is_none() {
+                wal = std::fs::File::open(&wal_path).ok();
+            }
+            let synced = match &wal {
+                Some(f) => f.sync_data().map_err(|e| format!("syncing {}: {e}", wal_path.display())),
+                None => Ok(()),
+            };
+            for done in waiting.drain(..) {
+                let _ = done.send(synced.clone().map_err(|e| anyhow!(e)));
+            }
+            deadline = None;
+        }
+        sync_now = false;
+        if closing && shared.queue.lock().expect("cache queue").cmds.is_empty() && waiting.is_empty() {
             return;
         }
     }
@@ -457,37 +480,51 @@ fn apply_in(tx: &Connection, batch: &[Cmd], counts: &Counts) -> Result<()> {
         match cmd {
             Cmd::PutResponse(row, usage, _) => {
                 tx.prepare_cached(
-                    "INSERT INTO responses (key, provider, base_url, model, request, response, tokens_in, tokens_out, cost_usd, created_at, last_used_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10)
-                     ON CONFLICT(key) DO UPDATE SET response = excluded.response, last_used_at = excluded.last_used_at",
+                    "INSERT OR REPLACE INTO responses (id, key, stage, fingerprint, provider, base_url, model, request, response,
+                         tokens_in, tokens_out, cost_usd, created_at, last_used_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13)",
                 )?
                 .execute(params![
-                        row.key,
-                        row.provider,
-                        row.base_url,
-                        row.model,
-                        row.request,
-                        row.response,
-                        row.tokens_in as i64,
-                        row.tokens_out as i64,
-                        row.cost_usd,
-                        t
-                    ])?;
-                tag(tx, &row.key, usage)?;
+                    row_id(&row.key),
+                    row.key,
+                    usage.stage,
+                    usage.fingerprint,
+                    row.provider,
+                    row.base_url,
+                    row.model,
+                    row.request,
+                    row.response,
+                    row.tokens_in as i64,
+                    row.tokens_out as i64,
+                    row.cost_usd,
+                    t
+                ])?;
             }
             Cmd::PutVectors(embedder, items, usage, _) => {
                 let mut stmt = tx.prepare_cached(
-                    "INSERT OR REPLACE INTO embeddings (embedder, text_hash, dim, vector, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+                    "INSERT OR REPLACE INTO embeddings (id, embedder, text_hash, stage, fingerprint, dim, vector, created_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
                 )?;
                 for (hash, v) in items {
                     let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-                    stmt.execute(params![embedder, hash, v.len() as i64, bytes, t])?;
-                    tag(tx, &vector_use_key(embedder, hash), usage)?;
+                    let id = row_id(&vector_use_key(embedder, hash));
+                    stmt.execute(params![
+                        id,
+                        embedder,
+                        hash,
+                        usage.stage,
+                        usage.fingerprint,
+                        v.len() as i64,
+                        bytes,
+                        t
+                    ])?;
                 }
             }
             Cmd::Hit(key, usage) => {
-                tx.prepare_cached("UPDATE responses SET hits = hits + 1, last_used_at = ?2 WHERE key = ?1")?
-                    .execute(params![key, t])?;
+                tx.prepare_cached(
+                    "UPDATE responses SET hits = hits + 1, last_used_at = ?3 WHERE id = ?1 AND key = ?2",
+                )?
+                .execute(params![row_id(key), key, t])?;
                 tag(tx, key, usage)?;
             }
             Cmd::VectorUses(embedder, hashes, usage) => {
@@ -614,20 +651,18 @@ pub mod admin {
         for (stage, fp) in keep {
             tx.execute("INSERT INTO keep VALUES (?1, ?2)", params![stage, fp])?;
         }
-        let live = "SELECT u.key FROM uses u JOIN keep k ON u.stage = k.stage AND u.fingerprint = k.fingerprint";
+        // Live: created by a kept (stage, fingerprint), or used by one since.
+        let used = "SELECT u.key FROM uses u JOIN keep k ON u.stage = k.stage AND u.fingerprint = k.fingerprint";
+        let not_kept = "(stage, fingerprint) NOT IN (SELECT stage, fingerprint FROM keep)";
+        let dead_r = format!("{not_kept} AND key NOT IN ({used})");
+        let dead_v = format!("{not_kept} AND 'emb:' || embedder || ':' || text_hash NOT IN ({used})");
         let dead_responses: i64 =
-            tx.query_row(&format!("SELECT COUNT(*) FROM responses WHERE key NOT IN ({live})"), [], |r| r.get(0))?;
-        let dead_vectors: i64 = tx.query_row(
-            &format!("SELECT COUNT(*) FROM embeddings WHERE 'emb:' || embedder || ':' || text_hash NOT IN ({live})"),
-            [],
-            |r| r.get(0),
-        )?;
+            tx.query_row(&format!("SELECT COUNT(*) FROM responses WHERE {dead_r}"), [], |r| r.get(0))?;
+        let dead_vectors: i64 =
+            tx.query_row(&format!("SELECT COUNT(*) FROM embeddings WHERE {dead_v}"), [], |r| r.get(0))?;
         if !dry_run {
-            tx.execute(&format!("DELETE FROM responses WHERE key NOT IN ({live})"), [])?;
-            tx.execute(
-                &format!("DELETE FROM embeddings WHERE 'emb:' || embedder || ':' || text_hash NOT IN ({live})"),
-                [],
-            )?;
+            tx.execute(&format!("DELETE FROM responses WHERE {dead_r}"), [])?;
+            tx.execute(&format!("DELETE FROM embeddings WHERE {dead_v}"), [])?;
             tx.execute("DELETE FROM uses WHERE (stage, fingerprint) NOT IN (SELECT stage, fingerprint FROM keep)", [])?;
 
             tx.commit()?;
