@@ -245,3 +245,75 @@ pub fn llm(args: &LlmBench) -> Result<serde_json::Value> {
         "peak_rss_mib": peak.map(round),
     }))
 }
+
+/// Passages per second of an embedder on generated passages of about `words` words.
+pub fn embed(
+    model_dir: &Path,
+    passages: usize,
+    words: usize,
+    batch: usize,
+    ort: Option<&str>,
+) -> Result<serde_json::Value> {
+    use rand::{RngExt, SeedableRng};
+    const VOCAB: &[&str] = &[
+        "river",
+        "market",
+        "engine",
+        "harvest",
+        "signal",
+        "garden",
+        "teacher",
+        "protein",
+        "voltage",
+        "museum",
+        "recipe",
+        "planet",
+        "contract",
+        "violin",
+        "glacier",
+        "software",
+        "mineral",
+        "festival",
+        "insurance",
+        "weather",
+        "bridge",
+        "doctor",
+        "language",
+        "history",
+        "battery",
+        "football",
+        "painting",
+        "volcano",
+        "library",
+        "village",
+    ];
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    let texts: Vec<String> = (0..passages)
+        .map(|_| (0..words).map(|_| VOCAB[rng.random_range(0..VOCAB.len())]).collect::<Vec<_>>().join(" "))
+        .collect();
+    let options = serde_json::json!({
+        "model_dir": model_dir.to_string_lossy(), "pooling": "mean", "max_length": 256, "dim": 384,
+        "batch_size": batch, "ort_dylib": ort,
+    });
+    let cwd = std::env::current_dir()?;
+    let e = crate::embed::fastembed::FastEmbed::from_options("bench", &options, &cwd)?;
+    // Load the model outside the measurement.
+    e.embed_blocking(&texts[..1])?;
+    reset_peak_rss();
+    let cpu0 = cpu_seconds();
+    let started = Instant::now();
+    let out = e.embed_blocking(&texts)?;
+    let wall = started.elapsed().as_secs_f64();
+    anyhow::ensure!(out.len() == passages, "got {} vectors", out.len());
+    Ok(serde_json::json!({
+        "bench": "embed",
+        "model_dir": model_dir.display().to_string(),
+        "passages": passages,
+        "words_per_passage": words,
+        "batch_size": batch,
+        "wall_seconds": round(wall),
+        "passages_per_second": round(passages as f64 / wall),
+        "cpu_seconds": round(cpu_seconds() - cpu0),
+        "peak_rss_mib": peak_rss_mib().map(round),
+    }))
+}

@@ -127,6 +127,22 @@ pub enum BenchCommand {
         #[arg(long, default_value = "OPENAI_API_KEY")]
         api_key_env: String,
     },
+    /// Passages per second of a local ONNX embedding model (fastembed).
+    Embed {
+        /// Model directory with model.onnx and tokenizer files.
+        #[arg(long)]
+        model_dir: PathBuf,
+        #[arg(long, default_value_t = 2000)]
+        passages: usize,
+        /// Words per generated passage.
+        #[arg(long, default_value_t = 60)]
+        words: usize,
+        #[arg(long, default_value_t = 256)]
+        batch: usize,
+        /// ONNX Runtime library (default: $ORT_DYLIB_PATH, then .tools/onnxruntime).
+        #[arg(long)]
+        ort_dylib: Option<String>,
+    },
 }
 
 /// Options shared by commands that load a pipeline.
@@ -263,6 +279,9 @@ fn bench(cmd: BenchCommand) -> i32 {
                 timeout_seconds: timeout,
                 api_key_env,
             })
+        }
+        BenchCommand::Embed { model_dir, passages, words, batch, ort_dylib } => {
+            crate::bench::embed(&model_dir, passages, words, batch, ort_dylib.as_deref())
         }
     };
     match result {

@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+pub mod openai_server;
+
 pub fn synth_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_synth"))
 }
@@ -36,14 +38,17 @@ impl Project {
 
     /// Run `synth ARGS...` with the project as working directory.
     pub fn synth(&self, args: &[&str]) -> Run {
-        let out = Command::new(synth_bin())
-            .args(args)
-            .current_dir(self.path())
-            .env("CI", "1")
-            .env_remove("SYNTH_LOG")
-            .output()
-            .expect("run synth");
-        Run::from(out)
+        self.synth_env(args, &[])
+    }
+
+    /// Run `synth ARGS...` with extra environment variables.
+    pub fn synth_env(&self, args: &[&str], env: &[(&str, &str)]) -> Run {
+        let mut cmd = Command::new(synth_bin());
+        cmd.args(args).current_dir(self.path()).env("CI", "1").env_remove("SYNTH_LOG").env_remove("OPENAI_API_KEY");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        Run::from(cmd.output().expect("run synth"))
     }
 
     pub fn read(&self, rel: &str) -> String {
