@@ -134,18 +134,21 @@ fn a_missing_onnx_runtime_is_a_clear_error() {
     assert!(!out.stderr.contains("panicked"), "{}", out.stderr);
 }
 
+/// (repo path, bytes) of every file a fake hub serves.
+type Files = Arc<Vec<(String, Vec<u8>)>>;
+
 /// A fake model hub serving the shared MiniLM files as `Qdrant/all-MiniLM-L6-v2-onnx`.
 fn serve_model_hub(dir: PathBuf) -> (String, tokio::sync::oneshot::Sender<()>) {
     use axum::extract::{Path as AxPath, State};
     use axum::http::{HeaderMap, StatusCode, header};
     use axum::response::IntoResponse;
     const SHA: &str = "1111111111111111111111111111111111111111";
-    async fn info(State(files): State<Arc<Vec<(String, Vec<u8>)>>>) -> impl IntoResponse {
+    async fn info(State(files): State<Files>) -> impl IntoResponse {
         let siblings: Vec<_> = files.iter().map(|(n, _)| serde_json::json!({"rfilename": n})).collect();
         axum::Json(serde_json::json!({"sha": SHA, "siblings": siblings}))
     }
     async fn resolve(
-        State(files): State<Arc<Vec<(String, Vec<u8>)>>>,
+        State(files): State<Files>,
         AxPath((_org, _name, _rev, path)): AxPath<(String, String, String, String)>,
         headers: HeaderMap,
     ) -> axum::response::Response {
