@@ -15,6 +15,7 @@
 //! - [`rolemrc`]: the RoleMRC answer formats.
 //! - [`secrets`]: API keys kept out of every log and artifact.
 //! - [`progress`]: progress bars and log lines.
+//! - [`retrieval`]: exact (AVX-512) and HNSW max/min inner-product search.
 //! - [`bench`]: `synth bench` measurements.
 //! - [`cli`]: the command line.
 
@@ -27,6 +28,7 @@ pub mod embed;
 pub mod hub;
 pub mod llm;
 pub mod progress;
+pub mod retrieval;
 pub mod rng;
 pub mod rolemrc;
 pub mod secrets;

@@ -317,3 +317,70 @@ pub fn embed(
         "peak_rss_mib": peak_rss_mib().map(round),
     }))
 }
+
+pub struct RetrieveBench {
+    pub queries: usize,
+    pub passages: usize,
+    pub dim: usize,
+    pub hnsw: bool,
+    pub seed: u64,
+    pub threads: Option<usize>,
+    pub recall_sample: usize,
+}
+
+/// Exact (or HNSW) most/least similar passage per query on seeded random unit vectors.
+/// Effective GFLOP/s counts the 2·Q·N·D multiply-adds of the full score matrix.
+pub fn retrieve(a: &RetrieveBench) -> Result<serde_json::Value> {
+    use crate::retrieval::{self, PackedCorpus};
+    let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    let queries = retrieval::random_unit_vectors(a.queries, a.dim, a.seed);
+    let t = Instant::now();
+    // Pack passage by passage, as the stage does while it streams the corpus.
+    let mut corpus = PackedCorpus::with_capacity(a.dim, a.passages);
+    let mut rows = if a.hnsw { Vec::with_capacity(a.passages * a.dim) } else { Vec::new() };
+    for v in retrieval::random_unit_vectors(a.passages, a.dim, a.seed ^ 0x9e37_79b9).chunks_exact(a.dim) {
+        corpus.push(v, true, true);
+        if a.hnsw {
+            rows.extend_from_slice(v);
+        }
+    }
+    let load_s = t.elapsed().as_secs_f64();
+    let flop = 2.0 * a.queries as f64 * a.passages as f64 * a.dim as f64;
+    let round = |x: f64| (x * 1000.0).round() / 1000.0;
+    if !a.hnsw {
+        let t = Instant::now();
+        let res = retrieval::exact_max_min(&queries, &corpus, threads);
+        let wall = t.elapsed().as_secs_f64();
+        std::hint::black_box(&res);
+        return Ok(serde_json::json!({
+            "bench": "retrieve", "method": "exact", "kernel": retrieval::kernel_name(), "threads": threads,
+            "queries": a.queries, "passages": a.passages, "dim": a.dim, "seed": a.seed,
+            "pack_seconds": round(load_s), "wall_seconds": round(wall), "gflops": round(flop / wall / 1e9),
+            "peak_rss_mib": peak_rss_mib().map(round),
+        }));
+    }
+    let n = a.passages;
+    let t = Instant::now();
+    let index = retrieval::hnsw::Hnsw::build(
+        &rows,
+        a.dim,
+        vec![true; n],
+        vec![true; n],
+        retrieval::hnsw::HnswParams::default(),
+        threads,
+    )?;
+    let build_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let approx = index.max_min(&queries, threads)?;
+    let search_s = t.elapsed().as_secs_f64();
+    let sample = a.recall_sample.min(a.queries);
+    let exact = retrieval::exact_max_min(&queries[..sample * a.dim], &corpus, threads);
+    let (rmax, rmin) = retrieval::hnsw::recall(&approx[..sample], &exact);
+    Ok(serde_json::json!({
+        "bench": "retrieve", "method": "hnsw", "threads": threads,
+        "queries": a.queries, "passages": a.passages, "dim": a.dim, "seed": a.seed,
+        "build_seconds": round(build_s), "search_seconds": round(search_s), "wall_seconds": round(build_s + search_s),
+        "recall_sample": sample, "recall_max": round(rmax), "recall_min": round(rmin),
+        "peak_rss_mib": peak_rss_mib().map(round),
+    }))
+}

@@ -127,6 +127,26 @@ pub enum BenchCommand {
         #[arg(long, default_value = "OPENAI_API_KEY")]
         api_key_env: String,
     },
+    /// Most and least similar passage of every query by inner product, on seeded random unit
+    /// vectors, with the retrieval stage's own code (exact kernel or HNSW).
+    Retrieve {
+        #[arg(long, default_value_t = 2000)]
+        queries: usize,
+        #[arg(long, default_value_t = 100_000)]
+        passages: usize,
+        #[arg(long, default_value_t = 384)]
+        dim: usize,
+        #[arg(long, value_parser = ["exact", "hnsw"], default_value = "exact")]
+        method: String,
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// Threads (default: every core).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Queries checked against the exact kernel for hnsw recall.
+        #[arg(long, default_value_t = 500)]
+        recall_sample: usize,
+    },
     /// Passages per second of a local ONNX embedding model (fastembed).
     Embed {
         /// Model directory with model.onnx and tokenizer files.
@@ -278,6 +298,17 @@ fn bench(cmd: BenchCommand) -> i32 {
                 max_tokens,
                 timeout_seconds: timeout,
                 api_key_env,
+            })
+        }
+        BenchCommand::Retrieve { queries, passages, dim, method, seed, threads, recall_sample } => {
+            crate::bench::retrieve(&crate::bench::RetrieveBench {
+                queries,
+                passages,
+                dim,
+                hnsw: method == "hnsw",
+                seed,
+                threads,
+                recall_sample,
             })
         }
         BenchCommand::Embed { model_dir, passages, words, batch, ort_dylib } => {
