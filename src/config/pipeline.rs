@@ -148,6 +148,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> (Option<Pipeline>, Diagnostics) 
                     if overlay.get("profiles").is_some() {
                         diags.error(&entry.node.span, None, format!("profile \"{name}\" cannot define profiles"));
                     }
+                    replace_redefined(&mut root, overlay);
                     root.merge(overlay.clone())
                 }
                 other => diags.error(
@@ -179,6 +180,21 @@ pub fn load(path: &Path, opts: &LoadOptions) -> (Option<Pipeline>, Diagnostics) 
     let pipeline = check(file.clone(), file_hash, root, opts.profile.clone(), &kinds, &mut diags);
     diags.sort();
     if diags.has_errors() { (None, diags) } else { (pipeline, diags) }
+}
+
+/// A profile entry under `stages`, `providers` or `embedders` that sets `kind`
+/// redefines that entry: it replaces the base table instead of merging into it
+/// (so a profile can swap an hf source for a local one, or openai for offline).
+fn replace_redefined(root: &mut Table, overlay: &Table) {
+    for section in ["stages", "providers", "embedders"] {
+        let Some(over) = overlay.get(section).and_then(|e| e.node.as_table()) else { continue };
+        let Some(Value::Table(base)) = root.get_mut(section).map(|e| &mut e.node.value) else { continue };
+        for e in &over.entries {
+            if e.node.as_table().is_some_and(|t| t.get("kind").is_some()) {
+                base.remove(&e.key);
+            }
+        }
+    }
 }
 
 fn apply_set(root: &mut Table, set: &str, diags: &mut Diagnostics) {

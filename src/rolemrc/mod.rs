@@ -3,3 +3,4 @@
 //! holds only the code that reads and checks what those prompts produce.
 
 pub mod parsers;
+pub mod plan;

@@ -2,6 +2,12 @@
 //! Appendix D / Figure 13 (seven sections, speech examples with topic, narration
 //! and content), the `**User**:` / `**Name**:` dialogues of Figure 14, and the
 //! stylized answers of Figure 15 (an optional narration in parentheses).
+//!
+//! The dialogue and stylized parsers can take their variant per record: with
+//! `first_column` / `narration_column` set, the named input column (a string
+//! `"role"`/`"user"`/`"any"`, or a boolean for narration) overrides the static
+//! `first` / `narration` option for that record; a null or missing value falls
+//! back to the static option, any other value is a parse error naming the column.
 
 use arrow::datatypes::{DataType, Field, Fields};
 use serde::Deserialize;
@@ -322,6 +328,18 @@ pub static DIALOGUE: ParserKind = ParserKind {
             "\"keep\"",
             "what to do with narration in parentheses at the start of the role's turns",
         ),
+        OptionSpec::optional(
+            "first_column",
+            Ty::Str,
+            "input column whose value (\"role\", \"user\" or \"any\") overrides `first` for that record; \
+             null falls back to `first`",
+        ),
+        OptionSpec::optional(
+            "narration_column",
+            Ty::Str,
+            "boolean input column overriding `narration` for that record: true = \"keep\", false = \"strip\"; \
+             null falls back to `narration`",
+        ),
     ],
     build: |v| {
         #[derive(Deserialize, Default)]
@@ -331,6 +349,8 @@ pub static DIALOGUE: ParserKind = ParserKind {
             max_turns: Option<usize>,
             first: Option<String>,
             narration: Option<String>,
+            first_column: Option<String>,
+            narration_column: Option<String>,
         }
         let o: O = options(v)?;
         Ok(Box::new(DialogueParser {
@@ -339,6 +359,8 @@ pub static DIALOGUE: ParserKind = ParserKind {
             max: o.max_turns.unwrap_or(15),
             first: o.first.unwrap_or_else(|| "any".into()),
             narration: o.narration.unwrap_or_else(|| "keep".into()),
+            first_column: o.first_column,
+            narration_column: o.narration_column,
         }))
     },
 };
@@ -349,6 +371,32 @@ struct DialogueParser {
     max: usize,
     first: String,
     narration: String,
+    first_column: Option<String>,
+    narration_column: Option<String>,
+}
+
+/// The value of `column` in `record`, or `None` when no column is configured or the
+/// value is missing or null (the caller then uses its static option).
+fn column_value<'a>(record: &'a Row, column: Option<&str>) -> Option<(&'a str, &'a Value)> {
+    let column = column?;
+    let (name, v) = record.get_key_value(column)?;
+    (!v.is_null()).then_some((name.as_str(), v))
+}
+
+/// A boolean column choosing between two variants (`when_true`, `when_false`), or
+/// `fallback` when the column is unset or null.
+fn bool_variant<'a>(
+    record: &Row,
+    column: Option<&str>,
+    when_true: &'a str,
+    when_false: &'a str,
+    fallback: &'a str,
+) -> Result<&'a str, String> {
+    match column_value(record, column) {
+        None => Ok(fallback),
+        Some((_, Value::Bool(b))) => Ok(if *b { when_true } else { when_false }),
+        Some((name, v)) => Err(format!("narration column \"{name}\" must be true or false, found {v}")),
+    }
 }
 
 /// One turn: `User` or `Assistant` (the role), and what was said.
@@ -453,7 +501,17 @@ impl Parser for DialogueParser {
         let role = record.get(&self.role_column).and_then(Value::as_str).ok_or_else(|| {
             format!("the record has no role name in column \"{}\" (set parser_options.role_column)", self.role_column)
         })?;
-        let turns = parse_dialogue(text, role, self.min, self.max, &self.first, &self.narration)?;
+        let first = match column_value(record, self.first_column.as_deref()) {
+            None => self.first.as_str(),
+            Some((_, Value::String(s))) if matches!(s.as_str(), "role" | "user" | "any") => s.as_str(),
+            Some((name, v)) => {
+                return Err(format!(
+                    "first-speaker column \"{name}\" must be \"role\", \"user\" or \"any\", found {v}"
+                ));
+            }
+        };
+        let narration = bool_variant(record, self.narration_column.as_deref(), "keep", "strip", &self.narration)?;
+        let turns = parse_dialogue(text, role, self.min, self.max, first, narration)?;
         let first = if turns[0].0 == "User" { "user" } else { "role" };
         let mut r = Row::new();
         r.insert("turns".into(), Value::Array(turns.iter().map(|(w, c)| json!({"role": w, "content": c})).collect()));
@@ -471,24 +529,37 @@ impl Parser for DialogueParser {
 pub static STYLIZED: ParserKind = ParserKind {
     name: "stylized",
     about: "one stylized answer, optionally opening with a narration in parentheses",
-    options: &[OptionSpec::default(
-        "narration",
-        Ty::Enum(&["optional", "required", "strip"]),
-        "\"optional\"",
-        "required: reject answers without a leading narration; strip: remove it",
-    )],
+    options: &[
+        OptionSpec::default(
+            "narration",
+            Ty::Enum(&["optional", "required", "strip"]),
+            "\"optional\"",
+            "required: reject answers without a leading narration; strip: remove it",
+        ),
+        OptionSpec::optional(
+            "narration_column",
+            Ty::Str,
+            "boolean input column overriding `narration` for that record: true = \"optional\", false = \"strip\"; \
+             null falls back to `narration`",
+        ),
+    ],
     build: |v| {
         #[derive(Deserialize, Default)]
         struct O {
             narration: Option<String>,
+            narration_column: Option<String>,
         }
         let o: O = options(v)?;
-        Ok(Box::new(StylizedParser { narration: o.narration.unwrap_or_else(|| "optional".into()) }))
+        Ok(Box::new(StylizedParser {
+            narration: o.narration.unwrap_or_else(|| "optional".into()),
+            narration_column: o.narration_column,
+        }))
     },
 };
 
 struct StylizedParser {
     narration: String,
+    narration_column: Option<String>,
 }
 
 /// Clean a stylized answer: drop fences, a leading label, surrounding quotes.
@@ -513,7 +584,8 @@ impl Parser for StylizedParser {
             Field::new("content", DataType::Utf8, false),
         ]
     }
-    fn parse(&self, text: &str, _: &Row) -> Result<Row, String> {
+    fn parse(&self, text: &str, record: &Row) -> Result<Row, String> {
+        let mode = bool_variant(record, self.narration_column.as_deref(), "optional", "strip", &self.narration)?;
         let reply = clean_answer(text);
         if reply.is_empty() {
             return Err("the answer is empty".into());
@@ -522,11 +594,11 @@ impl Parser for StylizedParser {
         if content.is_empty() {
             return Err("the answer has a narration but no words".into());
         }
-        if self.narration == "required" && narration.is_empty() {
+        if mode == "required" && narration.is_empty() {
             return Err("the answer must start with a narration in parentheses, e.g. (She smiles) ...".into());
         }
         let (reply, narration) =
-            if self.narration == "strip" { (content.clone(), String::new()) } else { (reply.clone(), narration) };
+            if mode == "strip" { (content.clone(), String::new()) } else { (reply.clone(), narration) };
         let mut r = Row::new();
         r.insert("reply".into(), json!(reply));
         r.insert("narration".into(), if narration.is_empty() { Value::Null } else { json!(narration) });

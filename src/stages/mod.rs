@@ -34,6 +34,10 @@ pub mod jsonl;
 pub mod llm;
 pub mod map;
 pub mod parquet;
+pub mod retrieve;
+pub mod rolemrc_assemble;
+pub mod rolemrc_card;
+pub mod rolemrc_plan;
 pub mod sample;
 pub mod source;
 
@@ -47,6 +51,10 @@ pub static KINDS: &[&KindInfo] = &[
     &join::KIND,
     &llm::KIND,
     &embed::KIND,
+    &retrieve::KIND,
+    &rolemrc_plan::KIND,
+    &rolemrc_assemble::KIND,
+    &rolemrc_card::KIND,
     &parquet::KIND,
     &jsonl::KIND,
 ];

@@ -1,0 +1,405 @@
+//! `retrieve`: for every record of the first input (queries), find the most and the
+//! least similar record of the second input (corpus) by inner product of their
+//! vector columns, and carry the matched corpus columns over with their scores.
+//!
+//! `method = "exact"` packs the corpus once as it streams in and computes maximum
+//! and minimum in one blocked pass (`crate::retrieval`); `method = "hnsw"` builds a
+//! usearch index and measures its recall against the exact kernel on a sample of
+//! queries, reported in the manifest (farthest-point search is where HNSW is weak).
+//! Boolean corpus columns can restrict which records may be a maximum (`most_where`)
+//! or a minimum (`least_where`), e.g. "the least relevant triplet must be answerable".
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use arrow::array::{
+    Array, ArrayRef, BooleanArray, FixedSizeListArray, Float32Array, RecordBatch, StringArray, UInt32Array,
+};
+use arrow::datatypes::{DataType, Field, SchemaRef};
+use async_trait::async_trait;
+use serde::Deserialize;
+
+use super::{Arity, BuildCtx, Cancelled, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use crate::config::diag::Diagnostics;
+use crate::config::options::{OptionSpec, POSITIVE, Ty};
+use crate::data::{self, ID};
+use crate::retrieval::{self, Extremes, PackedCorpus, hnsw};
+use crate::store::parquet::stream_batches;
+
+const OPTIONS: &[OptionSpec] = &[
+    OptionSpec::default("query_column", Ty::Str, "\"embedding\"", "vector column of the first input (queries)"),
+    OptionSpec::default("corpus_column", Ty::Str, "\"embedding\"", "vector column of the second input (corpus)"),
+    OptionSpec::default(
+        "method",
+        Ty::Enum(&["exact", "hnsw"]),
+        "\"exact\"",
+        "exact: one blocked pass for max and min; hnsw: usearch index, recall measured on a sample",
+    ),
+    OptionSpec::optional("carry", Ty::StrList, "corpus columns to copy for each match (default: all but vectors)"),
+    OptionSpec::default("most_prefix", Ty::Str, "\"most_\"", "prefix of the most similar match's columns"),
+    OptionSpec::default("least_prefix", Ty::Str, "\"least_\"", "prefix of the least similar match's columns"),
+    OptionSpec::optional(
+        "most_where",
+        Ty::Str,
+        "boolean corpus column: only rows where it is true may be the most similar",
+    ),
+    OptionSpec::optional(
+        "least_where",
+        Ty::Str,
+        "boolean corpus column: only rows where it is true may be the least similar",
+    ),
+    OptionSpec::default("keep_vector", Ty::Bool, "false", "keep the query vector column in the output"),
+    OptionSpec::default("connectivity", POSITIVE, "32", "hnsw: graph degree (M)"),
+    OptionSpec::default("expansion_add", POSITIVE, "128", "hnsw: ef at construction"),
+    OptionSpec::default("expansion_search", POSITIVE, "64", "hnsw: ef at search"),
+    OptionSpec::default("recall_sample", Ty::Int(0, i64::MAX), "200", "hnsw: queries checked against exact"),
+    OptionSpec::optional("threads", POSITIVE, "worker threads (default: every core)").runtime_only(),
+];
+
+pub static KIND: KindInfo = KindInfo {
+    name: "retrieve",
+    version: 1,
+    about: "most and least similar corpus record per query by inner product (exact blocked kernel or HNSW)",
+    role: Role::Transform,
+    arity: Arity::Exactly(2),
+    options: OPTIONS,
+    uses_seed: false,
+    build,
+};
+
+#[derive(Deserialize, Clone)]
+struct Options {
+    query_column: String,
+    corpus_column: String,
+    method: String,
+    carry: Option<Vec<String>>,
+    most_prefix: String,
+    least_prefix: String,
+    most_where: Option<String>,
+    least_where: Option<String>,
+    keep_vector: bool,
+    connectivity: usize,
+    expansion_add: usize,
+    expansion_search: usize,
+    recall_sample: usize,
+    threads: Option<usize>,
+}
+
+struct Retrieve {
+    opts: Options,
+}
+
+fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> {
+    let opts: Options = ctx.parse(diags)?;
+    if opts.most_prefix == opts.least_prefix {
+        ctx.error(diags, "least_prefix", "most_prefix and least_prefix must differ");
+        return None;
+    }
+    Some(Box::new(Retrieve { opts }))
+}
+
+fn vector_dim(schema: &arrow::datatypes::Schema, column: &str) -> std::result::Result<usize, String> {
+    match schema.field_with_name(column).map(|f| f.data_type().clone()) {
+        Ok(DataType::FixedSizeList(item, n)) if item.data_type() == &DataType::Float32 => Ok(n as usize),
+        Ok(other) => {
+            Err(format!("column \"{column}\" is {}, not a vector (FixedSizeList<f32>)", data::type_display(&other)))
+        }
+        Err(_) => Err(format!("no column \"{column}\" (columns: {})", data::column_list(schema))),
+    }
+}
+
+impl Retrieve {
+    /// Corpus columns copied per match, with their fields.
+    fn carried(&self, corpus: &arrow::datatypes::Schema) -> Vec<Field> {
+        match &self.opts.carry {
+            Some(cols) => cols.iter().filter_map(|c| corpus.field_with_name(c).ok().cloned()).collect(),
+            None => corpus
+                .fields()
+                .iter()
+                .filter(|f| f.name() != ID && !matches!(f.data_type(), DataType::FixedSizeList(..)))
+                .map(|f| f.as_ref().clone())
+                .collect(),
+        }
+    }
+
+    fn output_fields(&self, query: &arrow::datatypes::Schema, corpus: &arrow::datatypes::Schema) -> Vec<Field> {
+        let mut fields: Vec<Field> = query
+            .fields()
+            .iter()
+            .skip(1)
+            .filter(|f| self.opts.keep_vector || f.name() != &self.opts.query_column)
+            .map(|f| f.as_ref().clone())
+            .collect();
+        let carried = self.carried(corpus);
+        for prefix in [&self.opts.most_prefix, &self.opts.least_prefix] {
+            fields.push(Field::new(format!("{prefix}id"), DataType::Utf8, true));
+            fields.push(Field::new(format!("{prefix}score"), DataType::Float32, true));
+            for f in &carried {
+                fields.push(Field::new(format!("{prefix}{}", f.name()), f.data_type().clone(), true));
+            }
+        }
+        fields
+    }
+}
+
+#[async_trait]
+impl Stage for Retrieve {
+    fn plan(&self, ctx: &mut PlanCtx<'_>) -> Option<SchemaRef> {
+        let (query, corpus) = (ctx.input_schema(0)?, ctx.input_schema(1)?);
+        let qdim = vector_dim(&query, &self.opts.query_column);
+        let cdim = vector_dim(&corpus, &self.opts.corpus_column);
+        if let Err(e) = &qdim {
+            ctx.error("query_column", format!("first input: {e}"));
+        }
+        if let Err(e) = &cdim {
+            ctx.error("corpus_column", format!("second input: {e}"));
+        }
+        if let (Ok(q), Ok(c)) = (qdim, cdim)
+            && q != c
+        {
+            ctx.error("corpus_column", format!("query vectors have {q} dimensions, corpus vectors {c}"));
+        }
+        for (option, col) in [("most_where", &self.opts.most_where), ("least_where", &self.opts.least_where)] {
+            if let Some(col) = col {
+                match corpus.field_with_name(col).map(|f| f.data_type().clone()) {
+                    Ok(DataType::Boolean) => {}
+                    Ok(other) => {
+                        ctx.error(option, format!("column \"{col}\" is {}, not bool", data::type_display(&other)))
+                    }
+                    Err(_) => ctx.error(
+                        option,
+                        format!("the second input has no column \"{col}\" (columns: {})", data::column_list(&corpus)),
+                    ),
+                }
+            }
+        }
+        if let Some(cols) = &self.opts.carry {
+            ctx.require_columns("carry", 1, cols.iter().map(String::as_str));
+        }
+        let fields = self.output_fields(&query, &corpus);
+        let mut seen = std::collections::BTreeSet::new();
+        for f in &fields {
+            if !seen.insert(f.name().clone()) || f.name() == ID {
+                ctx.error(
+                    "most_prefix",
+                    format!("output column \"{}\" would appear twice; change the prefixes", f.name()),
+                );
+                return None;
+            }
+        }
+        Some(data::schema_with_id(fields))
+    }
+
+    async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
+        let threads =
+            self.opts.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+        let (queries_in, corpus_in) = (ctx.inputs[0].clone(), ctx.inputs[1].clone());
+        let dim = vector_dim(&corpus_in.schema, &self.opts.corpus_column).map_err(anyhow::Error::msg)?;
+        ctx.progress.set_total(corpus_in.num_rows + queries_in.num_rows);
+
+        // 1. Stream the corpus into the packed layout (and row-major for HNSW).
+        let hnsw_mode = self.opts.method == "hnsw";
+        let mut packed = PackedCorpus::with_capacity(dim, corpus_in.num_rows as usize);
+        let mut rows_major: Vec<f32> = Vec::new();
+        let (mut max_ok, mut min_ok) = (Vec::new(), Vec::new());
+        let mut corpus_ids: Vec<String> = Vec::with_capacity(corpus_in.num_rows as usize);
+        let mut rx = stream_batches(corpus_in.path.clone(), 8192);
+        while let Some(batch) = rx.recv().await {
+            if ctx.cancel.is_cancelled() {
+                bail!(Cancelled);
+            }
+            let batch = batch?;
+            let (values, offsets) = vectors(&batch, &self.opts.corpus_column, dim)?;
+            let flag = |col: &Option<String>| -> Result<Option<BooleanArray>> {
+                match col {
+                    None => Ok(None),
+                    Some(c) => Ok(Some(
+                        batch
+                            .column_by_name(c)
+                            .and_then(|a| a.as_any().downcast_ref::<BooleanArray>())
+                            .with_context(|| format!("corpus column \"{c}\" is not bool"))?
+                            .clone(),
+                    )),
+                }
+            };
+            let (mx, mn) = (flag(&self.opts.most_where)?, flag(&self.opts.least_where)?);
+            let ids = data::ids(&batch);
+            for i in 0..batch.num_rows() {
+                let v = &values[offsets[i]..offsets[i] + dim];
+                let ok = |f: &Option<BooleanArray>| f.as_ref().is_none_or(|a| a.is_valid(i) && a.value(i));
+                let (a, b) = (ok(&mx), ok(&mn));
+                packed.push(v, a, b);
+                if hnsw_mode {
+                    rows_major.extend_from_slice(v);
+                    max_ok.push(a);
+                    min_ok.push(b);
+                }
+                corpus_ids.push(ids.value(i).to_string());
+            }
+            ctx.progress.inc(batch.num_rows() as u64);
+        }
+
+        // 2. Queries (small: one vector per profile).
+        let (_, qbatches) = crate::store::parquet::read_all(&queries_in.path)?;
+        let mut qvec: Vec<f32> = Vec::with_capacity(queries_in.num_rows as usize * dim);
+        for b in &qbatches {
+            let (values, offsets) = vectors(b, &self.opts.query_column, dim)?;
+            for i in 0..b.num_rows() {
+                qvec.extend_from_slice(&values[offsets[i]..offsets[i] + dim]);
+            }
+        }
+
+        // 3. Search, off the async runtime.
+        let started = std::time::Instant::now();
+        let opts = self.opts.clone();
+        let (extremes, info) =
+            tokio::task::spawn_blocking(move || -> Result<(Vec<Extremes>, BTreeMap<String, String>)> {
+                let mut info = BTreeMap::new();
+                if !hnsw_mode {
+                    info.insert("kernel".into(), retrieval::kernel_name().to_string());
+                    return Ok((retrieval::exact_max_min(&qvec, &packed, threads), info));
+                }
+                let params = hnsw::HnswParams {
+                    connectivity: opts.connectivity,
+                    expansion_add: opts.expansion_add,
+                    expansion_search: opts.expansion_search,
+                };
+                let index = hnsw::Hnsw::build(&rows_major, dim, max_ok, min_ok, params, threads)?;
+                drop(rows_major);
+                let approx = index.max_min(&qvec, threads)?;
+                let sample = opts.recall_sample.min(approx.len());
+                if sample > 0 {
+                    // An evenly spread sample of queries, checked against the exact kernel.
+                    let step = approx.len() as f64 / sample as f64;
+                    let picks: Vec<usize> = (0..sample).map(|k| (k as f64 * step) as usize).collect();
+                    let q: Vec<f32> =
+                        picks.iter().flat_map(|&i| qvec[i * dim..(i + 1) * dim].iter().copied()).collect();
+                    let exact = retrieval::exact_max_min(&q, &packed, threads);
+                    let got: Vec<Extremes> = picks.iter().map(|&i| approx[i]).collect();
+                    let (rmax, rmin) = hnsw::recall(&got, &exact);
+                    info.insert("recall_sample".into(), sample.to_string());
+                    info.insert("recall_max".into(), format!("{rmax:.4}"));
+                    info.insert("recall_min".into(), format!("{rmin:.4}"));
+                    tracing::info!(recall_max = rmax, recall_min = rmin, sample, "hnsw recall against exact");
+                }
+                Ok((approx, info))
+            })
+            .await??;
+        ctx.report.info.insert("method".into(), self.opts.method.clone());
+        ctx.report.info.insert("search_seconds".into(), format!("{:.3}", started.elapsed().as_secs_f64()));
+        ctx.report.info.extend(info);
+
+        // 4. Fetch the matched corpus rows in a second streaming pass.
+        let carried = self.carried(&corpus_in.schema);
+        let mut wanted: Vec<u32> =
+            extremes.iter().flat_map(|e| [e.max_idx, e.min_idx]).filter(|i| *i != u32::MAX).collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        let mut picked: Vec<Vec<ArrayRef>> = vec![Vec::new(); carried.len()];
+        let mut rx = stream_batches(corpus_in.path.clone(), 8192);
+        let (mut base, mut w) = (0u32, 0usize);
+        while let Some(batch) = rx.recv().await {
+            let batch = batch?;
+            let end = base + batch.num_rows() as u32;
+            let mut take = Vec::new();
+            while w < wanted.len() && wanted[w] < end {
+                take.push(wanted[w] - base);
+                w += 1;
+            }
+            if !take.is_empty() {
+                let idx = UInt32Array::from(take);
+                for (k, f) in carried.iter().enumerate() {
+                    let col = batch.column_by_name(f.name()).context("carried column")?;
+                    picked[k].push(arrow::compute::take(col, &idx, None)?);
+                }
+            }
+            base = end;
+        }
+        let picked: Vec<ArrayRef> = picked
+            .into_iter()
+            .zip(&carried)
+            .map(|(parts, f)| {
+                if parts.is_empty() {
+                    Ok(arrow::array::new_empty_array(f.data_type()))
+                } else {
+                    let refs: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
+                    Ok(arrow::compute::concat(&refs)?)
+                }
+            })
+            .collect::<Result<_>>()?;
+        let position = |idx: u32| -> Option<u32> {
+            (idx != u32::MAX).then(|| wanted.binary_search(&idx).expect("wanted holds every match") as u32)
+        };
+
+        // 5. Write query rows with both matches.
+        let fields = self.output_fields(&queries_in.schema, &corpus_in.schema);
+        let schema = data::schema_with_id(fields);
+        let mut out = ctx.create_output_keeping_ids(schema.clone())?;
+        let mut q0 = 0usize;
+        for b in &qbatches {
+            let n = b.num_rows();
+            let ex = &extremes[q0..q0 + n];
+            let mut cols: Vec<ArrayRef> = vec![b.column(0).clone()];
+            for (f, c) in b.schema().fields().iter().zip(b.columns()).skip(1) {
+                if self.opts.keep_vector || f.name() != &self.opts.query_column {
+                    cols.push(c.clone());
+                }
+            }
+            for most in [true, false] {
+                let pos: UInt32Array = ex.iter().map(|e| position(if most { e.max_idx } else { e.min_idx })).collect();
+                let ids: StringArray = ex
+                    .iter()
+                    .map(|e| {
+                        let i = if most { e.max_idx } else { e.min_idx };
+                        (i != u32::MAX).then(|| corpus_ids[i as usize].as_str())
+                    })
+                    .collect();
+                let scores: Float32Array = ex
+                    .iter()
+                    .map(|e| {
+                        let (i, s) = if most { (e.max_idx, e.max) } else { (e.min_idx, e.min) };
+                        (i != u32::MAX).then_some(s)
+                    })
+                    .collect();
+                cols.push(Arc::new(ids));
+                cols.push(Arc::new(scores));
+                for p in &picked {
+                    cols.push(arrow::compute::take(p, &pos, None)?);
+                }
+            }
+            out.write(&RecordBatch::try_new(schema.clone(), cols)?)?;
+            for e in ex {
+                if e.max_idx == u32::MAX || e.min_idx == u32::MAX {
+                    tracing::warn!(stage = %ctx.name, "a query found no eligible corpus record (empty corpus or masks)");
+                    break;
+                }
+            }
+            q0 += n;
+            ctx.progress.inc(n as u64);
+        }
+        ctx.report.rows_in = queries_in.num_rows;
+        ctx.set_output(out)
+    }
+}
+
+/// The flat values of a vector column and each row's start offset into them.
+fn vectors<'a>(batch: &'a RecordBatch, column: &str, dim: usize) -> Result<(&'a [f32], Vec<usize>)> {
+    let list = batch
+        .column_by_name(column)
+        .and_then(|a| a.as_any().downcast_ref::<FixedSizeListArray>())
+        .with_context(|| format!("column \"{column}\" is not a vector column"))?;
+    if list.value_length() as usize != dim {
+        bail!("column \"{column}\" has {} dimensions, expected {dim}", list.value_length());
+    }
+    if list.null_count() > 0 {
+        bail!("column \"{column}\" has null vectors");
+    }
+    let values = list
+        .values()
+        .as_any()
+        .downcast_ref::<Float32Array>()
+        .with_context(|| format!("column \"{column}\" does not hold f32 values"))?;
+    let offsets = (0..list.len()).map(|i| list.value_offset_at(i)).collect();
+    Ok((values.values(), offsets))
+}
