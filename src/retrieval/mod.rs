@@ -274,9 +274,8 @@ fn portable(block: &[f32], running: &mut [Running], corpus: &PackedCorpus) {
 
 #[inline(always)]
 fn fold(run: &mut Running, scores: &[f32; STRIP], base: u32, max_ok: u32, min_ok: u32) {
-    for j in 0..STRIP {
-        let l = j % 16;
-        let (v, i) = (scores[j], base + j as u32);
+    for (j, &v) in scores.iter().enumerate() {
+        let (l, i) = (j % 16, base + j as u32);
         if max_ok >> j & 1 == 1 && v > run.max_v[l] {
             run.max_v[l] = v;
             run.max_i[l] = i;

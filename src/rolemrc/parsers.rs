@@ -81,15 +81,35 @@ pub struct Profile {
     pub speech_examples: Vec<(String, String, String)>,
 }
 
+/// The section a heading line opens: `#... Title`, `**Title**` (also `**Title**:`), with an
+/// optional number; a bare numbered line (`1. Role Name and Brief Description`) only when it
+/// is exactly a section title, since list items are numbered too.
 fn heading_of(line: &str) -> Option<usize> {
     let t = line.trim();
-    let is_heading = t.starts_with('#') || (t.starts_with("**") && t.ends_with("**") && t.len() > 4);
-    if !is_heading {
-        return None;
+    let bold = t.trim_end_matches(':');
+    let marked = t.starts_with('#') || (bold.starts_with("**") && bold.ends_with("**") && bold.len() > 4);
+    let text = t.trim_matches(|c| c == '#' || c == '*' || c == ' ' || c == ':').to_lowercase();
+    let text = text.trim_start_matches(|c: char| c.is_ascii_digit() || c == '.' || c == ')' || c == ' ');
+    if marked {
+        SECTIONS.iter().position(|(_, keys)| keys.iter().any(|k| text.contains(k)))
+    } else if t.starts_with(|c: char| c.is_ascii_digit()) {
+        SECTIONS.iter().position(|(title, _)| title.eq_ignore_ascii_case(text))
+    } else {
+        None
     }
-    let text = t.trim_matches(|c| c == '#' || c == '*' || c == ' ').to_lowercase();
-    let text = text.trim_start_matches(|c: char| c.is_ascii_digit() || c == '.' || c == ' ');
-    SECTIONS.iter().position(|(_, keys)| keys.iter().any(|k| text.contains(k)))
+}
+
+/// A markdown horizontal rule (`---`, `***`, `___`).
+fn is_rule(t: &str) -> bool {
+    t.len() >= 3 && ['-', '*', '_'].iter().any(|&c| t.chars().all(|x| x == c))
+}
+
+/// `Label: text`, `**Label:** text` or `**Label**: text` → `text`.
+fn strip_label<'a>(line: &'a str, label: &str) -> Option<&'a str> {
+    let t = line.trim().trim_start_matches(['-', '*', ' ']);
+    let rest = t.get(label.len()..).filter(|_| t[..label.len()].eq_ignore_ascii_case(label))?;
+    let rest = rest.trim_start_matches('*').trim_start().strip_prefix(':')?;
+    Some(rest.trim_start_matches('*').trim())
 }
 
 /// Strip a list marker (`1.`, `2)`, `-`, `*`) from a line.
@@ -109,7 +129,7 @@ fn items(lines: &[&str]) -> Vec<String> {
 fn name_desc(item: &str) -> (String, String) {
     match item.split_once(':') {
         Some((n, d)) if n.chars().count() <= 80 => {
-            (n.trim().trim_matches('*').trim().to_string(), d.trim().to_string())
+            (n.trim().trim_matches('*').trim().to_string(), d.trim_start_matches('*').trim().to_string())
         }
         _ => (item.trim().to_string(), String::new()),
     }
@@ -128,12 +148,64 @@ pub fn split_narration(text: &str) -> (String, String) {
     (String::new(), t.to_string())
 }
 
-/// Parse a profile, saying which part is missing when it is not usable.
+/// The `Topic:` of a speech example → (topic, rest).
+fn example_topic(item: &str) -> Option<(&str, &str)> {
+    let (t, rest) = item.split_once(':')?;
+    let topic = t.trim().trim_matches('*').trim();
+    let ok = t.chars().count() <= 80 && !t.contains('(') && !t.starts_with(['"', '“']) && !topic.is_empty();
+    ok.then(|| (topic, rest.trim_start_matches('*')))
+}
+
+/// Speech examples as (topic, narration, content). An example starts with a list marker,
+/// a `Topic:` or a narration/quote; a line right after it (no blank line between) continues
+/// it; any other line is chatter and ignored (as are unnumbered lines once the examples
+/// are numbered, e.g. a trailing `Note: ...`).
+fn speech_examples(lines: &[&str]) -> Vec<(String, String, String)> {
+    let mut raw: Vec<String> = Vec::new();
+    let mut numbered = false;
+    let mut after_blank = true;
+    for line in lines {
+        let t = line.trim();
+        if t.is_empty() {
+            after_blank = true;
+            continue;
+        }
+        let item = strip_marker(t);
+        let marked = item.len() < t.len();
+        let starts = marked || example_topic(item).is_some() || item.starts_with(['(', '"', '“']);
+        if starts && (marked || !numbered) {
+            numbered |= marked && raw.is_empty();
+            raw.push(item.to_string());
+        } else if let (false, Some(last)) = (after_blank, raw.last_mut()) {
+            last.push(' ');
+            last.push_str(item);
+        }
+        after_blank = false;
+    }
+    raw.iter()
+        .filter_map(|item| {
+            let (topic, rest) = example_topic(item).unwrap_or(("", item));
+            let (narration, content) = split_narration(rest);
+            (!content.is_empty()).then(|| (topic.to_string(), narration, content))
+        })
+        .collect()
+}
+
+/// Parse a profile, saying which part is missing when it is not usable. Lines before the
+/// first heading are ignored, and so are lines after a closing code fence or a horizontal
+/// rule until the next heading (chatter around the profile, markdown decoration).
 pub fn parse_profile(text: &str, min_examples: usize) -> Result<Profile, String> {
     let mut sections: [Option<Vec<&str>>; 7] = Default::default();
     let mut current: Option<usize> = None;
+    let mut in_fence = false;
     for line in text.lines() {
-        if line.trim().starts_with("```") {
+        let t = line.trim();
+        if t.starts_with("```") || is_rule(t) {
+            let closing = t.starts_with("```") && in_fence;
+            in_fence ^= t.starts_with("```");
+            if closing || is_rule(t) {
+                current = None;
+            }
             continue;
         }
         if let Some(idx) = heading_of(line) {
@@ -144,14 +216,15 @@ pub fn parse_profile(text: &str, min_examples: usize) -> Result<Profile, String>
                 continue;
             }
         }
-        if let (Some(idx), false) = (current, line.trim().is_empty()) {
+        // Blank lines are kept: they separate speech examples from chatter.
+        if let Some(idx) = current {
             sections[idx].as_mut().expect("open section").push(line);
         }
     }
     let missing: Vec<&str> = SECTIONS
         .iter()
         .zip(&sections)
-        .filter(|(_, s)| s.as_ref().is_none_or(|l| l.is_empty()))
+        .filter(|(_, s)| s.as_ref().is_none_or(|l| l.iter().all(|x| x.trim().is_empty())))
         .map(|((n, _), _)| *n)
         .collect();
     if !missing.is_empty() {
@@ -161,10 +234,15 @@ pub fn parse_profile(text: &str, min_examples: usize) -> Result<Profile, String>
             SECTIONS[0].0
         ));
     }
-    let s: Vec<Vec<&str>> = sections.into_iter().map(|s| s.expect("checked")).collect();
-    let identification = s[0][0].trim().trim_matches('*').trim().to_string();
-    let identification =
-        identification.strip_prefix("Identification:").map(str::trim).unwrap_or(&identification).to_string();
+    let speech = sections[6].clone().expect("checked");
+    let s: Vec<Vec<&str>> = sections
+        .into_iter()
+        .map(|s| s.expect("checked").into_iter().filter(|l| !l.trim().is_empty()).collect())
+        .collect();
+    let identification = match strip_label(s[0][0], "Identification") {
+        Some(rest) => rest.to_string(),
+        None => s[0][0].trim().trim_matches('*').trim().to_string(),
+    };
     let role_name = identification
         .split([',', '(', '–', '—'])
         .next()
@@ -180,23 +258,11 @@ pub fn parse_profile(text: &str, min_examples: usize) -> Result<Profile, String>
         );
     }
     let description = s[0][1..].iter().map(|l| l.trim()).collect::<Vec<_>>().join(" ");
-    let description = description.strip_prefix("Description:").map(str::trim).unwrap_or(&description).to_string();
+    let description = strip_label(&description, "Description").unwrap_or(&description).to_string();
     if description.is_empty() {
         return Err("the first section needs a description after the name line".into());
     }
-    let speech_examples: Vec<(String, String, String)> = items(&s[6])
-        .iter()
-        .filter_map(|item| {
-            let (topic, rest) = match item.split_once(':') {
-                Some((t, r)) if t.chars().count() <= 80 && !t.contains('(') => {
-                    (t.trim().trim_matches('*').to_string(), r)
-                }
-                _ => (String::new(), item.as_str()),
-            };
-            let (narration, content) = split_narration(rest);
-            (!content.is_empty()).then_some((topic, narration, content))
-        })
-        .collect();
+    let speech_examples = speech_examples(&speech);
     if speech_examples.len() < min_examples {
         return Err(format!(
             "the profile needs at least {min_examples} speech example(s), each \"Topic: \\\"(narration) words\\\"\""
@@ -480,7 +546,12 @@ pub fn parse_dialogue(
     for (who, content) in &mut turns {
         if who == "Assistant" && content.trim_start().starts_with('(') {
             match narration {
-                "strip" => *content = split_narration(content).1,
+                "strip" => {
+                    *content = split_narration(content).1;
+                    if content.is_empty() {
+                        return Err(format!("a turn of {role} is only narration; it would be empty without it"));
+                    }
+                }
                 "reject" => return Err("narration in parentheses is not allowed in this dialogue".into()),
                 _ => {}
             }
@@ -565,8 +636,14 @@ struct StylizedParser {
 /// Clean a stylized answer: drop fences, a leading label, surrounding quotes.
 pub fn clean_answer(text: &str) -> String {
     let mut t = text.trim();
-    if t.starts_with("```") {
-        t = t.trim_start_matches('`').trim_end_matches('`').trim();
+    if let Some(rest) = t.strip_prefix("```") {
+        let rest = rest.trim_start_matches('`');
+        // A language tag on the fence line (```text) is not part of the answer.
+        let rest = match rest.split_once('\n') {
+            Some((tag, body)) if tag.trim().chars().all(|c| c.is_ascii_alphanumeric() || "-_+".contains(c)) => body,
+            _ => rest,
+        };
+        t = rest.trim_end().trim_end_matches('`').trim();
     }
     for label in ["<Edited Answer>", "Edited Answer:", "Edited answer:"] {
         if let Some(rest) = t.strip_prefix(label) {

@@ -417,8 +417,8 @@ impl Planner<'_> {
         match kind {
             Kind::Free | Kind::OnScene => {
                 // Four equal variants: role or user first × with or without narration.
-                let first = if idx % 2 == 0 { "role" } else { "user" };
-                let narration = (idx / 2) % 2 == 0;
+                let first = if idx.is_multiple_of(2) { "role" } else { "user" };
+                let narration = (idx / 2).is_multiple_of(2);
                 let mut r = base(narration);
                 let onscene = matches!(kind, Kind::OnScene);
                 if onscene {
@@ -551,4 +551,203 @@ pub fn read_scripts(path: &std::path::Path, known: &[&str]) -> Result<BTreeMap<S
         out.entry(s.category.clone()).or_default().push(s);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scripts(cat: &str, n: usize) -> Vec<Script> {
+        (0..n).map(|i| Script { id: format!("{cat}-{i:02}"), category: cat.into(), text: format!("{cat} text {i}") }).collect()
+    }
+
+    fn profiles(n: usize) -> Vec<Profile> {
+        (0..n)
+            .map(|i| {
+                let t = |tag: &str, answerable: bool| Triplet {
+                    id: format!("{tag}-{i}"),
+                    question: format!("question {i}?"),
+                    passages: "[1] text".into(),
+                    answer: if answerable { format!("answer {i}") } else { "No Answer Present.".into() },
+                    answerable,
+                };
+                Profile {
+                    id: format!("p{i}"),
+                    role_name: format!("Role {i}"),
+                    text: "profile (with narration)".into(),
+                    text_no_narration: "profile".into(),
+                    // A third of the profiles match an unanswerable most relevant triplet.
+                    most: Some(t("most", i % 3 != 0)),
+                    least: Some(t("least", true)),
+                }
+            })
+            .collect()
+    }
+
+    fn planner<'a>(counts: &'a Counts, test: &'a TestCounts) -> Planner<'a> {
+        let mut seeds = BTreeMap::new();
+        for (c, n) in [("no_answer", 10), ("refusal", 10), ("attempt", 10), ("system_ban", 5)] {
+            seeds.insert(c.to_string(), scripts(c, n));
+        }
+        let mut rules = BTreeMap::new();
+        for (c, n) in [("omnipotence", 10), ("formatting", 5), ("output_constraint", 15), ("domain_ban", 15)] {
+            rules.insert(c.to_string(), scripts(c, n));
+        }
+        Planner { seed: 7, stage: "plan", counts, test, seeds, rules, attempt_join: " " }
+    }
+
+    #[test]
+    fn default_counts_reproduce_table_2_and_the_official_test_mix() {
+        let (counts, test) = (Counts::default(), TestCounts::default());
+        let plan = planner(&counts, &test).plan(&profiles(10_200));
+        let n = |split: &str, cat: &str| plan.samples.get(&(split.to_string(), cat.to_string())).copied().unwrap_or(0);
+        for (cat, want) in [
+            ("free_chat", 5000),
+            ("onscene_chat", 5000),
+            ("answer", 2000),
+            ("no_answer", 2000),
+            ("refusal", 2000),
+            ("attempt", 2000),
+            ("multi_turn", 2000),
+            ("nested", 1600),
+            ("prioritized", 2400),
+        ] {
+            assert_eq!(n("train", cat), want, "train {cat}");
+        }
+        let test_total: usize = plan.samples.iter().filter(|((s, _), _)| s == "test").map(|(_, v)| v).sum();
+        assert_eq!(test_total, 1400);
+        let mut per_task: BTreeMap<&str, usize> = BTreeMap::new();
+        for r in plan.requests.iter().filter(|r| r.split == "test" && r.part == "reply") {
+            *per_task.entry(r.task.as_str()).or_default() += 1;
+        }
+        assert_eq!(per_task.len(), 12 + 8 + 2, "{per_task:?}");
+        for ty in 1..=8u8 {
+            assert_eq!(per_task[base_task(ty)], 100);
+        }
+        assert_eq!(per_task["role_related_mrc_refused_with_narration-2ndrefused"], 100);
+        assert_eq!(per_task["role_unrelated_mrc_refused_no_narration-2ndanswer"], 100);
+        let with = |suffix: &str| -> usize {
+            per_task.iter().filter(|(t, _)| t.contains("with_narration") && t.ends_with(suffix)).map(|(_, n)| n).sum()
+        };
+        let without = |suffix: &str| -> usize {
+            per_task.iter().filter(|(t, _)| t.contains("no_narration") && t.ends_with(suffix)).map(|(_, n)| n).sum()
+        };
+        assert_eq!((with("-special-content"), with("-special-format"), with("-refused")), (20, 58, 22));
+        assert_eq!((without("-special-content"), without("-special-format"), without("-refused")), (22, 58, 20));
+        assert_eq!(plan.reused, 0);
+    }
+
+    #[test]
+    fn categories_map_to_their_seeds_rules_and_triplets() {
+        let (counts, test) = (Counts::default(), TestCounts::default());
+        let plan = planner(&counts, &test).plan(&profiles(10_200));
+        for r in &plan.requests {
+            let prefix = |id: &str| id.rsplit_once('-').map(|(p, _)| p.to_string()).unwrap_or_default();
+            match (r.category.as_str(), r.r#type as u8) {
+                ("free_chat" | "onscene_chat", 0) => {
+                    assert!(r.seed_id.is_empty() && r.rule_id.is_empty());
+                    assert!(r.first == "role" || r.first == "user");
+                    assert_eq!(r.category == "onscene_chat", !r.passages.is_empty());
+                }
+                (_, ty) if r.category != "prioritized" && (1..=8).contains(&ty) => {
+                    assert_eq!(r.narration, ty % 2 == 1, "{}", r.id);
+                    assert_eq!(r.triplet_id.starts_with("most"), ty <= 4, "{}", r.id);
+                    match seed_category(ty) {
+                        None => assert!(r.seed_id.is_empty() && r.answer.starts_with("answer")),
+                        Some(cat) => assert_eq!(prefix(&r.seed_id), cat, "{}", r.id),
+                    }
+                    if ty >= 7 && r.part != "base" {
+                        assert!(r.answer.ends_with(&r.reference_answer), "attempt = seed + answer: {}", r.answer);
+                    }
+                    if ty >= 5 || ty <= 2 {
+                        assert!(!r.reference_answer.contains("No Answer"), "{}", r.id);
+                    } else {
+                        assert_eq!(r.reference_answer, "No Answer Present.");
+                    }
+                    match r.category.as_str() {
+                        "multi_turn" => {
+                            assert!((3..=6).contains(&ty));
+                            assert_eq!(prefix(&r.rule_id), "omnipotence");
+                            assert_eq!(r.user2.split(' ').next().unwrap(), "omnipotence");
+                            let want = if ty <= 4 { "no_answer" } else { "attempt" };
+                            assert_eq!(prefix(&r.seed2_id), want);
+                            assert_ne!(r.seed2_id, r.seed_id, "the second refusal uses another script");
+                            assert!(r.task.ends_with(if ty <= 4 { "-2ndrefused" } else { "-2ndanswer" }));
+                        }
+                        "nested" => {
+                            assert!((1..=4).contains(&ty));
+                            let cat = prefix(&r.rule_id);
+                            let suffix = if cat == "formatting" { "-special-format" } else { "-special-content" };
+                            assert!(cat == "formatting" || cat == "output_constraint");
+                            assert!(r.task.ends_with(suffix), "{} {}", r.task, cat);
+                            assert_eq!(r.prompt, if r.part == "base" { "stylize" } else { "rewrite" });
+                        }
+                        cat => {
+                            assert_eq!(cat, single_category(ty));
+                            assert_eq!(r.task, base_task(ty));
+                        }
+                    }
+                }
+                ("prioritized", ty) => {
+                    assert!(ty == 1 || ty == 2);
+                    assert_eq!(prefix(&r.rule_id), "domain_ban");
+                    assert_eq!(prefix(&r.seed_id), "system_ban");
+                    assert_eq!(r.answer, r.rejected);
+                    assert!(r.task.ends_with("-refused"));
+                }
+                other => panic!("unexpected {other:?} for {}", r.id),
+            }
+        }
+    }
+
+    #[test]
+    fn plans_are_deterministic_and_test_profiles_come_first() {
+        let counts = Counts { free_chat: 8, onscene_chat: 8, answer: 6, ..Counts::default() };
+        let test = TestCounts { per_task: 2, ..TestCounts::default() };
+        let p = profiles(300);
+        let a = planner(&counts, &test).plan(&p);
+        let b = planner(&counts, &test).plan(&p);
+        let ids = |pl: &Plan| pl.requests.iter().map(|r| (r.id.clone(), r.profile_id.clone(), r.seed_id.clone())).collect::<Vec<_>>();
+        assert_eq!(ids(&a), ids(&b));
+        let mut other = planner(&counts, &test);
+        other.seed = 8;
+        assert_ne!(ids(&a), ids(&other.plan(&p)), "the pipeline seed changes the draw");
+        // Within one type, test and train use different profiles when the pool allows it.
+        let test_profiles: std::collections::BTreeSet<_> =
+            a.requests.iter().filter(|r| r.split == "test" && r.r#type == 1 && r.category == "answer").map(|r| &r.profile_id).collect();
+        assert!(a.requests.iter().filter(|r| r.split == "train" && r.r#type == 1 && r.category == "answer").all(|r| !test_profiles.contains(&r.profile_id)));
+        // Chats: the four variants in equal shares.
+        let mut variants = BTreeMap::new();
+        for r in a.requests.iter().filter(|r| r.category == "free_chat") {
+            *variants.entry((r.first.clone(), r.narration)).or_insert(0) += 1;
+        }
+        assert_eq!(variants.values().copied().collect::<Vec<_>>(), vec![2, 2, 2, 2]);
+    }
+
+    #[test]
+    fn small_pools_are_reused_and_missing_categories_reported() {
+        let counts = Counts::default();
+        let test = TestCounts::default();
+        let mut p = profiles(30);
+        for x in &mut p {
+            x.most.as_mut().unwrap().answerable = true;
+        }
+        let plan = planner(&counts, &test).plan(&p);
+        assert!(plan.reused > 0);
+        assert!(plan.empty_pools.iter().any(|k| k.starts_with("no_answer")), "{:?}", plan.empty_pools);
+        let mut pl = planner(&counts, &test);
+        pl.seeds.remove("system_ban");
+        assert!(pl.check().unwrap_err().contains("system_ban"));
+    }
+
+    #[test]
+    fn script_files_report_line_and_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("s.jsonl");
+        std::fs::write(&f, "{\"id\":\"a\",\"category\":\"refusal\",\"text\":\"x\"}\n{\"id\":\"b\",\"category\":\"nope\",\"text\":\"y\"}\n").unwrap();
+        let e = read_scripts(&f, SEED_CATEGORIES).unwrap_err();
+        assert!(e.contains("s.jsonl:2") && e.contains("\"category\"") && e.contains("nope"), "{e}");
+        std::fs::write(&f, "{\"id\":\"a\",\"category\":\"refusal\",\"text\":\"x\"}\n{\"id\":\"a\",\"category\":\"refusal\",\"text\":\"y\"}\n").unwrap();
+        assert!(read_scripts(&f, SEED_CATEGORIES).unwrap_err().contains("duplicate id"));
+    }
 }
