@@ -558,7 +558,9 @@ mod tests {
     use super::*;
 
     fn scripts(cat: &str, n: usize) -> Vec<Script> {
-        (0..n).map(|i| Script { id: format!("{cat}-{i:02}"), category: cat.into(), text: format!("{cat} text {i}") }).collect()
+        (0..n)
+            .map(|i| Script { id: format!("{cat}-{i:02}"), category: cat.into(), text: format!("{cat} text {i}") })
+            .collect()
     }
 
     fn profiles(n: usize) -> Vec<Profile> {
@@ -707,15 +709,26 @@ mod tests {
         let p = profiles(300);
         let a = planner(&counts, &test).plan(&p);
         let b = planner(&counts, &test).plan(&p);
-        let ids = |pl: &Plan| pl.requests.iter().map(|r| (r.id.clone(), r.profile_id.clone(), r.seed_id.clone())).collect::<Vec<_>>();
+        let ids = |pl: &Plan| {
+            pl.requests.iter().map(|r| (r.id.clone(), r.profile_id.clone(), r.seed_id.clone())).collect::<Vec<_>>()
+        };
         assert_eq!(ids(&a), ids(&b));
         let mut other = planner(&counts, &test);
         other.seed = 8;
         assert_ne!(ids(&a), ids(&other.plan(&p)), "the pipeline seed changes the draw");
         // Within one type, test and train use different profiles when the pool allows it.
-        let test_profiles: std::collections::BTreeSet<_> =
-            a.requests.iter().filter(|r| r.split == "test" && r.r#type == 1 && r.category == "answer").map(|r| &r.profile_id).collect();
-        assert!(a.requests.iter().filter(|r| r.split == "train" && r.r#type == 1 && r.category == "answer").all(|r| !test_profiles.contains(&r.profile_id)));
+        let test_profiles: std::collections::BTreeSet<_> = a
+            .requests
+            .iter()
+            .filter(|r| r.split == "test" && r.r#type == 1 && r.category == "answer")
+            .map(|r| &r.profile_id)
+            .collect();
+        assert!(
+            a.requests
+                .iter()
+                .filter(|r| r.split == "train" && r.r#type == 1 && r.category == "answer")
+                .all(|r| !test_profiles.contains(&r.profile_id))
+        );
         // Chats: the four variants in equal shares.
         let mut variants = BTreeMap::new();
         for r in a.requests.iter().filter(|r| r.category == "free_chat") {
