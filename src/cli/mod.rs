@@ -228,6 +228,9 @@ pub struct RunArgs {
     /// Re-run this stage and everything downstream of it.
     #[arg(long, value_name = "STAGE")]
     pub from: Option<String>,
+    /// Build this stage and what it needs, nothing downstream of it (combines with --from).
+    #[arg(long, value_name = "STAGE", conflicts_with = "only")]
+    pub until: Option<String>,
     /// Cap every source at N records.
     #[arg(long, value_name = "N")]
     pub limit: Option<u64>,

@@ -21,6 +21,7 @@ pub fn run(args: &RunArgs, quiet: bool) -> i32 {
         out_dir,
         only: args.only.clone(),
         from: args.from.clone(),
+        until: args.until.clone(),
         limit: args.limit,
         force: args.force,
         dry_run: args.dry_run,

@@ -102,6 +102,18 @@ impl Graph {
         }
         seen
     }
+
+    /// `stage` and everything upstream of it (what it needs to be built).
+    pub fn ancestors(&self, stage: usize) -> BTreeSet<usize> {
+        let mut seen = BTreeSet::new();
+        let mut stack = vec![stage];
+        while let Some(i) = stack.pop() {
+            if seen.insert(i) {
+                stack.extend(self.inputs[i].iter().copied());
+            }
+        }
+        seen
+    }
 }
 
 #[cfg(test)]
@@ -113,6 +125,8 @@ mod tests {
         // 0 -> 1 -> 2, 3 <-> 4, 5 reads 4
         let g = Graph::new(vec![vec![], vec![0], vec![1], vec![4], vec![3], vec![4]]);
         assert_eq!(g.order, vec![0, 1, 2]);
+        assert_eq!(g.ancestors(2), BTreeSet::from([0, 1, 2]));
+        assert_eq!(g.descendants(0), BTreeSet::from([0, 1, 2]));
         let cycles = g.cycles();
         assert_eq!(cycles.len(), 1);
         assert_eq!(cycles[0], vec![3, 4]);

@@ -34,6 +34,7 @@ pub struct RunOptions {
     pub out_dir: PathBuf,
     pub only: Option<String>,
     pub from: Option<String>,
+    pub until: Option<String>,
     pub limit: Option<u64>,
     pub force: bool,
     pub dry_run: bool,
@@ -134,6 +135,15 @@ pub async fn run(
         let k = find(from, "--from")?;
         for i in p.graph.descendants(k) {
             modes[i] = Some(Mode::Run { forced: true });
+        }
+    }
+    if let Some(until) = &opts.until {
+        let k = find(until, "--until")?;
+        let needed = p.graph.ancestors(k);
+        for (i, m) in modes.iter_mut().enumerate() {
+            if !needed.contains(&i) {
+                *m = None;
+            }
         }
     }
     if let Some(only) = &opts.only {
