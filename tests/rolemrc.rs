@@ -340,3 +340,61 @@ fn real_samples_through_the_real_loaders() {
         );
     }
 }
+
+/// RoleMRC-mix on the demo data: the three mix-in layouts are converted and added to
+/// the SFT / DPO exports and the card; the broken record of each goes to failures.
+#[test]
+fn offline_mix_adds_the_mix_in_sources() {
+    let p = Project::new();
+    let out = p.path().join("mix");
+    p.synth(&["run", &pipeline(), "--profile", "offline-mix", "--out", out.to_str().unwrap()]).ok();
+    let n_train: usize = TRAIN.iter().map(|(_, n)| n).sum();
+    let n_pairs: usize = TRAIN.iter().filter(|(c, _)| !c.ends_with("chat")).map(|(_, n)| n).sum();
+    // Demo files: 40 RoleBench, 60 RLHFlow, 40 UltraFeedback records, one broken in each.
+    let sft = jsonl(&out.join("sft.jsonl"));
+    assert_eq!(sft.len(), n_train + 39 + 59);
+    let dpo = jsonl(&out.join("dpo.jsonl"));
+    assert_eq!(dpo.len(), n_pairs + 39);
+    assert_eq!(jsonl(&out.join("test.jsonl")).len(), TEST_ROWS, "the test split stays RoleMRC only");
+    // Converted rows in the official layouts.
+    let rows = parquet_rows(&out.join("mixed.parquet"));
+    let of = |cat: &str| rows.iter().filter(|r| r["category"] == cat).cloned().collect::<Vec<_>>();
+    for r in of("RoleBench") {
+        let conv = r["conversations"].as_array().unwrap();
+        assert_eq!(conv.len(), 3);
+        assert_eq!(conv[0]["role"], "System");
+        assert!(conv[0]["content"].as_str().unwrap().starts_with("You are "));
+        assert_eq!((conv[1]["role"].as_str(), conv[2]["role"].as_str()), (Some("User"), Some("Assistant")));
+        assert!(r["chosen"].is_null());
+    }
+    let rlhf = of("RLHFlow");
+    assert_eq!(rlhf.len(), 59);
+    assert!(rlhf.iter().any(|r| r["assistant_turns"] == 2), "multi-turn conversations are kept whole");
+    let uf = of("UltraFeedback");
+    assert_eq!(uf.len(), 39);
+    for r in &uf {
+        assert!(r["conversations"].is_null(), "pair-label only");
+        assert_eq!(r["prompt"].as_array().unwrap().len(), 1);
+        assert_eq!(r["prompt"][0]["role"], "User");
+        assert_ne!(r["chosen"], r["rejected"]);
+    }
+    let uf_prompts: BTreeSet<String> =
+        uf.iter().map(|r| r["prompt"][0]["content"].as_str().unwrap().to_string()).collect();
+    assert!(dpo.iter().any(|d| d["prompt"].as_array().unwrap().len() == 1
+        && uf_prompts.contains(d["prompt"][0]["content"].as_str().unwrap())));
+    // The broken records, with their reasons.
+    for (stage, id, reason) in [
+        ("rolebench", "rolebench_raw-39", "the last assistant reply is empty"),
+        ("rlhflow", "rlhflow_raw-59", "does not end with an assistant reply"),
+        ("ultrafeedback", "ultrafeedback_raw-39", "column \"rejected\" does not end with an assistant message"),
+    ] {
+        let f = parquet_rows(&out.join(format!("{stage}.failures.parquet")));
+        assert_eq!(f.len(), 1, "{stage}");
+        assert_eq!(f[0]["id"], id);
+        assert!(f[0]["message"].as_str().unwrap().contains(reason), "{stage}: {}", f[0]["message"]);
+    }
+    let card = std::fs::read_to_string(out.join("README.md")).unwrap();
+    assert!(card.contains(&format!("| **RoleMRC** | {n_train} | {n_pairs} |")), "{card}");
+    assert!(card.contains("| + UltraFeedback | / | 39 |") && card.contains("| + RoleBench | 39 | / |"), "{card}");
+    assert!(card.contains(&format!("| **Total** | {} | {} |", n_train + 98, n_pairs + 39)), "{card}");
+}

@@ -170,11 +170,11 @@ pub enum BenchCommand {
 pub struct PipelineArgs {
     /// Pipeline file (TOML).
     pub pipeline: PathBuf,
-    /// Apply the overrides of [profiles.NAME].
-    #[arg(long, value_name = "NAME")]
+    /// Apply the overrides of [profiles.NAME]; `a,b` applies a then b.
+    #[arg(long, value_name = "NAME[,NAME]")]
     pub profile: Option<String>,
-    /// Short for --profile offline.
-    #[arg(long, conflicts_with = "profile")]
+    /// Short for --profile offline (applied before any --profile).
+    #[arg(long)]
     pub offline: bool,
     /// Override a config value by dotted path (e.g. stages.sample.n=100); repeatable.
     #[arg(long = "set", value_name = "KEY=VALUE")]
@@ -184,7 +184,11 @@ pub struct PipelineArgs {
 impl PipelineArgs {
     pub fn load_options(&self) -> crate::config::LoadOptions {
         crate::config::LoadOptions {
-            profile: if self.offline { Some("offline".into()) } else { self.profile.clone() },
+            profile: match (self.offline, &self.profile) {
+                (true, Some(p)) => Some(format!("offline,{p}")),
+                (true, None) => Some("offline".into()),
+                (false, p) => p.clone(),
+            },
             sets: self.sets.clone(),
             extra_kinds: Vec::new(),
         }

@@ -140,37 +140,9 @@ pub fn load(path: &Path, opts: &LoadOptions) -> (Option<Pipeline>, Diagnostics) 
     {
         diags.error(&profiles.node.span, None, "\"profiles\" must be a table of [profiles.NAME] tables");
     }
-    if let Some(name) = &opts.profile {
-        let table = profiles.as_ref().and_then(|p| p.node.as_table());
-        match table.and_then(|t| t.get(name)) {
-            Some(entry) => match &entry.node.value {
-                Value::Table(overlay) => {
-                    if overlay.get("profiles").is_some() {
-                        diags.error(&entry.node.span, None, format!("profile \"{name}\" cannot define profiles"));
-                    }
-                    replace_redefined(&mut root, overlay);
-                    root.merge(overlay.clone())
-                }
-                other => diags.error(
-                    &entry.node.span,
-                    None,
-                    format!("profile \"{name}\" must be a table, found {}", other.type_name()),
-                ),
-            },
-            None => {
-                let names: Vec<&str> = table.map(|t| t.keys().collect()).unwrap_or_default();
-                let hint = did_you_mean(name, names.iter().copied()).unwrap_or_default();
-                let span = profiles.as_ref().map(|p| p.key_span.clone()).unwrap_or_else(|| Span::file(&file, 0..0));
-                diags.error(
-                    &span,
-                    None,
-                    format!(
-                        "no profile \"{name}\"{hint} (profiles in this file: {})",
-                        if names.is_empty() { "none".to_string() } else { names.join(", ") }
-                    ),
-                );
-            }
-        }
+    // `--profile a,b` applies a then b; a profile's `include = [...]` applies those first.
+    for name in opts.profile.iter().flat_map(|p| p.split(',')).map(str::trim) {
+        apply_profile(&mut root, profiles.as_ref(), &file, name, &mut Vec::new(), &mut diags);
     }
     for set in &opts.sets {
         apply_set(&mut root, set, &mut diags);
@@ -180,6 +152,82 @@ pub fn load(path: &Path, opts: &LoadOptions) -> (Option<Pipeline>, Diagnostics) 
     let pipeline = check(file.clone(), file_hash, root, opts.profile.clone(), &kinds, &mut diags);
     diags.sort();
     if diags.has_errors() { (None, diags) } else { (pipeline, diags) }
+}
+
+/// Apply `[profiles.NAME]` to the document: first the profiles it `include`s (in
+/// order), then its own entries. `chain` holds the profiles being applied, to report
+/// an include cycle instead of recursing forever.
+fn apply_profile(
+    root: &mut Table,
+    profiles: Option<&node::Entry>,
+    file: &Arc<SourceFile>,
+    name: &str,
+    chain: &mut Vec<String>,
+    diags: &mut Diagnostics,
+) {
+    let table = profiles.and_then(|p| p.node.as_table());
+    match table.and_then(|t| t.get(name)) {
+        Some(entry) => match &entry.node.value {
+            Value::Table(overlay) => {
+                if chain.iter().any(|c| c == name) {
+                    let cycle = chain.iter().map(String::as_str).chain([name]).collect::<Vec<_>>().join(" -> ");
+                    diags.error(&entry.key_span, None, format!("profiles include each other: {cycle}"));
+                    return;
+                }
+                if overlay.get("profiles").is_some() {
+                    diags.error(&entry.node.span, None, format!("profile \"{name}\" cannot define profiles"));
+                }
+                let mut overlay = overlay.clone();
+                if let Some(inc) = overlay.remove("include") {
+                    let names: Option<Vec<&str>> = match &inc.node.value {
+                        Value::Array(items) => items
+                            .iter()
+                            .map(|n| match &n.value {
+                                Value::Str(s) => Some(s.as_str()),
+                                _ => None,
+                            })
+                            .collect(),
+                        Value::Str(s) => Some(vec![s.as_str()]),
+                        _ => None,
+                    };
+                    match names {
+                        Some(names) => {
+                            chain.push(name.to_string());
+                            for n in names {
+                                apply_profile(root, profiles, file, n, chain, diags);
+                            }
+                            chain.pop();
+                        }
+                        None => diags.error(
+                            &inc.node.span,
+                            None,
+                            format!("profile \"{name}\": include must be a list of profile names"),
+                        ),
+                    }
+                }
+                replace_redefined(root, &overlay);
+                root.merge(overlay)
+            }
+            other => diags.error(
+                &entry.node.span,
+                None,
+                format!("profile \"{name}\" must be a table, found {}", other.type_name()),
+            ),
+        },
+        None => {
+            let names: Vec<&str> = table.map(|t| t.keys().collect()).unwrap_or_default();
+            let hint = did_you_mean(name, names.iter().copied()).unwrap_or_default();
+            let span = profiles.map(|p| p.key_span.clone()).unwrap_or_else(|| Span::file(file, 0..0));
+            diags.error(
+                &span,
+                None,
+                format!(
+                    "no profile \"{name}\"{hint} (profiles in this file: {})",
+                    if names.is_empty() { "none".to_string() } else { names.join(", ") }
+                ),
+            );
+        }
+    }
 }
 
 /// A profile entry under `stages`, `providers` or `embedders` that sets `kind`

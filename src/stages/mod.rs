@@ -25,6 +25,7 @@ use crate::store::failures::FailureLog;
 use crate::store::parquet::{FINGERPRINT_KEY, Footer, ParquetOut, STAGE_KEY};
 use crate::store::state::StageReport;
 
+pub mod chat_format;
 pub mod concat;
 pub mod embed;
 pub mod exec;
@@ -55,6 +56,7 @@ pub static KINDS: &[&KindInfo] = &[
     &rolemrc_plan::KIND,
     &rolemrc_assemble::KIND,
     &rolemrc_card::KIND,
+    &chat_format::KIND,
     &parquet::KIND,
     &jsonl::KIND,
 ];

@@ -64,7 +64,8 @@ pub fn output_schema() -> SchemaRef {
         s("seed_id"),
         s("seed2_id"),
         s("rule_id"),
-        Field::new("conversations", messages_type(), false),
+        // Null for pair-only rows (mix-in preference data, see `chat_format`).
+        Field::new("conversations", messages_type(), true),
         Field::new("prompt", messages_type(), true),
         o("chosen"),
         o("rejected"),

@@ -66,6 +66,15 @@ fn label(category: &str) -> &str {
     }
 }
 
+/// One Table 2 row: S, P (`/` when none), turns per sample, words per reply.
+fn row(md: &mut String, name: &str, s: &Stat) -> std::fmt::Result {
+    let single = if s.single == 0 { "/".to_string() } else { s.single.to_string() };
+    let pair = if s.pair == 0 { "/".to_string() } else { s.pair.to_string() };
+    let samples = (s.single.max(s.pair)).max(1) as f64;
+    let words = if s.turns == 0 { 0.0 } else { s.words / s.turns as f64 };
+    writeln!(md, "| {name} | {single} | {pair} | {:.2} | {words:.2} |", s.turns as f64 / samples)
+}
+
 #[derive(Default)]
 struct Stat {
     single: u64,
@@ -80,7 +89,7 @@ impl Stage for Card {
         ctx.require_columns(
             "inputs",
             0,
-            ["split", "category", "task", "chosen", "assistant_turns", "reply_words", "models"],
+            ["split", "category", "task", "conversations", "chosen", "assistant_turns", "reply_words", "models"],
         );
         None
     }
@@ -96,7 +105,7 @@ impl Stage for Card {
             let col = |n: &str| b.column_by_name(n).expect("planned column");
             let (split, cat, task) =
                 (col("split").as_string::<i32>(), col("category").as_string::<i32>(), col("task").as_string::<i32>());
-            let chosen = col("chosen");
+            let (conversations, chosen) = (col("conversations"), col("chosen"));
             let turns = col("assistant_turns").as_primitive::<Int64Type>();
             let words = col("reply_words").as_primitive::<Float64Type>();
             let model = col("models").as_string::<i32>();
@@ -110,7 +119,7 @@ impl Stage for Card {
                     continue;
                 }
                 let s = stats.entry(cat.value(i).to_string()).or_default();
-                s.single += 1;
+                s.single += u64::from(conversations.is_valid(i));
                 s.pair += u64::from(chosen.is_valid(i));
                 s.turns += turns.value(i) as u64;
                 s.words += words.value(i) * turns.value(i) as f64;
@@ -133,32 +142,24 @@ impl Stage for Card {
         writeln!(md, "|---|---:|---:|---:|---:|")?;
         let mut total = Stat::default();
         let known: Vec<String> = CATEGORIES.iter().map(|c| c.to_string()).collect();
-        let order = known.iter().chain(stats.keys().filter(|k| !known.contains(k)));
-        for cat in order {
+        let mixed: Vec<&String> = stats.keys().filter(|k| !known.contains(k)).collect();
+        let order = known.iter().map(|k| (k, false)).chain(mixed.iter().map(|k| (*k, true)));
+        let mut mix_started = false;
+        for (cat, mix) in order {
             let Some(s) = stats.get(cat) else { continue };
-            let n = s.single.max(1) as f64;
-            let pair = if s.pair == 0 { "/".to_string() } else { s.pair.to_string() };
-            writeln!(
-                md,
-                "| {} | {} | {pair} | {:.2} | {:.2} |",
-                label(cat),
-                s.single,
-                s.turns as f64 / n,
-                if s.turns == 0 { 0.0 } else { s.words / s.turns as f64 }
-            )?;
+            if mix && !mix_started {
+                // Table 2 lists the mix-in sources under the RoleMRC subtotal.
+                mix_started = true;
+                row(&mut md, "**RoleMRC**", &total)?;
+            }
+            row(&mut md, &format!("{}{}", if mix { "+ " } else { "" }, label(cat)), s)?;
             total.single += s.single;
             total.pair += s.pair;
             total.turns += s.turns;
             total.words += s.words;
         }
-        writeln!(
-            md,
-            "| **Total** | {} | {} | {:.2} | {:.2} |\n",
-            total.single,
-            total.pair,
-            total.turns as f64 / total.single.max(1) as f64,
-            if total.turns == 0 { 0.0 } else { total.words / total.turns as f64 }
-        )?;
+        row(&mut md, "**Total**", &total)?;
+        writeln!(md)?;
         writeln!(
             md,
             "S: single-label samples; P: pair-label samples; #Turns: assistant replies per sample; #Words: words (whitespace-separated) per assistant reply.\n"

@@ -123,10 +123,52 @@ def record(i, rng):
     }
 
 
+ROLES = ["Sherlock Holmes", "Jack Sparrow", "Hermione Granger", "Gandalf", "Doctor Watson"]
+ASKS = ["What do you think of {t}?", "Explain {t} to a child.", "Give me one fact about {t}.",
+        "Why should I care about {t}?"]
+
+
+def mix_rows(rng, n_role, n_sft, n_pref):
+    """RoleMRC-mix inputs in their hub layouts: RoleBench (role, question, generated),
+    RLHFlow SFT (messages), UltraFeedback binarized (prompt, chosen, rejected as
+    conversations). The last row of each is broken on purpose (goes to failures)."""
+    topics = sorted(TOPICS)
+    rolebench = []
+    for i in range(n_role):
+        t = rng.choice(topics)
+        role = rng.choice(ROLES)
+        fact = rng.choice(TOPICS[t])
+        rolebench.append({"role": role, "question": rng.choice(ASKS).format(t=t),
+                          "generated": [f"As {role}, I would say this: {fact}"]})
+    rolebench[-1]["generated"] = []
+    rlhflow = []
+    for i in range(n_sft):
+        t = rng.choice(topics)
+        msgs = [{"role": "user", "content": rng.choice(ASKS).format(t=t)},
+                {"role": "assistant", "content": rng.choice(TOPICS[t])}]
+        if i % 3 == 0:
+            msgs += [{"role": "user", "content": "Tell me more."},
+                     {"role": "assistant", "content": rng.choice(TOPICS[t]) + " " + rng.choice(FILLER)}]
+        rlhflow.append({"messages": msgs, "conversation_id": i})
+    rlhflow[-1]["messages"] = rlhflow[-1]["messages"][:1]
+    ultra = []
+    for i in range(n_pref):
+        t = rng.choice(topics)
+        q = rng.choice(ASKS).format(t=t)
+        good, bad = rng.choice(TOPICS[t]), rng.choice(FILLER)
+        ultra.append({"prompt": q, "prompt_id": f"p{i:04d}",
+                      "chosen": [{"role": "user", "content": q}, {"role": "assistant", "content": good}],
+                      "rejected": [{"role": "user", "content": q}, {"role": "assistant", "content": bad}],
+                      "score_chosen": 8.0, "score_rejected": 3.0})
+    ultra[-1]["rejected"] = [{"role": "user", "content": ultra[-1]["prompt"]}]
+    return {"rolebench": rolebench, "rlhflow": rlhflow, "ultrafeedback": ultra}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--personas", type=int, default=60)
     ap.add_argument("--records", type=int, default=400)
+    ap.add_argument("--mix", type=int, default=40, help="records per mix-in source (RLHFlow: 1.5x)")
     ap.add_argument("--seed", type=int, default=2025)
     ap.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
     a = ap.parse_args()
@@ -139,6 +181,12 @@ def main():
     with open(os.path.join(a.out, "msmarco.jsonl"), "w", encoding="utf-8") as f:
         for i in range(a.records):
             f.write(json.dumps(record(i, rng), ensure_ascii=False) + "\n")
+    rng = random.Random(a.seed + 2)
+    os.makedirs(os.path.join(a.out, "mix"), exist_ok=True)
+    for name, rows in mix_rows(rng, a.mix, a.mix * 3 // 2, a.mix).items():
+        with open(os.path.join(a.out, "mix", f"{name}.jsonl"), "w", encoding="utf-8") as f:
+            for r in rows:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
 
 
 if __name__ == "__main__":
