@@ -132,6 +132,8 @@ def mix_rows(rng, n_role, n_sft, n_pref):
     """RoleMRC-mix inputs in their hub layouts: RoleBench (role, question, generated),
     RLHFlow SFT (messages), UltraFeedback binarized (prompt, chosen, rejected as
     conversations). The last row of each is broken on purpose (goes to failures)."""
+    if min(n_role, n_sft, n_pref) == 0:
+        return {}
     topics = sorted(TOPICS)
     rolebench = []
     for i in range(n_role):
@@ -150,7 +152,6 @@ def mix_rows(rng, n_role, n_sft, n_pref):
             msgs += [{"role": "user", "content": "Tell me more."},
                      {"role": "assistant", "content": rng.choice(TOPICS[t]) + " " + rng.choice(FILLER)}]
         rlhflow.append({"messages": msgs, "conversation_id": i})
-    rlhflow[-1]["messages"] = rlhflow[-1]["messages"][:1]
     ultra = []
     for i in range(n_pref):
         t = rng.choice(topics)
@@ -160,6 +161,7 @@ def mix_rows(rng, n_role, n_sft, n_pref):
                       "chosen": [{"role": "user", "content": q}, {"role": "assistant", "content": good}],
                       "rejected": [{"role": "user", "content": q}, {"role": "assistant", "content": bad}],
                       "score_chosen": 8.0, "score_rejected": 3.0})
+    rlhflow[-1]["messages"] = rlhflow[-1]["messages"][:1]
     ultra[-1]["rejected"] = [{"role": "user", "content": ultra[-1]["prompt"]}]
     return {"rolebench": rolebench, "rlhflow": rlhflow, "ultrafeedback": ultra}
 
@@ -182,8 +184,8 @@ def main():
         for i in range(a.records):
             f.write(json.dumps(record(i, rng), ensure_ascii=False) + "\n")
     rng = random.Random(a.seed + 2)
-    os.makedirs(os.path.join(a.out, "mix"), exist_ok=True)
     for name, rows in mix_rows(rng, a.mix, a.mix * 3 // 2, a.mix).items():
+        os.makedirs(os.path.join(a.out, "mix"), exist_ok=True)
         with open(os.path.join(a.out, "mix", f"{name}.jsonl"), "w", encoding="utf-8") as f:
             for r in rows:
                 f.write(json.dumps(r, ensure_ascii=False) + "\n")
