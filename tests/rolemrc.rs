@@ -398,3 +398,76 @@ fn offline_mix_adds_the_mix_in_sources() {
     assert!(card.contains("| + UltraFeedback | / | 39 |") && card.contains("| + RoleBench | 39 | / |"), "{card}");
     assert!(card.contains(&format!("| **Total** | {} | {} |", n_train + 98, n_pairs + 39)), "{card}");
 }
+
+/// `--profile demo`: the demo data through a real OpenAI-compatible server, configured
+/// from OPENAI_BASE_URL / OPENAI_API_KEY / SYNTH_MODEL. The project's loopback server
+/// answers in the shapes the prompts ask for (it plays the model with the offline
+/// generator, choosing the shape from the prompt's opening words).
+#[test]
+fn demo_profile_runs_against_an_openai_compatible_server() {
+    use support::openai_server::{self, Behaviour};
+    use synth::llm::offline::Offline;
+    use synth::llm::{ChatRequest, GenParams, Message};
+
+    const KEY: &str = "sk-demo-test-4f9a1c77e0b2d3";
+    let responder = |body: &Value| -> String {
+        let messages: Vec<Message> = body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| Message::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+            .collect();
+        let first = &messages[0].content;
+        let expect = if first.starts_with("You are a prompt optimizer") {
+            "profile"
+        } else if first.contains("synthesize a 10 to 15 turns") {
+            "dialogue"
+        } else if first.starts_with("You are a master of answer editing") {
+            "stylized"
+        } else {
+            panic!("unexpected prompt: {}", first.chars().take(80).collect::<String>())
+        };
+        let req = ChatRequest { messages, params: GenParams::default(), sample: 0, expect: expect.into() };
+        Offline { seed: 11, score_one: 0.5 }.generate(&req, &GenParams::default())
+    };
+    let server = openai_server::start(Behaviour {
+        api_key: Some(KEY.into()),
+        models: vec!["demo-model".into()],
+        responder: std::sync::Arc::new(responder),
+        ..Default::default()
+    });
+    let p = Project::new();
+    let out = p.path().join("demo");
+    let url = server.base_url();
+    let env = [("OPENAI_BASE_URL", url.as_str()), ("OPENAI_API_KEY", KEY), ("SYNTH_MODEL", "demo-model")];
+    p.synth_env(&["run", &pipeline(), "--profile", "demo", "--out", out.to_str().unwrap()], &env).ok();
+
+    let n_train: usize = TRAIN.iter().map(|(_, n)| n).sum();
+    assert_eq!(jsonl(&out.join("sft.jsonl")).len(), n_train);
+    assert_eq!(jsonl(&out.join("test.jsonl")).len(), TEST_ROWS);
+    let samples = parquet_rows(&out.join("samples.parquet"));
+    assert!(samples.iter().all(|s| s["models"] == "demo-model"), "every answer came from the server");
+    let served = server.counters.ok.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(served >= 500, "requests served: {served}");
+    let card = std::fs::read_to_string(out.join("README.md")).unwrap();
+    assert!(card.contains("demo-model") && !card.contains("Not training data"), "{card}");
+    // The key is nowhere in what the run left behind.
+    let mut stack = vec![out.clone()];
+    let mut checked = 0;
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                let bytes = std::fs::read(&path).unwrap();
+                assert!(!String::from_utf8_lossy(&bytes).contains(KEY), "{} holds the API key", path.display());
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 30, "manifest, caches, journal and outputs were checked ({checked} files)");
+    // A second run is served from the cache: no new request.
+    p.synth_env(&["run", &pipeline(), "--profile", "demo", "--out", out.to_str().unwrap(), "--force"], &env).ok();
+    assert_eq!(server.counters.ok.load(std::sync::atomic::Ordering::Relaxed), served);
+}
