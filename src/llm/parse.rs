@@ -59,20 +59,34 @@ fn options<T: for<'de> Deserialize<'de> + Default>(v: &Value) -> Result<T, Strin
 pub static TEXT: ParserKind = ParserKind {
     name: "text",
     about: "the answer as text (trimmed), column `text`",
-    options: &[OptionSpec::default("min_chars", crate::config::options::UINT, "1", "shorter answers are rejected")],
+    options: &[
+        OptionSpec::default("min_chars", crate::config::options::UINT, "1", "shorter answers are rejected"),
+        OptionSpec::default(
+            "shape",
+            Ty::Str,
+            "\"text\"",
+            "the answer shape the offline provider imitates (e.g. \"score\" for judge prompts); the text is kept as it is",
+        ),
+    ],
     build: |v| {
         #[derive(Deserialize, Default)]
         struct O {
             #[serde(default)]
             min_chars: Option<usize>,
+            #[serde(default)]
+            shape: Option<String>,
         }
         let o: O = options(v)?;
-        Ok(Box::new(TextParser { min_chars: o.min_chars.unwrap_or(1) }))
+        Ok(Box::new(TextParser {
+            min_chars: o.min_chars.unwrap_or(1),
+            shape: o.shape.unwrap_or_else(|| "text".into()),
+        }))
     },
 };
 
 struct TextParser {
     min_chars: usize,
+    shape: String,
 }
 
 impl Parser for TextParser {
@@ -87,7 +101,7 @@ impl Parser for TextParser {
         Ok(Row::from_iter([("text".to_string(), Value::String(t.to_string()))]))
     }
     fn expect(&self) -> String {
-        "text".into()
+        self.shape.clone()
     }
 }
 

@@ -235,6 +235,7 @@ impl Options {
         for k in ["profile_id", "role_name", "triplet_id", "seed_id", "seed2_id", "rule_id"] {
             out.insert(k.into(), json!(""));
         }
+        out.insert("system_rule".into(), Value::Null);
         out.insert("conversations".into(), conversations.map(Value::Array).unwrap_or(Value::Null));
         out.insert("prompt".into(), prompt.map(Value::Array).unwrap_or(Value::Null));
         out.insert("chosen".into(), json!(chosen));

@@ -38,6 +38,8 @@ pub mod parquet;
 pub mod retrieve;
 pub mod rolemrc_assemble;
 pub mod rolemrc_card;
+pub mod rolemrc_judge_plan;
+pub mod rolemrc_judge_score;
 pub mod rolemrc_plan;
 pub mod sample;
 pub mod source;
@@ -56,6 +58,8 @@ pub static KINDS: &[&KindInfo] = &[
     &rolemrc_plan::KIND,
     &rolemrc_assemble::KIND,
     &rolemrc_card::KIND,
+    &rolemrc_judge_plan::KIND,
+    &rolemrc_judge_score::KIND,
     &chat_format::KIND,
     &parquet::KIND,
     &jsonl::KIND,

@@ -64,6 +64,8 @@ pub fn output_schema() -> SchemaRef {
         s("seed_id"),
         s("seed2_id"),
         s("rule_id"),
+        // The system rule of nested / prioritized samples (the judge's nested requirement).
+        o("system_rule"),
         // Null for pair-only rows (mix-in preference data, see `chat_format`).
         Field::new("conversations", messages_type(), true),
         Field::new("prompt", messages_type(), true),
@@ -265,6 +267,7 @@ fn assemble(parts: &[Row], answers: &HashMap<String, Answer>) -> std::result::Re
         "seed_id",
         "seed2_id",
         "rule_id",
+        "system_rule",
     ] {
         row.insert(k.into(), head.get(k).cloned().unwrap_or(Value::Null));
     }
