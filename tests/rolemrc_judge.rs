@@ -123,6 +123,14 @@ fn judge_scores_as_the_official_code() {
     }
     let scores = parquet_rows(&dir.join("scores.parquet"));
     assert_eq!(scores.len() as u64, total);
+
+    // The report: Table 9 layout, the radar chart, the numbers as Parquet.
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(md.contains("| answers | 1.0000 | 0.0000 | 0.0000 | 0.0000 | 1.0000 |"), "{md}");
+    let svg = std::fs::read_to_string(dir.join("judge.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("fill-opacity") && svg.contains("Knowledge Range"));
+    let table = parquet_rows(&dir.join("report.parquet"));
+    assert_eq!(table.len(), 5);
 }
 
 #[test]

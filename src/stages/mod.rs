@@ -35,6 +35,7 @@ pub mod jsonl;
 pub mod llm;
 pub mod map;
 pub mod parquet;
+pub mod report;
 pub mod retrieve;
 pub mod rolemrc_assemble;
 pub mod rolemrc_card;
@@ -61,6 +62,7 @@ pub static KINDS: &[&KindInfo] = &[
     &rolemrc_judge_plan::KIND,
     &rolemrc_judge_score::KIND,
     &chat_format::KIND,
+    &report::KIND,
     &parquet::KIND,
     &jsonl::KIND,
 ];
