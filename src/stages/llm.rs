@@ -27,7 +27,12 @@ use crate::template::Templates;
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::required("provider", Ty::Str, "name of a [providers.NAME] table"),
-    OptionSpec::required("prompt", Ty::File, "template file of the user message"),
+    OptionSpec::optional("prompt", Ty::File, "template file of the user message (or set `messages`)"),
+    OptionSpec::optional(
+        "messages",
+        Ty::Str,
+        "column with a whole conversation to send as it is (list of {role, content}; e.g. a test `question`), instead of `prompt`",
+    ),
     OptionSpec::optional("system", Ty::File, "template file of the system message"),
     OptionSpec::default("parser", Ty::Str, "\"text\"", "how to read the answer (see `synth list`)"),
     OptionSpec::optional("parser_options", Ty::Any, "options of the parser"),
@@ -65,7 +70,8 @@ pub static KIND: KindInfo = KindInfo {
 #[derive(Deserialize)]
 struct Options {
     provider: String,
-    prompt: String,
+    prompt: Option<String>,
+    messages: Option<String>,
     system: Option<String>,
     parser: String,
     parser_options: Option<Value>,
@@ -112,7 +118,19 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
     let mut templates = Templates::new();
     let mut vars = BTreeMap::new();
     let mut ok = true;
-    for (option, path) in [("prompt", Some(&opts.prompt)), ("system", opts.system.as_ref())] {
+    if opts.prompt.is_some() == opts.messages.is_some() {
+        ctx.error(
+            diags,
+            "prompt",
+            "set either `prompt` (a template file) or `messages` (a column with the conversation)",
+        );
+        return None;
+    }
+    if opts.messages.is_some() && opts.system.is_some() {
+        ctx.error(diags, "system", "`system` goes with `prompt`; with `messages` the conversation carries its own");
+        return None;
+    }
+    for (option, path) in [("prompt", opts.prompt.as_ref()), ("system", opts.system.as_ref())] {
         let Some(path) = path else { continue };
         let full = ctx.root.join(path);
         match std::fs::read_to_string(&full) {
@@ -176,6 +194,29 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
         Box::new(Llm { opts, templates: Arc::new(templates), vars, parser: Arc::from(parser), params })
             as Box<dyn Stage>
     })
+}
+
+/// A conversation column as chat messages (roles lowercased: the official layout's
+/// `System` / `User` / `Assistant` become `system` / `user` / `assistant`).
+fn conversation(row: &Row, column: &str) -> std::result::Result<Vec<Message>, RowError> {
+    let bad = |m: String| RowError::new("input", m);
+    let list = row
+        .get(column)
+        .and_then(Value::as_array)
+        .ok_or_else(|| bad(format!("column \"{column}\" is not a list of messages")))?;
+    let mut out = Vec::with_capacity(list.len());
+    for (i, m) in list.iter().enumerate() {
+        let role = m.get("role").and_then(Value::as_str).map(str::to_lowercase);
+        let content = m.get("content").and_then(Value::as_str);
+        match (role.as_deref(), content) {
+            (Some(r @ ("system" | "user" | "assistant")), Some(c)) => out.push(Message::new(r, c)),
+            _ => return Err(bad(format!("{column}[{i}]: a message needs role system/user/assistant and content"))),
+        }
+    }
+    if out.last().is_none_or(|m| m.role == "assistant") {
+        return Err(bad(format!("column \"{column}\" must end with a system or user message")));
+    }
+    Ok(out)
 }
 
 /// Parser options with their declared defaults filled in.
@@ -243,7 +284,12 @@ impl Stage for Llm {
         for (option, vars) in &self.vars {
             ctx.check_variables(option, "template", vars.iter().map(String::as_str), &[data::ID]);
         }
-        ctx.files.push(ctx.root.join(&self.opts.prompt));
+        if let Some(p) = &self.opts.prompt {
+            ctx.files.push(ctx.root.join(p));
+        }
+        if let Some(m) = &self.opts.messages {
+            ctx.require_columns("messages", 0, [m.as_str()]);
+        }
         if let Some(s) = &self.opts.system {
             ctx.files.push(ctx.root.join(s));
         }
@@ -284,19 +330,23 @@ impl Stage for Llm {
             let (provider, services, call, keep, expect) =
                 (provider.clone(), services.clone(), call.clone(), keep.clone(), expect.clone());
             async move {
-                let user = this
-                    .templates
-                    .render("prompt", &row)
-                    .map_err(|e| RowError::new("template", format!("prompt: {e}")))?;
                 let mut messages = Vec::new();
-                if this.opts.system.is_some() {
+                if let Some(col) = &this.opts.messages {
+                    messages = conversation(&row, col)?;
+                } else if this.opts.system.is_some() {
                     let system = this
                         .templates
                         .render("system", &row)
                         .map_err(|e| RowError::new("template", format!("system: {e}")))?;
                     messages.push(Message::new("system", system));
                 }
-                messages.push(Message::new("user", user));
+                if this.opts.messages.is_none() {
+                    let user = this
+                        .templates
+                        .render("prompt", &row)
+                        .map_err(|e| RowError::new("template", format!("prompt: {e}")))?;
+                    messages.push(Message::new("user", user));
+                }
                 let id = row.get(data::ID).and_then(Value::as_str).unwrap_or_default().to_string();
                 let mut out_rows = Vec::new();
                 for sample in 0..this.opts.n {
