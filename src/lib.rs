@@ -12,7 +12,8 @@
 //! - [`hub`]: Hugging Face Hub downloads (hf-hub).
 //! - [`llm`]: chat providers, rate control, retries, parsers, the cached call path.
 //! - [`embed`]: embedders (hashing, fastembed, OpenAI-compatible endpoints).
-//! - [`rolemrc`]: the RoleMRC answer formats.
+//! - [`rolemrc`]: the RoleMRC answer formats and planner.
+//! - [`eval`]: reference metrics (BLEU, ROUGE, METEOR) equal to the official code.
 //! - [`secrets`]: API keys kept out of every log and artifact.
 //! - [`progress`]: progress bars and log lines.
 //! - [`retrieval`]: exact (AVX-512) and HNSW max/min inner-product search.
@@ -25,6 +26,7 @@ pub mod config;
 pub mod dag;
 pub mod data;
 pub mod embed;
+pub mod eval;
 pub mod hub;
 pub mod llm;
 pub mod progress;

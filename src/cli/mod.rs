@@ -11,6 +11,7 @@ mod graph;
 mod inspect;
 mod list;
 mod run;
+mod score;
 mod stats;
 mod validate;
 
@@ -55,6 +56,8 @@ pub enum Command {
     Inspect(InspectArgs),
     /// Per-stage figures of the last run in an output directory.
     Stats(StatsArgs),
+    /// Score a file of (response, reference) pairs: BLEU, ROUGE, METEOR as the official code.
+    Score(ScoreArgs),
     /// Measurements that print one JSON line each.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -268,6 +271,31 @@ pub struct InspectArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct ScoreArgs {
+    /// JSONL or Parquet file of pairs.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Field with the model's answer.
+    #[arg(long, default_value = "response")]
+    pub response_field: String,
+    /// Field with the reference answer.
+    #[arg(long, default_value = "reference")]
+    pub reference_field: String,
+    /// Comma-separated: bleu, rouge, meteor.
+    #[arg(long, default_value = "bleu,rouge,meteor")]
+    pub metrics: String,
+    /// Field whose values group the summary (e.g. task).
+    #[arg(long)]
+    pub group_by: Option<String>,
+    /// WordNet 3.0 dict files (for METEOR).
+    #[arg(long, default_value = crate::eval::score::DEFAULT_WORDNET)]
+    pub wordnet_dir: PathBuf,
+    /// Per-sample scores: .parquet, else JSONL.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+#[derive(Args, Debug)]
 pub struct StatsArgs {
     /// An output directory of `synth run`.
     pub output_dir: PathBuf,
@@ -287,6 +315,7 @@ pub fn main() -> i32 {
         Command::Run(a) => run::run(&a, cli.quiet),
         Command::Inspect(a) => inspect::run(&a),
         Command::Stats(a) => stats::run(&a),
+        Command::Score(a) => score::run(&a),
         Command::Bench(b) => bench(b),
         Command::Cache(c) => cache::run(c),
     }

@@ -34,6 +34,7 @@ pub mod join;
 pub mod jsonl;
 pub mod llm;
 pub mod map;
+pub mod metrics;
 pub mod parquet;
 pub mod report;
 pub mod retrieve;
@@ -62,6 +63,7 @@ pub static KINDS: &[&KindInfo] = &[
     &rolemrc_judge_plan::KIND,
     &rolemrc_judge_score::KIND,
     &chat_format::KIND,
+    &metrics::KIND,
     &report::KIND,
     &parquet::KIND,
     &jsonl::KIND,
@@ -362,6 +364,16 @@ impl RunCtx {
     /// Hand a finished export file (sinks) to the engine.
     pub fn add_artifact(&mut self, pending: PendingFile, rows: Option<u64>) {
         self.artifacts.push((pending, rows));
+    }
+
+    /// Write a small Parquet file beside the output (e.g. `<stage>.summary.parquet`),
+    /// committed with the stage like any artifact. Returns its row count.
+    pub fn write_side_parquet(&mut self, file_name: &str, batch: &arrow::array::RecordBatch) -> Result<u64> {
+        let mut w = ParquetOut::create(&self.out_dir.join(file_name), batch.schema(), self.footer_meta(), false)?;
+        w.write(batch)?;
+        let (pending, rows) = w.finish()?;
+        self.add_artifact(pending, Some(rows));
+        Ok(rows)
     }
 
     pub fn fail(&self, id: &str, kind: &str, message: impl Into<String>, record: Option<String>) {

@@ -20,7 +20,7 @@ use super::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::store::atomic::{create_tmp, finish_file};
-use crate::store::parquet::{ParquetOut, read_all};
+use crate::store::parquet::read_all;
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default("path", Ty::OutPath, "\"report.md\"", "Markdown report, relative to the output directory"),
@@ -61,8 +61,7 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
     Some(Box::new(Report { opts: ctx.parse(diags)? }))
 }
 
-/// The summary group of every row (`eval::score::OVERALL`).
-const OVERALL: &str = "overall";
+use crate::eval::score::OVERALL;
 
 /// Table 3 columns: (summary metric, heading).
 const METRIC_COLUMNS: &[(&str, &str)] = &[
@@ -259,10 +258,7 @@ impl Stage for Report {
                 Arc::new(Float64Array::from_iter_values(rows.iter().map(|r| r.3))),
             ],
         )?;
-        let mut w = ParquetOut::create(&ctx.out_dir.join(&self.opts.table), table_schema(), ctx.footer_meta(), false)?;
-        w.write(&batch)?;
-        let (pending, n) = w.finish()?;
-        ctx.add_artifact(pending, Some(n));
+        let n = ctx.write_side_parquet(&self.opts.table.clone(), &batch)?;
         ctx.report.rows_in = (metrics.len() + judge.len()) as u64;
         ctx.report.rows_out = n;
         Ok(())

@@ -23,7 +23,7 @@ use super::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, Row};
-use crate::store::parquet::{ParquetOut, read_all};
+use crate::store::parquet::read_all;
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default("answer_column", Ty::Str, "\"raw\"", "column of the LLM stage with the judge's answer"),
@@ -188,11 +188,7 @@ impl Stage for JudgeScore {
                 Arc::new(UInt64Array::from_iter_values(dims.iter().map(|d| stat(d).2))),
             ],
         )?;
-        let dest = ctx.out_dir.join(format!("{}.summary.parquet", ctx.name));
-        let mut w = ParquetOut::create(&dest, summary_schema(), ctx.footer_meta(), false)?;
-        w.write(&batch)?;
-        let (pending, rows) = w.finish()?;
-        ctx.add_artifact(pending, Some(rows));
+        ctx.write_side_parquet(&format!("{}.summary.parquet", ctx.name), &batch)?;
         ctx.set_output(out)
     }
 }

@@ -1,0 +1,154 @@
+//! `synth score`: score any file of (response, reference) pairs — JSONL or Parquet —
+//! with the same code as the `metrics` stage, write per-sample scores (Parquet or
+//! JSONL by the extension of `--out`) and print a one-line JSON summary.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use arrow::array::{ArrayRef, Float64Array, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field};
+use serde_json::{Value, json};
+
+use super::{EXIT_OK, EXIT_RUNTIME, ScoreArgs};
+use crate::data;
+use crate::eval::score::{OVERALL, Scorer, summarize};
+use crate::store::atomic::{create_tmp, finish_file};
+use crate::store::parquet::{ParquetOut, read_all};
+
+pub fn run(args: &ScoreArgs) -> i32 {
+    match score(args) {
+        Ok(summary) => {
+            println!("{summary}");
+            EXIT_OK
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            EXIT_RUNTIME
+        }
+    }
+}
+
+/// One input row: (id, response, reference, group).
+type Pair = (String, String, String, String);
+
+fn text(row: &serde_json::Map<String, Value>, field: &str, what: &str) -> Result<String, String> {
+    match row.get(field) {
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Null) => Ok(String::new()),
+        None => Err(format!("no field \"{field}\" ({what})")),
+        Some(other) => Err(format!("field \"{field}\" is not a string: {other}")),
+    }
+}
+
+fn pair(row: &serde_json::Map<String, Value>, n: usize, args: &ScoreArgs) -> Result<Pair, String> {
+    let id = match row.get("id") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Number(x)) => x.to_string(),
+        _ => format!("row-{n}"),
+    };
+    let group = match &args.group_by {
+        Some(g) => text(row, g, "--group-by")?,
+        None => String::new(),
+    };
+    Ok((
+        id,
+        text(row, &args.response_field, "--response-field")?,
+        text(row, &args.reference_field, "--reference-field")?,
+        group,
+    ))
+}
+
+fn read_pairs(args: &ScoreArgs) -> Result<Vec<Pair>> {
+    let path = &args.input;
+    let mut out = Vec::new();
+    if path.extension().is_some_and(|e| e == "parquet") {
+        let (_, batches) = read_all(path)?;
+        for b in &batches {
+            for i in 0..b.num_rows() {
+                let row = data::row_json(b, i);
+                out.push(
+                    pair(&row, out.len() + 1, args)
+                        .map_err(|e| anyhow::anyhow!("{}: row {}: {e}", path.display(), out.len() + 1))?,
+                );
+            }
+        }
+    } else {
+        let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        for (i, line) in BufReader::new(f).lines().enumerate() {
+            let line = line.with_context(|| format!("{}:{}: not UTF-8 text", path.display(), i + 1))?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let row: serde_json::Map<String, Value> = serde_json::from_str(&line)
+                .with_context(|| format!("{}:{}: not a JSON object", path.display(), i + 1))?;
+            out.push(pair(&row, i + 1, args).map_err(|e| anyhow::anyhow!("{}:{}: {e}", path.display(), i + 1))?);
+        }
+    }
+    if out.is_empty() {
+        bail!("{}: no rows", path.display());
+    }
+    Ok(out)
+}
+
+pub fn score(args: &ScoreArgs) -> Result<Value> {
+    let metrics: Vec<String> =
+        args.metrics.split(',').map(|m| m.trim().to_string()).filter(|m| !m.is_empty()).collect();
+    let scorer = Scorer::new(&metrics, &args.wordnet_dir)?;
+    let pairs = read_pairs(args)?;
+    let columns = scorer.columns();
+    let scores: Vec<Vec<f64>> = pairs.iter().map(|(_, r, f, _)| scorer.score(r, f)).collect();
+    write_scores(&args.out, &columns, &pairs, &scores, args.group_by.as_deref())?;
+    let groups: Vec<String> = pairs.iter().map(|p| p.3.clone()).collect();
+    let mut summary = serde_json::Map::new();
+    for s in summarize(&columns, &groups, &scores) {
+        let entry = summary.entry(s.group.clone()).or_insert_with(|| json!({"n": s.n}));
+        entry[s.metric.as_str()] = json!({"mean": s.mean, "std": s.std});
+    }
+    if args.group_by.is_none() {
+        summary = summary.into_iter().filter(|(g, _)| g == OVERALL).collect();
+    }
+    Ok(
+        json!({"input": args.input.display().to_string(), "out": args.out.display().to_string(), "rows": pairs.len(), "summary": summary}),
+    )
+}
+
+fn write_scores(out: &Path, columns: &[&str], pairs: &[Pair], scores: &[Vec<f64>], group: Option<&str>) -> Result<()> {
+    if out.extension().is_some_and(|e| e == "parquet") {
+        let mut fields = Vec::new();
+        if let Some(g) = group {
+            fields.push(Field::new(g, DataType::Utf8, false));
+        }
+        fields.extend(columns.iter().map(|c| Field::new(*c, DataType::Float64, false)));
+        let schema = data::schema_with_id(fields);
+        let mut arrays: Vec<ArrayRef> =
+            vec![Arc::new(StringArray::from_iter_values(pairs.iter().map(|p| p.0.as_str())))];
+        if group.is_some() {
+            arrays.push(Arc::new(StringArray::from_iter_values(pairs.iter().map(|p| p.3.as_str()))));
+        }
+        for k in 0..columns.len() {
+            arrays.push(Arc::new(Float64Array::from_iter_values(scores.iter().map(|s| s[k]))));
+        }
+        let mut w = ParquetOut::create(out, schema.clone(), Vec::new(), true)?;
+        w.write(&RecordBatch::try_new(schema, arrays)?)?;
+        let (pending, _) = w.finish()?;
+        pending.commit()?;
+    } else {
+        let (mut file, pending) = create_tmp(out)?;
+        for (p, s) in pairs.iter().zip(scores) {
+            let mut row = serde_json::Map::new();
+            row.insert("id".into(), json!(p.0));
+            if let Some(g) = group {
+                row.insert(g.into(), json!(p.3));
+            }
+            for (c, v) in columns.iter().zip(s) {
+                row.insert((*c).into(), json!(v));
+            }
+            writeln!(file, "{}", Value::Object(row))?;
+        }
+        finish_file(file, &pending)?;
+        pending.commit()?;
+    }
+    Ok(())
+}

@@ -1,0 +1,144 @@
+//! Scoring (response, reference) pairs with a chosen set of metrics, and the mean and
+//! population standard deviation per group and overall, as the official evaluation
+//! reports them. Shared by the `metrics` stage and `synth score`.
+
+use std::path::Path;
+
+use anyhow::{Result, bail};
+
+use super::wordnet::WordNet;
+use super::{bleu, meteor, rouge};
+
+/// Metric names accepted in configuration, in report order.
+pub const METRICS: &[&str] = &["bleu", "rouge", "meteor"];
+
+/// Default WordNet 3.0 location (Debian's `wordnet-base`).
+pub const DEFAULT_WORDNET: &str = "/usr/share/wordnet";
+
+/// Which metrics to compute; METEOR holds its WordNet.
+pub struct Scorer {
+    bleu: bool,
+    rouge: bool,
+    meteor: Option<WordNet>,
+}
+
+impl Scorer {
+    /// `metrics` by name (see [`METRICS`]); WordNet is loaded only when METEOR is asked for.
+    pub fn new(metrics: &[String], wordnet_dir: &Path) -> Result<Scorer> {
+        for m in metrics {
+            if !METRICS.contains(&m.as_str()) {
+                bail!("unknown metric \"{m}\" (metrics: {})", METRICS.join(", "));
+            }
+        }
+        let has = |m: &str| metrics.iter().any(|x| x == m);
+        let meteor =
+            if has("meteor") { Some(WordNet::load(wordnet_dir).map_err(|e| anyhow::anyhow!("{e}"))?) } else { None };
+        Ok(Scorer { bleu: has("bleu"), rouge: has("rouge"), meteor })
+    }
+
+    /// Output column names, in order.
+    pub fn columns(&self) -> Vec<&'static str> {
+        let mut c = Vec::new();
+        if self.bleu {
+            c.push("bleu");
+        }
+        if self.rouge {
+            c.extend(["rouge1", "rouge2", "rougeL", "rougeLsum"]);
+        }
+        if self.meteor.is_some() {
+            c.push("meteor");
+        }
+        c
+    }
+
+    /// The scores of one pair, in [`Scorer::columns`] order.
+    pub fn score(&self, response: &str, reference: &str) -> Vec<f64> {
+        let mut out = Vec::with_capacity(6);
+        if self.bleu {
+            out.push(bleu::bleu(response, reference));
+        }
+        if self.rouge {
+            let r = rouge::rouge(response, reference);
+            out.extend([r.rouge1, r.rouge2, r.rouge_l, r.rouge_lsum]);
+        }
+        if let Some(wn) = &self.meteor {
+            out.push(meteor::meteor(response, reference, wn));
+        }
+        out
+    }
+}
+
+/// Mean and population standard deviation of one metric over one group.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    pub group: String,
+    pub metric: String,
+    pub n: u64,
+    pub mean: f64,
+    pub std: f64,
+}
+
+/// The group every row also belongs to.
+pub const OVERALL: &str = "overall";
+
+/// Per group (sorted) and `overall`: mean and population std of every column.
+pub fn summarize(columns: &[&str], groups: &[String], scores: &[Vec<f64>]) -> Vec<Summary> {
+    let mut names: Vec<&str> = groups.iter().map(String::as_str).collect();
+    names.sort_unstable();
+    names.dedup();
+    let mut out = Vec::new();
+    for group in names.into_iter().chain([OVERALL]) {
+        let rows: Vec<&Vec<f64>> = scores
+            .iter()
+            .zip(groups.iter().map(String::as_str).chain(std::iter::repeat("")))
+            .filter(|(_, g)| group == OVERALL || *g == group)
+            .map(|(s, _)| s)
+            .collect();
+        for (k, metric) in columns.iter().enumerate() {
+            let values: Vec<f64> = rows.iter().map(|r| r[k]).collect();
+            let (mean, std) = mean_std(&values);
+            out.push(Summary {
+                group: group.to_string(),
+                metric: metric.to_string(),
+                n: values.len() as u64,
+                mean,
+                std,
+            });
+        }
+    }
+    out
+}
+
+/// Mean and population standard deviation (numpy's default `ddof = 0`); 0 for no values.
+pub fn mean_std(values: &[f64]) -> (f64, f64) {
+    if values.is_empty() {
+        return (0.0, 0.0);
+    }
+    let n = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    let var = values.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
+    (mean, var.sqrt())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn population_std_and_groups() {
+        let (m, s) = mean_std(&[1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(m, 2.5);
+        assert!((s - 1.118_033_988_749_895).abs() < 1e-12);
+        let groups = vec!["b".to_string(), "a".to_string(), "b".to_string()];
+        let scores = vec![vec![1.0], vec![0.0], vec![0.0]];
+        let s = summarize(&["bleu"], &groups, &scores);
+        let names: Vec<(&str, u64, f64)> = s.iter().map(|x| (x.group.as_str(), x.n, x.mean)).collect();
+        assert_eq!(names, vec![("a", 1, 0.0), ("b", 2, 0.5), ("overall", 3, 1.0 / 3.0)]);
+    }
+
+    #[test]
+    fn unknown_metric_is_named() {
+        let err = Scorer::new(&["blue".to_string()], Path::new("/nonexistent")).err().unwrap();
+        assert!(err.to_string().contains("unknown metric \"blue\""), "{err}");
+    }
+}

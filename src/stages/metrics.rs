@@ -1,0 +1,210 @@
+//! `metrics`: reference-based scores of every (response, reference) row — BLEU,
+//! ROUGE-1/2/L/Lsum, METEOR, computed as the official RoleMRC evaluation does (see
+//! `eval`) — and their mean and population std per group (e.g. task) and overall,
+//! written beside the output as `<stage>.summary.parquet`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, anyhow};
+use arrow::array::{Array, ArrayRef, Float64Array, RecordBatch, StringArray, UInt64Array};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use async_trait::async_trait;
+use serde::Deserialize;
+
+use super::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use crate::config::diag::Diagnostics;
+use crate::config::options::{OptionSpec, Ty};
+use crate::data;
+use crate::eval::score::{DEFAULT_WORDNET, Scorer, summarize};
+use crate::store::parquet::open_reader;
+
+const OPTIONS: &[OptionSpec] = &[
+    OptionSpec::default("response", Ty::Str, "\"response\"", "column with the model's answer"),
+    OptionSpec::default("reference", Ty::Str, "\"reference\"", "column with the reference answer"),
+    OptionSpec::optional("group_by", Ty::Str, "column whose values group the summary (e.g. \"task\")"),
+    OptionSpec::default("metrics", Ty::StrList, "[\"bleu\", \"rouge\", \"meteor\"]", "bleu, rouge, meteor"),
+    OptionSpec::default(
+        "wordnet_dir",
+        Ty::Str,
+        "\"/usr/share/wordnet\"",
+        "WordNet 3.0 dict files (Debian wordnet-base), for METEOR",
+    ),
+    OptionSpec::optional(
+        "label",
+        Ty::Str,
+        "name of what is scored (a model), in the summary; default: the input's name",
+    ),
+];
+
+pub static KIND: KindInfo = KindInfo {
+    name: "metrics",
+    version: 1,
+    about: "BLEU, ROUGE, METEOR per row against a reference, with mean/std per group and overall",
+    role: Role::Transform,
+    arity: Arity::Exactly(1),
+    options: OPTIONS,
+    uses_seed: false,
+    build,
+};
+
+#[derive(Deserialize, Clone)]
+struct Options {
+    response: String,
+    reference: String,
+    group_by: Option<String>,
+    metrics: Vec<String>,
+    wordnet_dir: String,
+    label: Option<String>,
+}
+
+struct Metrics {
+    opts: Options,
+    columns: Vec<&'static str>,
+}
+
+fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> {
+    let opts: Options = ctx.parse(diags)?;
+    let mut columns = Vec::new();
+    for m in &opts.metrics {
+        match m.as_str() {
+            "bleu" => columns.push("bleu"),
+            "rouge" => columns.extend(["rouge1", "rouge2", "rougeL", "rougeLsum"]),
+            "meteor" => columns.push("meteor"),
+            other => {
+                let hint = crate::config::diag::did_you_mean(other, crate::eval::score::METRICS.iter().copied())
+                    .unwrap_or_default();
+                ctx.error(diags, "metrics", format!("unknown metric \"{other}\"{hint}"));
+                return None;
+            }
+        }
+    }
+    Some(Box::new(Metrics { opts, columns }))
+}
+
+impl Metrics {
+    fn wordnet_dir(&self, root: &std::path::Path) -> PathBuf {
+        let p = PathBuf::from(if self.opts.wordnet_dir.is_empty() { DEFAULT_WORDNET } else { &self.opts.wordnet_dir });
+        if p.is_absolute() { p } else { root.join(p) }
+    }
+
+    fn output_schema(&self) -> SchemaRef {
+        let mut fields = Vec::new();
+        if let Some(g) = &self.opts.group_by {
+            fields.push(Field::new(g, DataType::Utf8, true));
+        }
+        fields.extend(self.columns.iter().map(|c| Field::new(*c, DataType::Float64, false)));
+        data::schema_with_id(fields)
+    }
+}
+
+fn summary_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("label", DataType::Utf8, false),
+        Field::new("group", DataType::Utf8, false),
+        Field::new("metric", DataType::Utf8, false),
+        Field::new("n", DataType::UInt64, false),
+        Field::new("mean", DataType::Float64, false),
+        Field::new("std", DataType::Float64, false),
+    ]))
+}
+
+#[async_trait]
+impl Stage for Metrics {
+    fn plan(&self, ctx: &mut PlanCtx<'_>) -> Option<SchemaRef> {
+        let mut cols = vec![self.opts.response.as_str(), self.opts.reference.as_str()];
+        if let Some(g) = &self.opts.group_by {
+            cols.push(g);
+        }
+        ctx.require_columns("inputs", 0, cols);
+        if self.opts.metrics.iter().any(|m| m == "meteor") {
+            let dir = self.wordnet_dir(ctx.root);
+            let files: Vec<PathBuf> = ["noun", "verb", "adj", "adv"]
+                .iter()
+                .flat_map(|p| [dir.join(format!("data.{p}")), dir.join(format!("index.{p}"))])
+                .collect();
+            match files.iter().find(|f| !f.exists()) {
+                Some(missing) => ctx.error(
+                    "wordnet_dir",
+                    format!(
+                        "WordNet 3.0 is needed for METEOR but {} is missing: install Debian's wordnet-base (apt-get install wordnet-base) or set wordnet_dir",
+                        missing.display()
+                    ),
+                ),
+                None => ctx.files.extend(files),
+            }
+        }
+        Some(self.output_schema())
+    }
+
+    async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
+        let scorer = Arc::new(Scorer::new(&self.opts.metrics, &self.wordnet_dir(&ctx.root))?);
+        let schema = self.output_schema();
+        let mut out = ctx.create_output_keeping_ids(schema.clone())?;
+        let input = ctx.inputs[0].clone();
+        let opts = self.opts.clone();
+        let columns = self.columns.clone();
+        let progress = ctx.progress.clone();
+        let cancel = ctx.cancel.clone();
+        progress.set_total(input.num_rows);
+        // Scores are computed on a blocking thread; the groups and scores kept for the
+        // summary are a few numbers per row.
+        let (out, groups, scores) = tokio::task::spawn_blocking(move || -> Result<_> {
+            let mut groups: Vec<String> = Vec::new();
+            let mut scores: Vec<Vec<f64>> = Vec::new();
+            for batch in open_reader(&input.path, 2048)? {
+                if cancel.is_cancelled() {
+                    anyhow::bail!(super::Cancelled);
+                }
+                let batch = batch.with_context(|| format!("reading {}", input.path.display()))?;
+                let text = |name: &str| -> Result<StringArray> {
+                    let col = batch.column_by_name(name).ok_or_else(|| anyhow!("no column \"{name}\""))?;
+                    let col = arrow::compute::cast(col, &DataType::Utf8)?;
+                    Ok(col.as_any().downcast_ref::<StringArray>().expect("cast to Utf8").clone())
+                };
+                let (resp, refs) = (text(&opts.response)?, text(&opts.reference)?);
+                let group = opts.group_by.as_deref().map(text).transpose()?;
+                let first = scores.len();
+                for i in 0..batch.num_rows() {
+                    // A missing response scores as an empty one (as the official code's "").
+                    let r = if resp.is_valid(i) { resp.value(i) } else { "" };
+                    let f = if refs.is_valid(i) { refs.value(i) } else { "" };
+                    scores.push(scorer.score(r, f));
+                    groups.push(
+                        group.as_ref().filter(|g| g.is_valid(i)).map(|g| g.value(i).to_string()).unwrap_or_default(),
+                    );
+                }
+                let mut arrays: Vec<ArrayRef> = vec![Arc::new(data::ids(&batch).clone())];
+                if let Some(g) = &group {
+                    arrays.push(Arc::new(g.clone()));
+                }
+                for k in 0..columns.len() {
+                    arrays.push(Arc::new(Float64Array::from_iter_values(scores[first..].iter().map(|s| s[k]))));
+                }
+                out.write(&RecordBatch::try_new(schema.clone(), arrays)?)?;
+                progress.inc(batch.num_rows() as u64);
+            }
+            Ok((out, groups, scores))
+        })
+        .await
+        .context("metrics worker panicked")??;
+        ctx.report.rows_in = scores.len() as u64;
+
+        let label = self.opts.label.clone().unwrap_or_else(|| ctx.inputs[0].name.clone());
+        let summary = summarize(&self.columns, &groups, &scores);
+        let n = summary.len();
+        let batch = RecordBatch::try_new(
+            summary_schema(),
+            vec![
+                Arc::new(StringArray::from(vec![label.as_str(); n])),
+                Arc::new(StringArray::from_iter_values(summary.iter().map(|s| s.group.as_str()))),
+                Arc::new(StringArray::from_iter_values(summary.iter().map(|s| s.metric.as_str()))),
+                Arc::new(UInt64Array::from_iter_values(summary.iter().map(|s| s.n))),
+                Arc::new(Float64Array::from_iter_values(summary.iter().map(|s| s.mean))),
+                Arc::new(Float64Array::from_iter_values(summary.iter().map(|s| s.std))),
+            ],
+        )?;
+        ctx.write_side_parquet(&format!("{}.summary.parquet", ctx.name), &batch)?;
+        ctx.set_output(out)
+    }
+}

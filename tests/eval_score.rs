@@ -1,0 +1,117 @@
+//! `synth score` and the `metrics` stage on the parity fixture: per-sample scores equal
+//! the stored Python reference values (tests/fixtures/eval/*.expected.jsonl), the summary
+//! is the mean and population std, groups work, and bad input names file, line and field.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use support::{Project, parquet_rows};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/eval").join(name)
+}
+
+fn expected(name: &str) -> BTreeMap<String, serde_json::Map<String, Value>> {
+    std::fs::read_to_string(fixture(name))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Map<String, Value> = serde_json::from_str(l).unwrap();
+            (v["id"].as_str().unwrap().to_string(), v)
+        })
+        .collect()
+}
+
+fn wordnet() -> bool {
+    let ok = Path::new("/usr/share/wordnet/data.noun").exists();
+    if !ok {
+        eprintln!(
+            "skipping METEOR checks: /usr/share/wordnet is absent (run .ci/setup as root to install wordnet-base)"
+        );
+    }
+    ok
+}
+
+#[test]
+fn score_matches_the_reference_values() {
+    let p = Project::new();
+    let with_meteor = wordnet();
+    let metrics = if with_meteor { "bleu,rouge,meteor" } else { "bleu,rouge" };
+    let out = p.path().join("scores.parquet");
+    let input = fixture("pairs.jsonl");
+    let r = p
+        .synth(&["score", "--input", input.to_str().unwrap(), "--metrics", metrics, "--out", out.to_str().unwrap()])
+        .ok();
+    let summary: Value = serde_json::from_str(r.stdout.trim()).unwrap();
+    let rows = parquet_rows(&out);
+    let br = expected("bleu_rouge.expected.jsonl");
+    let me = expected("meteor.expected.jsonl");
+    assert_eq!(rows.len(), br.len());
+    let mut sums: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for row in &rows {
+        let id = row["id"].as_str().unwrap();
+        let mut want = br[id].clone();
+        if with_meteor {
+            want.insert("meteor".into(), me[id]["meteor"].clone());
+        }
+        for m in ["bleu", "rouge1", "rouge2", "rougeL", "rougeLsum", "meteor"] {
+            let Some(w) = want.get(m).and_then(Value::as_f64) else { continue };
+            let got = row[m].as_f64().unwrap();
+            assert!((got - w).abs() < 1e-6, "{id} {m}: synth {got} python {w}");
+            sums.entry(m).or_default().push(w);
+        }
+    }
+    for (m, v) in sums {
+        let n = v.len() as f64;
+        let mean = v.iter().sum::<f64>() / n;
+        let std = (v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / n).sqrt();
+        let s = &summary["summary"]["overall"][m];
+        assert!((s["mean"].as_f64().unwrap() - mean).abs() < 1e-9, "{m} mean");
+        assert!((s["std"].as_f64().unwrap() - std).abs() < 1e-9, "{m} std (population)");
+    }
+}
+
+#[test]
+fn score_reports_bad_input_with_file_line_and_field() {
+    let p = Project::new();
+    p.write("pairs.jsonl", "{\"response\": \"a\", \"reference\": \"b\"}\n{\"answer\": \"a\", \"reference\": \"b\"}\n");
+    let out = p.path().join("o.jsonl");
+    let input = p.path().join("pairs.jsonl");
+    let r = p
+        .synth(&["score", "--input", input.to_str().unwrap(), "--metrics", "bleu", "--out", out.to_str().unwrap()])
+        .code(2);
+    assert!(r.stderr.contains("pairs.jsonl:2: no field \"response\""), "{}", r.stderr);
+    assert!(!out.exists(), "nothing written on bad input");
+    let r = p
+        .synth(&["score", "--input", input.to_str().unwrap(), "--metrics", "blue", "--out", out.to_str().unwrap()])
+        .code(2);
+    assert!(r.stderr.contains("unknown metric \"blue\""), "{}", r.stderr);
+}
+
+/// The metrics stage inside the offline evaluation pipeline: per-task and overall
+/// summaries, and the report's Table 3 row.
+#[test]
+fn metrics_stage_groups_by_task() {
+    if !wordnet() {
+        return;
+    }
+    let p = Project::new();
+    let dir = p.path().join("eval");
+    let pipeline = Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines/rolemrc-eval.toml");
+    p.synth(&["run", pipeline.to_str().unwrap(), "--offline", "--out", dir.to_str().unwrap()]).ok();
+    let per_row = parquet_rows(&dir.join("metrics.parquet"));
+    assert_eq!(per_row.len(), 64);
+    let summary = parquet_rows(&dir.join("metrics.summary.parquet"));
+    let groups: std::collections::BTreeSet<&str> = summary.iter().map(|r| r["group"].as_str().unwrap()).collect();
+    assert!(groups.contains("overall") && groups.len() > 10, "{groups:?}");
+    let overall_bleu = summary.iter().find(|r| r["group"] == "overall" && r["metric"] == "bleu").unwrap();
+    let mean = per_row.iter().map(|r| r["bleu"].as_f64().unwrap()).sum::<f64>() / 64.0;
+    assert!((overall_bleu["mean"].as_f64().unwrap() - mean).abs() < 1e-12);
+    assert_eq!(overall_bleu["label"], "candidate");
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(md.contains("| Model | BLEU | ROUGE-1 | ROUGE-2 | ROUGE-L | ROUGE-Lsum | METEOR |"), "{md}");
+    assert!(md.contains("| candidate | ") && md.contains("Table 9"), "{md}");
+}
