@@ -115,3 +115,59 @@ fn metrics_stage_groups_by_task() {
     assert!(md.contains("| Model | BLEU | ROUGE-1 | ROUGE-2 | ROUGE-L | ROUGE-Lsum | METEOR |"), "{md}");
     assert!(md.contains("| candidate | ") && md.contains("Table 9"), "{md}");
 }
+
+/// `generate` as the official evaluation calls the model: the test conversation sent as
+/// it is (roles lowercased), temperature 0, 256 tokens, the answer kept untrimmed.
+#[test]
+fn generate_sends_the_conversation_with_official_settings() {
+    use std::sync::{Arc, Mutex};
+    use support::openai_server::{self, Behaviour};
+    let bodies: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let seen = bodies.clone();
+    let server = openai_server::start(Behaviour {
+        responder: Arc::new(move |b: &Value| {
+            seen.lock().unwrap().push(b.clone());
+            if b["messages"][0]["content"].as_str().unwrap_or_default().contains("Score:") {
+                "Score: 1".into()
+            } else {
+                "  (smiles) An answer.\n".into()
+            }
+        }),
+        ..Default::default()
+    });
+    let p = Project::new();
+    let dir = p.path().join("gen");
+    let pipeline = Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines/rolemrc-eval.toml");
+    let url = server.base_url();
+    let sets = [
+        format!("providers.candidate.base_url=\"{url}\""),
+        "providers.candidate.model=\"cand\"".to_string(),
+        format!("providers.judge.base_url=\"{url}\""),
+        "stages.metrics.metrics=[\"bleu\", \"rouge\"]".to_string(),
+    ];
+    let mut args = vec!["run", pipeline.to_str().unwrap(), "--out", dir.to_str().unwrap()];
+    for s in &sets {
+        args.extend(["--set", s.as_str()]);
+    }
+    p.synth_env(&args, &[("CANDIDATE_API_KEY", "k-cand-1234567"), ("OPENAI_API_KEY", "k-judge-1234567")]).ok();
+    let test: Vec<Value> = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines/data/rolemrc-demo/answered_test.jsonl"),
+    )
+    .unwrap()
+    .lines()
+    .map(|l| serde_json::from_str(l).unwrap())
+    .collect();
+    let bodies = bodies.lock().unwrap().clone();
+    let cand: Vec<&Value> = bodies.iter().filter(|b| b["model"] == "cand").collect();
+    assert_eq!(cand.len(), test.len());
+    for b in &cand {
+        assert_eq!(b["temperature"], 0.0);
+        assert_eq!(b["max_tokens"], 256);
+        let roles: Vec<&str> = b["messages"].as_array().unwrap().iter().map(|m| m["role"].as_str().unwrap()).collect();
+        assert_eq!(roles[0], "system");
+        assert!(test.iter().any(|t| t["question"].as_array().unwrap().len() == roles.len()
+            && t["question"][0]["content"] == b["messages"][0]["content"]));
+    }
+    let answered = parquet_rows(&dir.join("answered.parquet"));
+    assert!(answered.iter().all(|r| r["response"] == "  (smiles) An answer.\n"), "kept as written");
+}

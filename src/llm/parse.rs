@@ -58,9 +58,11 @@ fn options<T: for<'de> Deserialize<'de> + Default>(v: &Value) -> Result<T, Strin
 
 pub static TEXT: ParserKind = ParserKind {
     name: "text",
-    about: "the answer as text (trimmed), column `text`",
+    about: "the answer as text (trimmed unless trim = false), in column `text` (or `column`)",
     options: &[
         OptionSpec::default("min_chars", crate::config::options::UINT, "1", "shorter answers are rejected"),
+        OptionSpec::default("column", Ty::Str, "\"text\"", "name of the output column"),
+        OptionSpec::default("trim", Ty::Bool, "true", "trim surrounding whitespace"),
         OptionSpec::default(
             "shape",
             Ty::Str,
@@ -75,11 +77,17 @@ pub static TEXT: ParserKind = ParserKind {
             min_chars: Option<usize>,
             #[serde(default)]
             shape: Option<String>,
+            #[serde(default)]
+            column: Option<String>,
+            #[serde(default)]
+            trim: Option<bool>,
         }
         let o: O = options(v)?;
         Ok(Box::new(TextParser {
             min_chars: o.min_chars.unwrap_or(1),
             shape: o.shape.unwrap_or_else(|| "text".into()),
+            column: o.column.unwrap_or_else(|| "text".into()),
+            trim: o.trim.unwrap_or(true),
         }))
     },
 };
@@ -87,18 +95,20 @@ pub static TEXT: ParserKind = ParserKind {
 struct TextParser {
     min_chars: usize,
     shape: String,
+    column: String,
+    trim: bool,
 }
 
 impl Parser for TextParser {
     fn fields(&self) -> Vec<Field> {
-        vec![Field::new("text", DataType::Utf8, false)]
+        vec![Field::new(&self.column, DataType::Utf8, false)]
     }
     fn parse(&self, text: &str, _: &Row) -> Result<Row, String> {
-        let t = text.trim();
-        if t.chars().count() < self.min_chars {
+        let t = if self.trim { text.trim() } else { text };
+        if t.trim().chars().count() < self.min_chars {
             return Err(format!("the answer is shorter than {} characters", self.min_chars));
         }
-        Ok(Row::from_iter([("text".to_string(), Value::String(t.to_string()))]))
+        Ok(Row::from_iter([(self.column.clone(), Value::String(t.to_string()))]))
     }
     fn expect(&self) -> String {
         self.shape.clone()

@@ -68,25 +68,25 @@ pub static KIND: KindInfo = KindInfo {
 };
 
 #[derive(Deserialize)]
-struct Options {
-    provider: String,
-    prompt: Option<String>,
-    messages: Option<String>,
-    system: Option<String>,
-    parser: String,
-    parser_options: Option<Value>,
-    n: u32,
-    max_attempts: u32,
-    reask: String,
-    temperature: Option<f64>,
-    top_p: Option<f64>,
-    max_tokens: Option<u32>,
-    seed: Option<i64>,
-    stop: Option<Vec<String>>,
-    extra: Option<serde_json::Map<String, Value>>,
-    output_prefix: String,
-    keep_columns: Option<Vec<String>>,
-    concurrency: Option<usize>,
+pub(super) struct Options {
+    pub(super) provider: String,
+    pub(super) prompt: Option<String>,
+    pub(super) messages: Option<String>,
+    pub(super) system: Option<String>,
+    pub(super) parser: String,
+    pub(super) parser_options: Option<Value>,
+    pub(super) n: u32,
+    pub(super) max_attempts: u32,
+    pub(super) reask: String,
+    pub(super) temperature: Option<f64>,
+    pub(super) top_p: Option<f64>,
+    pub(super) max_tokens: Option<u32>,
+    pub(super) seed: Option<i64>,
+    pub(super) stop: Option<Vec<String>>,
+    pub(super) extra: Option<serde_json::Map<String, Value>>,
+    pub(super) output_prefix: String,
+    pub(super) keep_columns: Option<Vec<String>>,
+    pub(super) concurrency: Option<usize>,
 }
 
 /// Columns every LLM stage adds besides the parser's.
@@ -115,6 +115,11 @@ struct Llm {
 
 fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> {
     let opts: Options = ctx.parse(diags)?;
+    build_with(opts, ctx, diags)
+}
+
+/// Build from options already parsed (also by kinds that preset them, e.g. `generate`).
+pub(super) fn build_with(opts: Options, ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> {
     let mut templates = Templates::new();
     let mut vars = BTreeMap::new();
     let mut ok = true;

@@ -30,6 +30,7 @@ pub mod concat;
 pub mod embed;
 pub mod exec;
 pub mod filter;
+pub mod generate;
 pub mod join;
 pub mod jsonl;
 pub mod llm;
@@ -55,6 +56,7 @@ pub static KINDS: &[&KindInfo] = &[
     &concat::KIND,
     &join::KIND,
     &llm::KIND,
+    &generate::KIND,
     &embed::KIND,
     &retrieve::KIND,
     &rolemrc_plan::KIND,

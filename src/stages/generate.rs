@@ -1,0 +1,79 @@
+//! `generate`: answer every row's conversation (a test `question`, a list of
+//! {role, content}) with a model behind an OpenAI-compatible endpoint — typically vLLM
+//! serving a fine-tuned checkpoint — as the official RoleMRC evaluation does:
+//! temperature 0 and 256 new tokens by default, the answer kept as the model wrote it
+//! (column `response`), cached and rate-limited like every LLM stage. One stage per
+//! candidate model; a `report` compares them. This is the `llm` kind with those presets.
+
+use serde::Deserialize;
+use serde_json::json;
+
+use super::llm::{Options as LlmOptions, build_with};
+use super::{Arity, BuildCtx, KindInfo, Role, Stage};
+use crate::config::diag::Diagnostics;
+use crate::config::options::{OptionSpec, POSITIVE, RATIO, Ty};
+
+const OPTIONS: &[OptionSpec] = &[
+    OptionSpec::required("provider", Ty::Str, "name of a [providers.NAME] table (the model under test)"),
+    OptionSpec::default("messages", Ty::Str, "\"question\"", "column with the conversation to answer"),
+    OptionSpec::default("temperature", Ty::Float(0.0, 2.0), "0.0", "sampling temperature (official: 0)"),
+    OptionSpec::default("max_tokens", POSITIVE, "256", "new tokens per answer (official: 256)"),
+    OptionSpec::optional("top_p", RATIO, "overrides the provider's"),
+    OptionSpec::optional("seed", Ty::Int(i64::MIN, i64::MAX), "overrides the provider's"),
+    OptionSpec::optional("stop", Ty::StrList, "overrides the provider's"),
+    OptionSpec::optional("extra", Ty::Map(&Ty::Any), "extra body parameters (merged over the provider's)"),
+    OptionSpec::optional("keep_columns", Ty::StrList, "input columns to carry over (default: all)"),
+    OptionSpec::optional("concurrency", POSITIVE, "rows in flight (default: twice the provider's concurrency)")
+        .runtime_only(),
+];
+
+pub static KIND: KindInfo = KindInfo {
+    name: "generate",
+    version: 1,
+    about: "answer each row's conversation with a model (temperature 0, 256 tokens): column `response`",
+    role: Role::Transform,
+    arity: Arity::Exactly(1),
+    options: OPTIONS,
+    uses_seed: false,
+    build,
+};
+
+#[derive(Deserialize)]
+struct Options {
+    provider: String,
+    messages: String,
+    temperature: f64,
+    max_tokens: u32,
+    top_p: Option<f64>,
+    seed: Option<i64>,
+    stop: Option<Vec<String>>,
+    extra: Option<serde_json::Map<String, serde_json::Value>>,
+    keep_columns: Option<Vec<String>>,
+    concurrency: Option<usize>,
+}
+
+fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> {
+    let o: Options = ctx.parse(diags)?;
+    let opts = LlmOptions {
+        provider: o.provider,
+        prompt: None,
+        messages: Some(o.messages),
+        system: None,
+        parser: "text".into(),
+        // Every answer is kept as written, even an empty one (it scores 0).
+        parser_options: Some(json!({"min_chars": 0, "column": "response", "trim": false})),
+        n: 1,
+        max_attempts: 1,
+        reask: String::new(),
+        temperature: Some(o.temperature),
+        top_p: o.top_p,
+        max_tokens: Some(o.max_tokens),
+        seed: o.seed,
+        stop: o.stop,
+        extra: o.extra,
+        output_prefix: String::new(),
+        keep_columns: o.keep_columns,
+        concurrency: o.concurrency,
+    };
+    build_with(opts, ctx, diags)
+}
