@@ -46,6 +46,7 @@ pub mod rolemrc_judge_score;
 pub mod rolemrc_plan;
 pub mod sample;
 pub mod source;
+pub mod train;
 
 /// Every stage kind synth knows, in the order `synth list` shows them.
 pub static KINDS: &[&KindInfo] = &[
@@ -67,6 +68,7 @@ pub static KINDS: &[&KindInfo] = &[
     &chat_format::KIND,
     &metrics::KIND,
     &report::KIND,
+    &train::KIND,
     &parquet::KIND,
     &jsonl::KIND,
 ];

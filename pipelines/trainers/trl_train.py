@@ -1,0 +1,297 @@
+#!/usr/bin/env python3
+"""Reference trainer for synth's `train` stage: SFT, then DPO from the SFT checkpoint,
+with TRL (https://huggingface.co/docs/trl).
+
+    python3 pipelines/trainers/trl_train.py --sft sft.jsonl --dpo dpo.jsonl \
+        --output-dir out/train --base-model meta-llama/Meta-Llama-3-8B-Instruct
+
+Data: the files synth's `train` stage writes, in TRL's conversational formats —
+`{"messages": [...]}` for SFT and `{"prompt": [...], "chosen": [...], "rejected": [...]}`
+for DPO. Defaults are RoleMRC's Table 8 (SFT lr 1e-5, DPO lr 2e-5, beta 0.1, batch 8,
+gradient accumulation 2, 1 epoch, warmup 0.04, cosine, bf16).
+
+Besides ordinary log lines it prints the synth trainer protocol on stdout (see
+pipelines/trainers/README.md):
+
+    SYNTH_PROGRESS {"phase": "sft", "step": 3, "total": 10, "loss": 1.23}
+    SYNTH_CHECKPOINT {"phase": "sft", "path": "out/train/sft", "step": 10, "final": true}
+    SYNTH_METRICS {"phase": "sft", "train_loss": 1.1, ...}
+
+Layout: <output-dir>/sft and <output-dir>/dpo hold the final models (with the
+tokenizer); intermediate checkpoints (only with --save-steps) go to
+<output-dir>/<phase>/checkpoint-<step>.
+
+`--tiny-random-llama` replaces the base model by a tiny randomly initialised
+LlamaForCausalLM with a word-level tokenizer built from the training data (nothing is
+downloaded): a GPU smoke test of the whole path in a minute, not a useful model.
+
+Requires: torch, transformers, datasets, trl (>= 0.20; processing_class, max_length).
+For multi-GPU runs, launch it with accelerate (`accelerate launch pipelines/trainers/...`)
+by changing the stage's `command`.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}{{ eos_token }}\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
+
+
+def main_process():
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def emit(tag, payload):
+    """One protocol line (main process only)."""
+    if main_process():
+        print(f"{tag} {json.dumps(payload, default=str)}", flush=True)
+
+
+def log(message):
+    if main_process():
+        print(f"trl_train: {message}", flush=True)
+
+
+def as_bool(text):
+    value = str(text).strip().lower()
+    if value in ("true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="SFT then DPO with TRL, reporting to synth")
+    p.add_argument("--sft", required=True, help="SFT data (JSONL, conversational messages)")
+    p.add_argument("--dpo", required=True, help="DPO data (JSONL, conversational preference)")
+    p.add_argument("--output-dir", required=True, help="checkpoints go to <dir>/sft and <dir>/dpo")
+    p.add_argument("--base-model", required=True, help="hub id or local path of the model to start from")
+    # RoleMRC Table 8.
+    p.add_argument("--sft-lr", type=float, default=1e-5)
+    p.add_argument("--dpo-lr", type=float, default=2e-5)
+    p.add_argument("--beta", type=float, default=0.1, help="DPO beta")
+    p.add_argument("--batch-size", type=int, default=8, help="per-device train batch size")
+    p.add_argument("--grad-acc", type=int, default=2, help="gradient accumulation steps")
+    p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--warmup-ratio", type=float, default=0.04)
+    p.add_argument("--scheduler", default="cosine", help="transformers lr_scheduler_type")
+    p.add_argument("--bf16", type=as_bool, default=True, help="true/false")
+    p.add_argument("--max-steps", type=int, default=-1, help="stop each phase after this many steps (-1: no limit)")
+    # Practicalities.
+    p.add_argument("--max-length", type=int, default=None, help="truncate sequences to this many tokens")
+    p.add_argument("--logging-steps", type=int, default=10)
+    p.add_argument("--save-steps", type=int, default=0, help="also save intermediate checkpoints every N steps")
+    p.add_argument("--gradient-checkpointing", type=as_bool, default=False)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--phases", default="sft,dpo", help="which phases to run, in order")
+    p.add_argument(
+        "--tiny-random-llama",
+        action="store_true",
+        help="smoke test: a tiny random Llama and a word-level tokenizer from the data instead of --base-model",
+    )
+    return p.parse_args(argv)
+
+
+def read_messages(path, keys):
+    """Every message list of a JSONL file (for the tiny tokenizer's vocabulary)."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                row = json.loads(line)
+                for k in keys:
+                    yield from row.get(k) or []
+
+
+def build_tiny_llama(args, directory):
+    """A tiny random LlamaForCausalLM and a word-level tokenizer built from the data,
+    saved to `directory` so both phases load it like any base model."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<unk>", "<s>", "<|end|>"] + ROLE_TOKENS
+    split = pre_tokenizers.Whitespace()
+    words = set()
+    for path, keys in ((args.sft, ["messages"]), (args.dpo, ["prompt", "chosen", "rejected"])):
+        for message in read_messages(path, keys):
+            words.update(word for word, _ in split.pre_tokenize_str(message["content"]))
+    words.difference_update(specials)
+    vocab = {tok: i for i, tok in enumerate(specials + sorted(words))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="<unk>",
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="<|end|>",
+        additional_special_tokens=ROLE_TOKENS,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.model_max_length = 1024
+
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True,
+    )
+    model = LlamaForCausalLM(config)
+    os.makedirs(directory, exist_ok=True)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    log(f"tiny random Llama ({sum(p.numel() for p in model.parameters())} parameters, {len(vocab)} tokens) in {directory}")
+    return directory
+
+
+def load(model_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if tokenizer.chat_template is None:
+        # Base models ship without one; TRL needs it for conversational data.
+        tokenizer.chat_template = CHAT_TEMPLATE
+        tokenizer.add_special_tokens({"additional_special_tokens": ROLE_TOKENS})
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
+        model.resize_token_embeddings(len(tokenizer))
+    return model, tokenizer
+
+
+def synth_callback(phase):
+    from transformers import TrainerCallback
+
+    class SynthCallback(TrainerCallback):
+        """Reports progress and checkpoints to synth."""
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not state.is_world_process_zero:
+                return
+            logs = logs or {}
+            payload = {"phase": phase, "step": state.global_step, "total": state.max_steps}
+            for key in ("loss", "learning_rate", "grad_norm", "rewards/accuracies", "rewards/margins", "epoch"):
+                value = logs.get(key)
+                if isinstance(value, (int, float)) and math.isfinite(value):
+                    payload[key] = value
+            emit("SYNTH_PROGRESS", payload)
+
+        def on_save(self, args, state, control, **kwargs):
+            if state.is_world_process_zero:
+                path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+                emit("SYNTH_CHECKPOINT", {"phase": phase, "path": path, "step": state.global_step})
+
+    return SynthCallback()
+
+
+def common_config(args, phase, lr):
+    """TrainingArguments fields shared by SFTConfig and DPOConfig."""
+    return dict(
+        output_dir=os.path.join(args.output_dir, phase),
+        learning_rate=lr,
+        per_device_train_batch_size=args.batch_size,
+        gradient_accumulation_steps=args.grad_acc,
+        num_train_epochs=args.epochs,
+        max_steps=args.max_steps,
+        warmup_ratio=args.warmup_ratio,
+        lr_scheduler_type=args.scheduler,
+        bf16=args.bf16,
+        logging_steps=args.logging_steps,
+        save_strategy="steps" if args.save_steps > 0 else "no",
+        save_steps=args.save_steps if args.save_steps > 0 else 500,
+        gradient_checkpointing=args.gradient_checkpointing,
+        report_to="none",
+        disable_tqdm=True,  # progress goes to synth as SYNTH_PROGRESS
+        seed=args.seed,
+    )
+
+
+def finish(trainer, tokenizer, phase, result):
+    out = trainer.args.output_dir
+    trainer.save_model(out)
+    if trainer.is_world_process_zero():
+        tokenizer.save_pretrained(out)  # with the chat template, so vLLM can serve the checkpoint
+    emit("SYNTH_CHECKPOINT", {"phase": phase, "path": out, "step": trainer.state.global_step, "final": True})
+    metrics = {k: v for k, v in result.metrics.items() if isinstance(v, (int, float, str))}
+    metrics["global_step"] = trainer.state.global_step
+    emit("SYNTH_METRICS", {"phase": phase, **metrics})
+    return out
+
+
+def train_sft(args, model_path):
+    from datasets import load_dataset
+    from trl import SFTConfig, SFTTrainer
+
+    model, tokenizer = load(model_path)
+    data = load_dataset("json", data_files=args.sft, split="train")
+    log(f"SFT: {len(data)} conversations from {args.sft}")
+    extra = {"max_length": args.max_length} if args.max_length else {}
+    config = SFTConfig(**common_config(args, "sft", args.sft_lr), **extra)
+    trainer = SFTTrainer(
+        model=model,
+        args=config,
+        train_dataset=data,
+        processing_class=tokenizer,
+        callbacks=[synth_callback("sft")],
+    )
+    return finish(trainer, tokenizer, "sft", trainer.train())
+
+
+def train_dpo(args, model_path):
+    from datasets import load_dataset
+    from trl import DPOConfig, DPOTrainer
+
+    model, tokenizer = load(model_path)
+    data = load_dataset("json", data_files=args.dpo, split="train")
+    log(f"DPO: {len(data)} preference pairs from {args.dpo}, starting from {model_path}")
+    extra = {"max_length": args.max_length} if args.max_length else {}
+    config = DPOConfig(beta=args.beta, **common_config(args, "dpo", args.dpo_lr), **extra)
+    trainer = DPOTrainer(
+        model=model,
+        ref_model=None,  # TRL keeps a frozen copy of the starting (SFT) model as the reference
+        args=config,
+        train_dataset=data,
+        processing_class=tokenizer,
+        callbacks=[synth_callback("dpo")],
+    )
+    return finish(trainer, tokenizer, "dpo", trainer.train())
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    phases = [p.strip() for p in args.phases.split(",") if p.strip()]
+    unknown = [p for p in phases if p not in ("sft", "dpo")]
+    if unknown:
+        sys.exit(f"trl_train: unknown phase(s) {unknown}; use sft and/or dpo")
+    os.makedirs(args.output_dir, exist_ok=True)
+    model_path = args.base_model
+    if args.tiny_random_llama:
+        model_path = build_tiny_llama(args, os.path.join(args.output_dir, "tiny-random-llama"))
+    log(f"base model {model_path}; phases {phases}")
+    for phase in phases:
+        if phase == "sft":
+            model_path = train_sft(args, model_path)
+        else:
+            model_path = train_dpo(args, model_path)
+    log(f"done: final model in {model_path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,683 @@
+//! `train` — the hand-off to GPU training. synth prepares the data, launches an
+//! external trainer, follows its progress and records its artifacts:
+//!
+//! 1. writes the SFT rows (input 1, `conversations`) as TRL conversational language
+//!    modeling (`{"messages": [{"role", "content"}...]}`) and the DPO rows (input 2,
+//!    `prompt`/`chosen`/`rejected`) as TRL conversational preference
+//!    (`{"prompt": [...], "chosen": [assistant], "rejected": [assistant]}`) to
+//!    `<out>/<stage>/train_data/{sft,dpo}.jsonl`, roles lowercased;
+//! 2. runs `command` (each element a minijinja template over the data paths, the
+//!    output directory, the base model and every hyperparameter) in the pipeline root;
+//! 3. streams every stdout/stderr line into the log, and reads the protocol lines
+//!    `SYNTH_PROGRESS {json}`, `SYNTH_CHECKPOINT {json}`, `SYNTH_METRICS {json}`
+//!    (documented in `pipelines/trainers/README.md`) into the stage progress, the
+//!    manifest (report `info` / `metrics`) and the output table;
+//! 4. fails with the trainer's last lines when it exits non-zero; cancellation and
+//!    `timeout_minutes` terminate its whole process group.
+//!
+//! The stage directory `<out>/<stage>/` is the trainer's working directory for data and
+//! checkpoints (written by the trainer, so not committed by the engine); the stage's
+//! materialized output is the small table of checkpoints (`phase`, `path`, `step`,
+//! `metrics` as JSON text) that downstream stages depend on.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use arrow::array::{Int64Array, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, SchemaRef};
+use async_trait::async_trait;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::sync::mpsc;
+
+use super::{Arity, BuildCtx, Cancelled, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use crate::config::diag::Diagnostics;
+use crate::config::options::{OptionSpec, POSITIVE, RATIO, Ty};
+use crate::store::atomic::{create_tmp, finish_file};
+use crate::store::parquet::open_reader;
+use crate::store::state::relative_to;
+use crate::template::Templates;
+
+/// Table 8 of the RoleMRC paper.
+const HYPERPARAMETERS: &[OptionSpec] = &[
+    OptionSpec::default("sft_lr", Ty::Float(0.0, f64::INFINITY), "1e-5", "SFT learning rate"),
+    OptionSpec::default("dpo_lr", Ty::Float(0.0, f64::INFINITY), "2e-5", "DPO learning rate"),
+    OptionSpec::default("beta", Ty::Float(0.0, f64::INFINITY), "0.1", "DPO β"),
+    OptionSpec::default("batch_size", POSITIVE, "8", "per-device train batch size"),
+    OptionSpec::default("grad_acc", POSITIVE, "2", "gradient accumulation steps"),
+    OptionSpec::default("epochs", Ty::Float(0.0, f64::INFINITY), "1", "training epochs per phase"),
+    OptionSpec::default("warmup_ratio", RATIO, "0.04", "warmup share of the steps"),
+    OptionSpec::default("scheduler", Ty::Str, "\"cosine\"", "learning-rate scheduler (transformers name)"),
+    OptionSpec::default("bf16", Ty::Bool, "true", "train in bfloat16"),
+    OptionSpec::optional("max_steps", POSITIVE, "stop each phase after this many steps (template value -1 when unset)"),
+];
+
+const DEFAULT_COMMAND: &str = r#"["python3", "pipelines/trainers/trl_train.py", "--sft", "{{ sft }}", "--dpo", "{{ dpo }}", "--output-dir", "{{ output_dir }}", "--base-model", "{{ base_model }}", "--sft-lr", "{{ sft_lr }}", "--dpo-lr", "{{ dpo_lr }}", "--beta", "{{ beta }}", "--batch-size", "{{ batch_size }}", "--grad-acc", "{{ grad_acc }}", "--epochs", "{{ epochs }}", "--warmup-ratio", "{{ warmup_ratio }}", "--scheduler", "{{ scheduler }}", "--bf16", "{{ bf16 }}", "--max-steps", "{{ max_steps }}"]"#;
+
+const OPTIONS: &[OptionSpec] = &[
+    OptionSpec::default(
+        "command",
+        Ty::List(&Ty::Str),
+        DEFAULT_COMMAND,
+        "trainer command line, run in the pipeline root; each element a template over sft, dpo, output_dir, base_model, stage and the hyperparameters (elements rendering empty are dropped)",
+    ),
+    OptionSpec::required("base_model", Ty::Str, "model to start from (hub id or local path), passed to the trainer"),
+    OptionSpec::default(
+        "hyperparameters",
+        Ty::Struct(HYPERPARAMETERS),
+        r#"{ sft_lr = 1e-5, dpo_lr = 2e-5, beta = 0.1, batch_size = 8, grad_acc = 2, epochs = 1, warmup_ratio = 0.04, scheduler = "cosine", bf16 = true }"#,
+        "training hyperparameters (defaults: RoleMRC Table 8)",
+    ),
+    OptionSpec::optional("env", Ty::Map(&Ty::Str), "extra environment variables for the trainer"),
+    OptionSpec::optional("timeout_minutes", Ty::Float(0.0, f64::INFINITY), "stop the trainer after this long")
+        .runtime_only(),
+];
+
+pub static KIND: KindInfo = KindInfo {
+    name: "train",
+    version: 1,
+    about: "write SFT/DPO splits in TRL's format, run an external trainer, record its checkpoints and metrics",
+    role: Role::Transform,
+    arity: Arity::Exactly(2),
+    options: OPTIONS,
+    uses_seed: false,
+    build,
+};
+
+/// Variables every command template may use besides the hyperparameters.
+const VARIABLES: &[&str] = &["sft", "dpo", "output_dir", "base_model", "stage", "root"];
+
+/// Lines of trainer output kept for the error message.
+const TAIL_LINES: usize = 20;
+
+#[derive(Debug, Clone, Deserialize)]
+struct Hyper {
+    #[serde(default = "d_sft_lr")]
+    sft_lr: f64,
+    #[serde(default = "d_dpo_lr")]
+    dpo_lr: f64,
+    #[serde(default = "d_beta")]
+    beta: f64,
+    #[serde(default = "d_batch")]
+    batch_size: i64,
+    #[serde(default = "d_grad_acc")]
+    grad_acc: i64,
+    #[serde(default = "d_epochs")]
+    epochs: f64,
+    #[serde(default = "d_warmup")]
+    warmup_ratio: f64,
+    #[serde(default = "d_scheduler")]
+    scheduler: String,
+    #[serde(default = "d_bf16")]
+    bf16: bool,
+    #[serde(default)]
+    max_steps: Option<i64>,
+}
+
+fn d_sft_lr() -> f64 {
+    1e-5
+}
+fn d_dpo_lr() -> f64 {
+    2e-5
+}
+fn d_beta() -> f64 {
+    0.1
+}
+fn d_batch() -> i64 {
+    8
+}
+fn d_grad_acc() -> i64 {
+    2
+}
+fn d_epochs() -> f64 {
+    1.0
+}
+fn d_warmup() -> f64 {
+    0.04
+}
+fn d_scheduler() -> String {
+    "cosine".into()
+}
+fn d_bf16() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct Options {
+    command: Vec<String>,
+    base_model: String,
+    hyperparameters: Hyper,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    timeout_minutes: Option<f64>,
+}
+
+struct Train {
+    opts: Options,
+    templates: Templates,
+}
+
+fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> {
+    let opts: Options = ctx.parse(diags)?;
+    let mut templates = Templates::new();
+    let mut ok = true;
+    if opts.command.is_empty() {
+        ctx.error(diags, "command", "command must not be empty");
+        ok = false;
+    }
+    for (i, arg) in opts.command.iter().enumerate() {
+        match templates.add(&arg_name(i), arg) {
+            Ok(vars) => {
+                for v in vars {
+                    if !VARIABLES.contains(&v.as_str())
+                        && !HYPERPARAMETERS.iter().any(|h| h.name == v)
+                        && !crate::template::is_global(&v)
+                    {
+                        let names = VARIABLES.iter().copied().chain(HYPERPARAMETERS.iter().map(|h| h.name));
+                        let hint = crate::config::diag::did_you_mean(&v, names).unwrap_or_default();
+                        ctx.error(diags, "command", format!("command[{i}] uses unknown variable \"{v}\"{hint}"));
+                        ok = false;
+                    }
+                }
+            }
+            Err(e) => {
+                ctx.error(diags, "command", format!("command[{i}]: {e}"));
+                ok = false;
+            }
+        }
+    }
+    ok.then(|| Box::new(Train { opts, templates }) as Box<dyn Stage>)
+}
+
+fn arg_name(i: usize) -> String {
+    format!("arg{i}")
+}
+
+fn output_schema() -> SchemaRef {
+    crate::data::schema_with_id([
+        Field::new("phase", DataType::Utf8, false),
+        Field::new("path", DataType::Utf8, false),
+        Field::new("step", DataType::Int64, true),
+        Field::new("metrics", DataType::Utf8, true),
+    ])
+}
+
+/// TRL role names: lowercase `system` / `user` / `assistant`.
+fn trl_role(role: &str) -> Option<&'static str> {
+    match role.to_ascii_lowercase().as_str() {
+        "system" => Some("system"),
+        "user" => Some("user"),
+        "assistant" => Some("assistant"),
+        _ => None,
+    }
+}
+
+/// A list of `{role, content}` messages with TRL role names.
+fn trl_messages(v: &Value) -> Result<Vec<Value>, String> {
+    let Value::Array(items) = v else {
+        return Err(format!("expected a list of messages, found {}", type_name(v)));
+    };
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let role = m.get("role").and_then(Value::as_str).ok_or_else(|| format!("message {i} has no role"))?;
+            let content =
+                m.get("content").and_then(Value::as_str).ok_or_else(|| format!("message {i} has no text content"))?;
+            let role = trl_role(role).ok_or_else(|| format!("message {i}: unknown role \"{role}\""))?;
+            Ok(json!({"role": role, "content": content}))
+        })
+        .collect()
+}
+
+/// `chosen` / `rejected`: a reply string becomes one assistant message; a message list is kept.
+fn trl_completion(v: &Value) -> Result<Vec<Value>, String> {
+    match v {
+        Value::String(s) => Ok(vec![json!({"role": "assistant", "content": s})]),
+        Value::Array(_) => trl_messages(v),
+        other => Err(format!("expected a string or a list of messages, found {}", type_name(other))),
+    }
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "list",
+        Value::Object(_) => "object",
+    }
+}
+
+/// Convert one input to a JSONL file; returns (rows written, failures as (id, message)).
+fn write_split(
+    input: &Path,
+    dest: &Path,
+    convert: impl Fn(&crate::data::Row) -> Result<Value, String>,
+) -> Result<(u64, Vec<(String, String)>)> {
+    let reader = open_reader(input, 1024)?;
+    let (file, pending) = create_tmp(dest)?;
+    let mut w = std::io::BufWriter::new(file);
+    let (mut rows, mut failed) = (0u64, Vec::new());
+    for batch in reader {
+        let batch = batch?;
+        for i in 0..batch.num_rows() {
+            let row = crate::data::row_json(&batch, i);
+            match convert(&row) {
+                Ok(v) => {
+                    serde_json::to_writer(&mut w, &v)?;
+                    w.write_all(b"\n")?;
+                    rows += 1;
+                }
+                Err(e) => {
+                    let id = row.get(crate::data::ID).and_then(Value::as_str).unwrap_or_default().to_string();
+                    failed.push((id, e));
+                }
+            }
+        }
+    }
+    let file = w.into_inner().map_err(|e| e.into_error())?;
+    finish_file(file, &pending)?;
+    pending.commit()?;
+    Ok((rows, failed))
+}
+
+fn sft_record(row: &crate::data::Row) -> Result<Value, String> {
+    let conv = row.get("conversations").unwrap_or(&Value::Null);
+    let messages = trl_messages(conv).map_err(|e| format!("conversations: {e}"))?;
+    if messages.is_empty() {
+        return Err("conversations: empty".into());
+    }
+    Ok(json!({"messages": messages}))
+}
+
+fn dpo_record(row: &crate::data::Row) -> Result<Value, String> {
+    let get = |c: &str| row.get(c).unwrap_or(&Value::Null);
+    let prompt = match get("prompt") {
+        Value::String(s) => vec![json!({"role": "user", "content": s})],
+        v => trl_messages(v).map_err(|e| format!("prompt: {e}"))?,
+    };
+    let chosen = trl_completion(get("chosen")).map_err(|e| format!("chosen: {e}"))?;
+    let rejected = trl_completion(get("rejected")).map_err(|e| format!("rejected: {e}"))?;
+    Ok(json!({"prompt": prompt, "chosen": chosen, "rejected": rejected}))
+}
+
+/// One reported checkpoint.
+#[derive(Debug, Clone)]
+struct Checkpoint {
+    phase: String,
+    path: String,
+    step: Option<i64>,
+}
+
+/// What the trainer reported through the protocol lines.
+#[derive(Debug, Default)]
+struct Reported {
+    checkpoints: Vec<Checkpoint>,
+    /// phase → final metrics (without `phase`).
+    metrics: BTreeMap<String, serde_json::Map<String, Value>>,
+}
+
+/// Split a read chunk on `\r` (progress bars redraw with it) and keep the last non-empty part.
+fn clean_line(raw: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(raw);
+    let text = text.trim_end_matches(['\n', '\r']);
+    let last = text.rsplit('\r').find(|s| !s.trim().is_empty())?;
+    Some(last.to_string())
+}
+
+async fn pump(stream: impl AsyncRead + Unpin, name: &'static str, tx: mpsc::Sender<(&'static str, String)>) {
+    let mut reader = BufReader::new(stream);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        match reader.read_until(b'\n', &mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {
+                if let Some(line) = clean_line(&buf)
+                    && tx.send((name, line)).await.is_err()
+                {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Terminate the trainer's process group: SIGTERM, then SIGKILL after a grace period.
+async fn terminate(child: &mut tokio::process::Child) {
+    if let Some(pid) = child.id() {
+        // SAFETY: plain syscall on the process group we created for the child.
+        unsafe {
+            libc::kill(-(pid as i32), libc::SIGTERM);
+        }
+        if tokio::time::timeout(Duration::from_secs(10), child.wait()).await.is_ok() {
+            return;
+        }
+        unsafe {
+            libc::kill(-(pid as i32), libc::SIGKILL);
+        }
+    }
+    let _ = child.start_kill();
+    let _ = child.wait().await;
+}
+
+fn tail_text(tail: &VecDeque<String>) -> String {
+    tail.iter().map(|l| format!("  | {l}")).collect::<Vec<_>>().join("\n")
+}
+
+fn absolute(p: &Path) -> PathBuf {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+impl Train {
+    fn variables(&self, sft: &Path, dpo: &Path, output_dir: &Path, stage: &str, root: &Path) -> Value {
+        let h = &self.opts.hyperparameters;
+        json!({
+            "sft": sft.to_string_lossy(),
+            "dpo": dpo.to_string_lossy(),
+            "output_dir": output_dir.to_string_lossy(),
+            "base_model": self.opts.base_model,
+            "stage": stage,
+            "root": root.to_string_lossy(),
+            "sft_lr": h.sft_lr,
+            "dpo_lr": h.dpo_lr,
+            "beta": h.beta,
+            "batch_size": h.batch_size,
+            "grad_acc": h.grad_acc,
+            "epochs": h.epochs,
+            "warmup_ratio": h.warmup_ratio,
+            "scheduler": h.scheduler,
+            "bf16": h.bf16,
+            "max_steps": h.max_steps.unwrap_or(-1),
+        })
+    }
+
+    /// Handle one protocol line; returns false for an ordinary log line.
+    fn protocol(ctx: &RunCtx, line: &str, reported: &mut Reported, out_dir: &Path) -> bool {
+        let (tag, rest) = match line.split_once(' ') {
+            Some((t, r)) if t.starts_with("SYNTH_") => (t, r),
+            _ => return false,
+        };
+        let parsed: Value = match serde_json::from_str(rest.trim()) {
+            Ok(v @ Value::Object(_)) => v,
+            _ => {
+                tracing::warn!(stage = %ctx.name, "trainer: {tag} line is not a JSON object: {}", crate::secrets::scrub(rest));
+                return true;
+            }
+        };
+        let phase = parsed.get("phase").and_then(Value::as_str).unwrap_or("train").to_string();
+        match tag {
+            "SYNTH_PROGRESS" => {
+                let step = parsed.get("step").and_then(Value::as_u64);
+                let total = parsed.get("total").and_then(Value::as_u64);
+                if let Some(t) = total {
+                    ctx.progress.set_total(t);
+                }
+                if let Some(s) = step {
+                    ctx.progress.done.store(s, Ordering::Relaxed);
+                }
+                let loss =
+                    parsed.get("loss").and_then(Value::as_f64).map(|l| format!(" loss {l:.4}")).unwrap_or_default();
+                tracing::info!(
+                    stage = %ctx.name,
+                    "{phase} step {}/{}{loss}",
+                    step.map(|s| s.to_string()).unwrap_or_else(|| "?".into()),
+                    total.map(|s| s.to_string()).unwrap_or_else(|| "?".into())
+                );
+            }
+            "SYNTH_CHECKPOINT" => {
+                let Some(path) = parsed.get("path").and_then(Value::as_str) else {
+                    tracing::warn!(stage = %ctx.name, "trainer: SYNTH_CHECKPOINT without \"path\"");
+                    return true;
+                };
+                let full = absolute(&ctx.root.join(path));
+                let stored = relative_to(&absolute(out_dir), &full);
+                tracing::info!(stage = %ctx.name, "checkpoint ({phase}): {stored}");
+                let step = parsed.get("step").and_then(Value::as_i64);
+                reported.checkpoints.retain(|c| c.path != stored);
+                reported.checkpoints.push(Checkpoint { phase, path: stored, step });
+            }
+            "SYNTH_METRICS" => {
+                let mut m = parsed.as_object().cloned().unwrap_or_default();
+                m.shift_remove("phase");
+                tracing::info!(stage = %ctx.name, "metrics ({phase}): {}", serde_json::Value::Object(m.clone()));
+                reported.metrics.entry(phase).or_default().extend(m);
+            }
+            _ => {
+                tracing::warn!(stage = %ctx.name, "trainer: unknown protocol line {tag}");
+            }
+        }
+        true
+    }
+}
+
+#[async_trait]
+impl Stage for Train {
+    fn plan(&self, ctx: &mut PlanCtx<'_>) -> Option<SchemaRef> {
+        ctx.require_columns("inputs", 0, ["conversations"]);
+        ctx.require_columns("inputs", 1, ["prompt", "chosen", "rejected"]);
+        // A trainer script under the pipeline root is part of what the stage runs.
+        let root = absolute(ctx.root);
+        for arg in &self.opts.command {
+            if arg.contains("{{") || arg.contains("{%") || arg.is_empty() {
+                continue;
+            }
+            let p = absolute(&root.join(arg));
+            if p.starts_with(&root) && p.is_file() && !ctx.files.contains(&p) {
+                ctx.files.push(p);
+            }
+        }
+        Some(output_schema())
+    }
+
+    async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
+        let out_dir = absolute(&ctx.out_dir);
+        let work = out_dir.join(&ctx.name);
+        let data_dir = work.join("train_data");
+        let (sft_path, dpo_path) = (data_dir.join("sft.jsonl"), data_dir.join("dpo.jsonl"));
+
+        // 1. The data, in TRL's conversational formats.
+        let (sft_in, dpo_in) = (ctx.inputs[0].path.clone(), ctx.inputs[1].path.clone());
+        let (s, d) = (sft_path.clone(), dpo_path.clone());
+        let ((sft_rows, sft_failed), (dpo_rows, dpo_failed)) = tokio::task::spawn_blocking(move || -> Result<_> {
+            Ok((write_split(&sft_in, &s, sft_record)?, write_split(&dpo_in, &d, dpo_record)?))
+        })
+        .await??;
+        for (id, e) in sft_failed.iter().chain(&dpo_failed) {
+            ctx.fail(id, "bad_record", e.clone(), None);
+        }
+        ctx.report.rows_in = ctx.inputs[0].num_rows + ctx.inputs[1].num_rows;
+        if sft_rows == 0 && dpo_rows == 0 {
+            bail!("no training data: both inputs are empty after conversion");
+        }
+        tracing::info!(stage = %ctx.name, sft = sft_rows, dpo = dpo_rows, "training data written to {}", data_dir.display());
+
+        // 2. The command.
+        let root = absolute(&ctx.root);
+        let vars = self.variables(&sft_path, &dpo_path, &work, &ctx.name, &root);
+        let mut argv = Vec::new();
+        for i in 0..self.opts.command.len() {
+            let a = self
+                .templates
+                .render_value(&arg_name(i), minijinja::Value::from(minijinja::value::Serde(&vars)))
+                .map_err(|e| anyhow::anyhow!("command[{i}]: {e}"))?;
+            if !a.is_empty() {
+                argv.push(a);
+            }
+        }
+        let Some((program, args)) = argv.split_first() else {
+            bail!("command renders to nothing");
+        };
+        tracing::info!(stage = %ctx.name, "launching trainer: {}", crate::secrets::scrub(&argv.join(" ")));
+        let mut cmd = tokio::process::Command::new(program);
+        cmd.args(args)
+            .current_dir(&root)
+            .env("PYTHONUNBUFFERED", "1")
+            .env("SYNTH_STAGE", &ctx.name)
+            .envs(&self.opts.env)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .process_group(0);
+        let mut child = cmd.spawn().with_context(|| format!("starting trainer \"{program}\""))?;
+
+        // 3. Follow it.
+        let (tx, mut rx) = mpsc::channel::<(&'static str, String)>(256);
+        let out = child.stdout.take().expect("piped stdout");
+        let err = child.stderr.take().expect("piped stderr");
+        tokio::spawn(pump(out, "stdout", tx.clone()));
+        tokio::spawn(pump(err, "stderr", tx));
+        let deadline =
+            self.opts.timeout_minutes.map(|m| tokio::time::Instant::now() + Duration::from_secs_f64(m * 60.0));
+        let sleep_until = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(sleep_until);
+        let mut tail: VecDeque<String> = VecDeque::with_capacity(TAIL_LINES);
+        let mut reported = Reported::default();
+        let cancel = ctx.cancel.clone();
+        loop {
+            tokio::select! {
+                msg = rx.recv() => {
+                    let Some((stream, line)) = msg else { break };
+                    if Self::protocol(ctx, &line, &mut reported, &out_dir) {
+                        continue;
+                    }
+                    let line = crate::secrets::scrub(&line);
+                    tracing::info!(stage = %ctx.name, stream, "{line}");
+                    if tail.len() == TAIL_LINES {
+                        tail.pop_front();
+                    }
+                    tail.push_back(line);
+                }
+                _ = cancel.cancelled() => {
+                    tracing::warn!(stage = %ctx.name, "cancelled: stopping the trainer");
+                    terminate(&mut child).await;
+                    return Err(Cancelled.into());
+                }
+                _ = &mut sleep_until => {
+                    terminate(&mut child).await;
+                    bail!(
+                        "trainer ran past timeout_minutes = {}; its last output:\n{}",
+                        self.opts.timeout_minutes.unwrap_or_default(),
+                        tail_text(&tail)
+                    );
+                }
+            }
+        }
+        let status = tokio::select! {
+            s = child.wait() => s.context("waiting for the trainer")?,
+            _ = cancel.cancelled() => {
+                terminate(&mut child).await;
+                return Err(Cancelled.into());
+            }
+        };
+        if !status.success() {
+            let how = match status.code() {
+                Some(c) => format!("exit code {c}"),
+                None => {
+                    use std::os::unix::process::ExitStatusExt;
+                    format!("signal {}", status.signal().unwrap_or_default())
+                }
+            };
+            bail!("trainer failed ({how}); its last output:\n{}", tail_text(&tail));
+        }
+        if reported.checkpoints.is_empty() {
+            bail!(
+                "trainer exited successfully but reported no checkpoint (expected `SYNTH_CHECKPOINT {{\"phase\": ..., \"path\": ...}}` lines; see pipelines/trainers/README.md)"
+            );
+        }
+
+        // 4. Record the artifacts.
+        ctx.report.info.insert("base_model".into(), self.opts.base_model.clone());
+        ctx.report.info.insert("train_data.sft".into(), relative_to(&out_dir, &sft_path));
+        ctx.report.info.insert("train_data.dpo".into(), relative_to(&out_dir, &dpo_path));
+        ctx.report.metrics.insert("train_data.sft_rows".into(), sft_rows as f64);
+        ctx.report.metrics.insert("train_data.dpo_rows".into(), dpo_rows as f64);
+        for c in &reported.checkpoints {
+            // The last checkpoint of each phase is the phase's result.
+            ctx.report.info.insert(format!("checkpoint.{}", c.phase), c.path.clone());
+        }
+        for (phase, m) in &reported.metrics {
+            for (k, v) in m {
+                match v {
+                    Value::Number(n) => {
+                        if let Some(x) = n.as_f64() {
+                            ctx.report.metrics.insert(format!("{phase}.{k}"), x);
+                        }
+                    }
+                    Value::String(s) => {
+                        ctx.report.info.insert(format!("{phase}.{k}"), s.clone());
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let metrics_text = |phase: &str| reported.metrics.get(phase).map(|m| Value::Object(m.clone()).to_string());
+        let cps = &reported.checkpoints;
+        let batch = RecordBatch::try_new(
+            output_schema(),
+            vec![
+                Arc::new(StringArray::from_iter_values(cps.iter().map(|c| format!("{}:{}", c.phase, c.path)))),
+                Arc::new(StringArray::from_iter_values(cps.iter().map(|c| c.phase.as_str()))),
+                Arc::new(StringArray::from_iter_values(cps.iter().map(|c| c.path.as_str()))),
+                Arc::new(Int64Array::from_iter(cps.iter().map(|c| c.step))),
+                Arc::new(StringArray::from_iter(cps.iter().map(|c| metrics_text(&c.phase)))),
+            ],
+        )?;
+        let mut w = ctx.create_output(output_schema())?;
+        w.write(&batch)?;
+        ctx.set_output(w)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn converts_rows_to_trl_layouts() {
+        let row: crate::data::Row = serde_json::from_value(json!({
+            "id": "a",
+            "conversations": [{"role": "System", "content": "s"}, {"role": "User", "content": "u"}, {"role": "Assistant", "content": "a"}],
+        }))
+        .unwrap();
+        assert_eq!(
+            sft_record(&row).unwrap(),
+            json!({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]})
+        );
+        let row: crate::data::Row = serde_json::from_value(json!({
+            "id": "b", "prompt": [{"role": "User", "content": "q"}], "chosen": "yes", "rejected": "no",
+        }))
+        .unwrap();
+        assert_eq!(
+            dpo_record(&row).unwrap(),
+            json!({"prompt": [{"role": "user", "content": "q"}], "chosen": [{"role": "assistant", "content": "yes"}], "rejected": [{"role": "assistant", "content": "no"}]})
+        );
+        let bad: crate::data::Row =
+            serde_json::from_value(json!({"id": "c", "conversations": [{"role": "Narrator", "content": "x"}]}))
+                .unwrap();
+        assert!(sft_record(&bad).unwrap_err().contains("unknown role"));
+    }
+
+    #[test]
+    fn progress_bars_keep_their_last_redraw() {
+        assert_eq!(clean_line(b"10%\r50%\r100%\r\n").as_deref(), Some("100%"));
+        assert_eq!(clean_line(b"plain\n").as_deref(), Some("plain"));
+        assert_eq!(clean_line(b"\r\n"), None);
+    }
+}
