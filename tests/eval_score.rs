@@ -171,3 +171,53 @@ fn generate_sends_the_conversation_with_official_settings() {
     let answered = parquet_rows(&dir.join("answered.parquet"));
     assert!(answered.iter().all(|r| r["response"] == "  (smiles) An answer.\n"), "kept as written");
 }
+
+/// `--punkt-dir` loads a punkt_tab model for METEOR's sentence splitting: an abbreviation
+/// it knows keeps "Dr." one token (as NLTK's English model would); a missing file is named.
+#[test]
+fn punkt_model_changes_meteor_tokenization_only_where_it_should() {
+    if !wordnet() {
+        return;
+    }
+    let p = Project::new();
+    p.write(
+        "pairs.jsonl",
+        "{\"id\": \"a\", \"response\": \"I met Dr. Brown there.\", \"reference\": \"I met Dr Brown there.\"}\n",
+    );
+    for (f, text) in
+        [("collocations.tab", ""), ("sent_starters.txt", ""), ("abbrev_types.txt", "dr\n"), ("ortho_context.tab", "")]
+    {
+        p.write(&format!("punkt/{f}"), text);
+    }
+    let input = p.path().join("pairs.jsonl");
+    let score = |extra: &[&str]| -> f64 {
+        let out = p.path().join("s.jsonl");
+        let mut args =
+            vec!["score", "--input", input.to_str().unwrap(), "--metrics", "meteor", "--out", out.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let r = p.synth(&args).ok();
+        let v: Value = serde_json::from_str(r.stdout.trim()).unwrap();
+        v["summary"]["overall"]["meteor"]["mean"].as_f64().unwrap()
+    };
+    let punkt = p.path().join("punkt");
+    let untrained = score(&[]);
+    let trained = score(&["--punkt-dir", punkt.to_str().unwrap()]);
+    assert!(untrained > 0.0 && trained > 0.0);
+    assert_ne!(untrained, trained, "\"Dr.\" is split differently with the abbreviation known");
+    std::fs::remove_file(punkt.join("ortho_context.tab")).unwrap();
+    let out = p.path().join("s.jsonl");
+    let r = p
+        .synth(&[
+            "score",
+            "--input",
+            input.to_str().unwrap(),
+            "--metrics",
+            "meteor",
+            "--out",
+            out.to_str().unwrap(),
+            "--punkt-dir",
+            punkt.to_str().unwrap(),
+        ])
+        .code(2);
+    assert!(r.stderr.contains("ortho_context.tab"), "{}", r.stderr);
+}

@@ -290,6 +290,9 @@ pub struct ScoreArgs {
     /// WordNet 3.0 dict files (for METEOR).
     #[arg(long, default_value = crate::eval::score::DEFAULT_WORDNET)]
     pub wordnet_dir: PathBuf,
+    /// NLTK punkt_tab/english directory for METEOR's sentence splitting (default: untrained Punkt).
+    #[arg(long)]
+    pub punkt_dir: Option<PathBuf>,
     /// Per-sample scores: .parquet, else JSONL.
     #[arg(long)]
     pub out: PathBuf,

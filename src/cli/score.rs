@@ -95,7 +95,10 @@ fn read_pairs(args: &ScoreArgs) -> Result<Vec<Pair>> {
 pub fn score(args: &ScoreArgs) -> Result<Value> {
     let metrics: Vec<String> =
         args.metrics.split(',').map(|m| m.trim().to_string()).filter(|m| !m.is_empty()).collect();
-    let scorer = Scorer::new(&metrics, &args.wordnet_dir)?;
+    let mut scorer = Scorer::new(&metrics, &args.wordnet_dir)?;
+    if let Some(dir) = &args.punkt_dir {
+        scorer = scorer.with_punkt(dir)?;
+    }
     let pairs = read_pairs(args)?;
     let columns = scorer.columns();
     let scores: Vec<Vec<f64>> = pairs.iter().map(|(_, r, f, _)| scorer.score(r, f)).collect();

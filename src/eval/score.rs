@@ -6,6 +6,7 @@ use std::path::Path;
 
 use anyhow::{Result, bail};
 
+use super::meteor::PunktParams;
 use super::wordnet::WordNet;
 use super::{bleu, meteor, rouge};
 
@@ -20,6 +21,9 @@ pub struct Scorer {
     bleu: bool,
     rouge: bool,
     meteor: Option<WordNet>,
+    /// Punkt sentence-splitting parameters for METEOR's `word_tokenize` (NLTK's trained
+    /// `punkt_tab/english`); the untrained tokenizer when absent.
+    punkt: Option<PunktParams>,
 }
 
 impl Scorer {
@@ -33,7 +37,16 @@ impl Scorer {
         let has = |m: &str| metrics.iter().any(|x| x == m);
         let meteor =
             if has("meteor") { Some(WordNet::load(wordnet_dir).map_err(|e| anyhow::anyhow!("{e}"))?) } else { None };
-        Ok(Scorer { bleu: has("bleu"), rouge: has("rouge"), meteor })
+        Ok(Scorer { bleu: has("bleu"), rouge: has("rouge"), meteor, punkt: None })
+    }
+
+    /// Split sentences for METEOR with Punkt parameters from a `punkt_tab/<language>`
+    /// directory (as NLTK's `word_tokenize` does with its downloaded English model).
+    pub fn with_punkt(mut self, dir: &Path) -> Result<Scorer> {
+        let params =
+            PunktParams::load(dir).map_err(|e| anyhow::anyhow!("Punkt parameters in {}: {e}", dir.display()))?;
+        self.punkt = Some(params);
+        Ok(self)
     }
 
     /// Output column names, in order.
@@ -62,7 +75,10 @@ impl Scorer {
             out.extend([r.rouge1, r.rouge2, r.rouge_l, r.rouge_lsum]);
         }
         if let Some(wn) = &self.meteor {
-            out.push(meteor::meteor(response, reference, wn));
+            out.push(match &self.punkt {
+                Some(p) => meteor::meteor_with_punkt(response, reference, wn, p),
+                None => meteor::meteor(response, reference, wn),
+            });
         }
         out
     }

@@ -31,6 +31,11 @@ const OPTIONS: &[OptionSpec] = &[
         "WordNet 3.0 dict files (Debian wordnet-base), for METEOR",
     ),
     OptionSpec::optional(
+        "punkt_dir",
+        Ty::Str,
+        "NLTK punkt_tab/english directory for METEOR's sentence splitting (default: untrained Punkt)",
+    ),
+    OptionSpec::optional(
         "label",
         Ty::Str,
         "name of what is scored (a model), in the summary; default: the input's name",
@@ -55,6 +60,7 @@ struct Options {
     group_by: Option<String>,
     metrics: Vec<String>,
     wordnet_dir: String,
+    punkt_dir: Option<String>,
     label: Option<String>,
 }
 
@@ -133,12 +139,23 @@ impl Stage for Metrics {
                 ),
                 None => ctx.files.extend(files),
             }
+            if let Some(dir) = &self.opts.punkt_dir {
+                let dir = ctx.root.join(dir);
+                match std::fs::read_dir(&dir) {
+                    Ok(entries) => ctx.files.extend(entries.flatten().map(|e| e.path()).filter(|p| p.is_file())),
+                    Err(e) => ctx.error("punkt_dir", format!("{}: {e}", dir.display())),
+                }
+            }
         }
         Some(self.output_schema())
     }
 
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
-        let scorer = Arc::new(Scorer::new(&self.opts.metrics, &self.wordnet_dir(&ctx.root))?);
+        let mut scorer = Scorer::new(&self.opts.metrics, &self.wordnet_dir(&ctx.root))?;
+        if let Some(dir) = &self.opts.punkt_dir {
+            scorer = scorer.with_punkt(&ctx.root.join(dir))?;
+        }
+        let scorer = Arc::new(scorer);
         let schema = self.output_schema();
         let mut out = ctx.create_output_keeping_ids(schema.clone())?;
         let input = ctx.inputs[0].clone();
