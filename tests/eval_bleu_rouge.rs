@@ -6,44 +6,16 @@
 //! words).
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-use serde_json::Value;
+use support::eval_fixtures::{Pair, fixtures, pairs, read_jsonl};
 use synth::eval::{bleu, porter, rouge};
+
+mod support;
 
 const TOLERANCE: f64 = 1e-6;
 const METRICS: [&str; 5] = ["bleu", "rouge1", "rouge2", "rougeL", "rougeLsum"];
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/eval")
-}
-
-fn read_jsonl(path: &Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .enumerate()
-        .map(|(i, l)| serde_json::from_str(l).unwrap_or_else(|e| panic!("{}:{}: {e}", path.display(), i + 1)))
-        .collect()
-}
-
-struct Pair {
-    id: String,
-    response: String,
-    reference: String,
-}
-
-fn pairs() -> Vec<Pair> {
-    read_jsonl(&fixtures().join("pairs.jsonl"))
-        .into_iter()
-        .map(|v| Pair {
-            id: v["id"].as_str().expect("id").to_string(),
-            response: v["response"].as_str().expect("response").to_string(),
-            reference: v["reference"].as_str().expect("reference").to_string(),
-        })
-        .collect()
-}
 
 fn ours(p: &Pair) -> [f64; 5] {
     let r = rouge::rouge(&p.response, &p.reference);
@@ -79,6 +51,21 @@ fn compare(pairs: &[Pair], expected_path: &Path) -> [f64; 5] {
     }
     assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
     max_diff
+}
+
+/// NLTK's stems of `words`, as `word\tstem` lines from `reference_bleu_rouge.py --stems`.
+fn python_stems(python: &str, script: &Path, dir: &Path, words: &BTreeSet<String>) -> String {
+    let list = dir.join("words.txt");
+    std::fs::write(&list, words.iter().map(|w| format!("{w}\n")).collect::<String>()).expect("write words");
+    let output = Command::new(python)
+        .env("PYTHONIOENCODING", "utf-8")
+        .arg(script)
+        .arg("--stems")
+        .arg(&list)
+        .output()
+        .expect("run the stemmer");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8(output.stdout).expect("utf-8 stems")
 }
 
 #[test]
@@ -137,17 +124,7 @@ fn matches_live_python_when_available() {
             }
         }
     }
-    let list = dir.path().join("words.txt");
-    std::fs::write(&list, words.iter().map(|w| format!("{w}\n")).collect::<String>()).expect("write words");
-    let output = Command::new(&python)
-        .env("PYTHONIOENCODING", "utf-8")
-        .arg(&script)
-        .arg("--stems")
-        .arg(&list)
-        .output()
-        .expect("run the stemmer");
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let text = String::from_utf8(output.stdout).expect("utf-8 stems");
+    let text = python_stems(&python, &script, dir.path(), &words);
     let mut bad = Vec::new();
     let mut n = 0;
     for line in text.lines() {
@@ -224,17 +201,7 @@ fn matches_live_python_on_random_text() {
             words.insert(w);
         }
     }
-    let list = dir.path().join("words.txt");
-    std::fs::write(&list, words.iter().map(|w| format!("{w}\n")).collect::<String>()).expect("write words");
-    let output = Command::new(&python)
-        .env("PYTHONIOENCODING", "utf-8")
-        .arg(&script)
-        .arg("--stems")
-        .arg(&list)
-        .output()
-        .expect("run the stemmer");
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let text = String::from_utf8(output.stdout).expect("utf-8 stems");
+    let text = python_stems(&python, &script, dir.path(), &words);
     let bad: Vec<String> = text
         .lines()
         .filter_map(|l| l.split_once('\t'))

@@ -17,14 +17,13 @@ use std::process::Command;
 use std::time::Instant;
 
 use serde_json::Value;
+use support::eval_fixtures::{Pair, fixtures, pairs, pairs_from, read_jsonl};
 use synth::eval::meteor::{self, PunktParams};
 use synth::eval::wordnet::WordNet;
 
-const TOLERANCE: f64 = 1e-6;
+mod support;
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/eval")
-}
+const TOLERANCE: f64 = 1e-6;
 
 fn wordnet_dir() -> PathBuf {
     std::env::var_os("SYNTH_WORDNET_DIR").map_or_else(|| PathBuf::from("/usr/share/wordnet"), PathBuf::from)
@@ -43,36 +42,6 @@ fn wordnet() -> Option<WordNet> {
             None
         }
     }
-}
-
-fn read_jsonl(path: &Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .enumerate()
-        .map(|(i, l)| serde_json::from_str(l).unwrap_or_else(|e| panic!("{}:{}: {e}", path.display(), i + 1)))
-        .collect()
-}
-
-struct Pair {
-    id: String,
-    response: String,
-    reference: String,
-}
-
-fn pairs() -> Vec<Pair> {
-    pairs_from(&fixtures().join("pairs.jsonl"))
-}
-
-fn pairs_from(path: &Path) -> Vec<Pair> {
-    read_jsonl(path)
-        .into_iter()
-        .map(|v| Pair {
-            id: v["id"].as_str().expect("id").to_string(),
-            response: v["response"].as_str().expect("response").to_string(),
-            reference: v["reference"].as_str().expect("reference").to_string(),
-        })
-        .collect()
 }
 
 fn strings(v: &Value) -> Vec<String> {

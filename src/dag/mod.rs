@@ -93,27 +93,25 @@ impl Graph {
 
     /// `stage` and everything downstream of it.
     pub fn descendants(&self, stage: usize) -> BTreeSet<usize> {
-        let mut seen = BTreeSet::new();
-        let mut stack = vec![stage];
-        while let Some(i) = stack.pop() {
-            if seen.insert(i) {
-                stack.extend(self.consumers[i].iter().copied());
-            }
-        }
-        seen
+        reach(stage, &self.consumers)
     }
 
     /// `stage` and everything upstream of it (what it needs to be built).
     pub fn ancestors(&self, stage: usize) -> BTreeSet<usize> {
-        let mut seen = BTreeSet::new();
-        let mut stack = vec![stage];
-        while let Some(i) = stack.pop() {
-            if seen.insert(i) {
-                stack.extend(self.inputs[i].iter().copied());
-            }
-        }
-        seen
+        reach(stage, &self.inputs)
     }
+}
+
+/// `start` and every node reachable from it along `edges`.
+fn reach(start: usize, edges: &[Vec<usize>]) -> BTreeSet<usize> {
+    let mut seen = BTreeSet::new();
+    let mut stack = vec![start];
+    while let Some(i) = stack.pop() {
+        if seen.insert(i) {
+            stack.extend(edges[i].iter().copied());
+        }
+    }
+    seen
 }
 
 #[cfg(test)]

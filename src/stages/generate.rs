@@ -8,23 +8,22 @@
 use serde::Deserialize;
 use serde_json::json;
 
-use super::llm::{Options as LlmOptions, build_with};
+use super::llm::{self, Options as LlmOptions, build_with};
 use super::{Arity, BuildCtx, KindInfo, Role, Stage};
 use crate::config::diag::Diagnostics;
-use crate::config::options::{OptionSpec, POSITIVE, RATIO, Ty};
+use crate::config::options::{OptionSpec, POSITIVE, Ty};
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::required("provider", Ty::Str, "name of a [providers.NAME] table (the model under test)"),
     OptionSpec::default("messages", Ty::Str, "\"question\"", "column with the conversation to answer"),
     OptionSpec::default("temperature", Ty::Float(0.0, 2.0), "0.0", "sampling temperature (official: 0)"),
     OptionSpec::default("max_tokens", POSITIVE, "256", "new tokens per answer (official: 256)"),
-    OptionSpec::optional("top_p", RATIO, "overrides the provider's"),
-    OptionSpec::optional("seed", Ty::Int(i64::MIN, i64::MAX), "overrides the provider's"),
-    OptionSpec::optional("stop", Ty::StrList, "overrides the provider's"),
-    OptionSpec::optional("extra", Ty::Map(&Ty::Any), "extra body parameters (merged over the provider's)"),
-    OptionSpec::optional("keep_columns", Ty::StrList, "input columns to carry over (default: all)"),
-    OptionSpec::optional("concurrency", POSITIVE, "rows in flight (default: twice the provider's concurrency)")
-        .runtime_only(),
+    llm::TOP_P,
+    llm::SEED,
+    llm::STOP,
+    llm::EXTRA,
+    llm::KEEP_COLUMNS,
+    llm::CONCURRENCY,
 ];
 
 pub static KIND: KindInfo = KindInfo {

@@ -45,16 +45,28 @@ const OPTIONS: &[OptionSpec] = &[
         "message appended after an answer that did not parse ({{ error }} is the reason)",
     ),
     OptionSpec::optional("temperature", Ty::Float(0.0, 2.0), "overrides the provider's"),
-    OptionSpec::optional("top_p", RATIO, "overrides the provider's"),
     OptionSpec::optional("max_tokens", POSITIVE, "overrides the provider's"),
-    OptionSpec::optional("seed", Ty::Int(i64::MIN, i64::MAX), "overrides the provider's"),
-    OptionSpec::optional("stop", Ty::StrList, "overrides the provider's"),
-    OptionSpec::optional("extra", Ty::Map(&Ty::Any), "extra body parameters (merged over the provider's)"),
+    TOP_P,
+    SEED,
+    STOP,
+    EXTRA,
     OptionSpec::default("output_prefix", Ty::Str, "\"\"", "prefix for the columns this stage adds"),
-    OptionSpec::optional("keep_columns", Ty::StrList, "input columns to carry over (default: all)"),
-    OptionSpec::optional("concurrency", POSITIVE, "records in flight (default: twice the provider's concurrency)")
-        .runtime_only(),
+    KEEP_COLUMNS,
+    CONCURRENCY,
 ];
+
+// Generation options shared with kinds that preset the rest (`generate`).
+pub(super) const TOP_P: OptionSpec = OptionSpec::optional("top_p", RATIO, "overrides the provider's");
+pub(super) const SEED: OptionSpec =
+    OptionSpec::optional("seed", Ty::Int(i64::MIN, i64::MAX), "overrides the provider's");
+pub(super) const STOP: OptionSpec = OptionSpec::optional("stop", Ty::StrList, "overrides the provider's");
+pub(super) const EXTRA: OptionSpec =
+    OptionSpec::optional("extra", Ty::Map(&Ty::Any), "extra body parameters (merged over the provider's)");
+pub(super) const KEEP_COLUMNS: OptionSpec =
+    OptionSpec::optional("keep_columns", Ty::StrList, "input columns to carry over (default: all)");
+pub(super) const CONCURRENCY: OptionSpec =
+    OptionSpec::optional("concurrency", POSITIVE, "records in flight (default: twice the provider's concurrency)")
+        .runtime_only();
 
 pub static KIND: KindInfo = KindInfo {
     name: "llm",
