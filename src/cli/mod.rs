@@ -281,9 +281,10 @@ pub struct ScoreArgs {
     /// Field with the reference answer.
     #[arg(long, default_value = "reference")]
     pub reference_field: String,
-    /// Comma-separated: bleu, rouge, meteor.
-    #[arg(long, default_value = "bleu,rouge,meteor")]
-    pub metrics: String,
+    /// Comma-separated: bleu, rouge, meteor, bertscore [default: bleu,rouge,meteor, and
+    /// bertscore when --bertscore-model is given].
+    #[arg(long)]
+    pub metrics: Option<String>,
     /// Field whose values group the summary (e.g. task).
     #[arg(long)]
     pub group_by: Option<String>,
@@ -293,6 +294,13 @@ pub struct ScoreArgs {
     /// NLTK punkt_tab/english directory for METEOR's sentence splitting (default: untrained Punkt).
     #[arg(long)]
     pub punkt_dir: Option<PathBuf>,
+    /// BERTScore encoder: a directory with model.onnx and tokenizer.json (e.g.
+    /// ../shared/models/all-MiniLM-L6-v2).
+    #[arg(long)]
+    pub bertscore_model: Option<PathBuf>,
+    /// ONNX output with the hidden states [default: last_hidden_state, else the first output].
+    #[arg(long)]
+    pub bertscore_output: Option<String>,
     /// Per-sample scores: .parquet, else JSONL.
     #[arg(long)]
     pub out: PathBuf,

@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 
 use super::{EXIT_OK, EXIT_RUNTIME, ScoreArgs};
 use crate::data;
+use crate::eval::bertscore::BertScoreConfig;
 use crate::eval::score::{OVERALL, Scorer, summarize};
 use crate::store::atomic::{create_tmp, finish_file};
 use crate::store::parquet::{ParquetOut, read_all};
@@ -93,15 +94,37 @@ fn read_pairs(args: &ScoreArgs) -> Result<Vec<Pair>> {
 }
 
 pub fn score(args: &ScoreArgs) -> Result<Value> {
-    let metrics: Vec<String> =
-        args.metrics.split(',').map(|m| m.trim().to_string()).filter(|m| !m.is_empty()).collect();
-    let mut scorer = Scorer::new(&metrics, &args.wordnet_dir)?;
+    let default = if args.bertscore_model.is_some() { "bleu,rouge,meteor,bertscore" } else { "bleu,rouge,meteor" };
+    let metrics: Vec<String> = args
+        .metrics
+        .as_deref()
+        .unwrap_or(default)
+        .split(',')
+        .map(|m| m.trim().to_string())
+        .filter(|m| !m.is_empty())
+        .collect();
+    let bert = args.bertscore_model.as_ref().map(|dir| {
+        let mut cfg = BertScoreConfig::new(dir);
+        cfg.output = args.bertscore_output.clone();
+        cfg
+    });
+    let mut scorer = Scorer::new(&metrics, &args.wordnet_dir, bert.as_ref())?;
     if let Some(dir) = &args.punkt_dir {
         scorer = scorer.with_punkt(dir)?;
     }
     let pairs = read_pairs(args)?;
     let columns = scorer.columns();
-    let scores: Vec<Vec<f64>> = pairs.iter().map(|(_, r, f, _)| scorer.score(r, f)).collect();
+    let texts: Vec<(&str, &str)> = pairs.iter().map(|(_, r, f, _)| (r.as_str(), f.as_str())).collect();
+    let bert = scorer.bertscore_f1(&texts)?;
+    let scores: Vec<Vec<f64>> = texts
+        .iter()
+        .enumerate()
+        .map(|(i, (r, f))| {
+            let mut s = scorer.score(r, f);
+            s.extend(bert.as_ref().map(|b| b[i]));
+            s
+        })
+        .collect();
     write_scores(&args.out, &columns, &pairs, &scores, args.group_by.as_deref())?;
     let groups: Vec<String> = pairs.iter().map(|p| p.3.clone()).collect();
     let mut summary = serde_json::Map::new();

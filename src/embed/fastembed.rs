@@ -97,11 +97,13 @@ pub fn find_onnxruntime(option: Option<&str>, root: &Path) -> Option<PathBuf> {
     None
 }
 
-static ORT_INIT: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+static ORT_ENV: std::sync::OnceLock<Result<ort::environment::Environment, String>> = std::sync::OnceLock::new();
 
-/// Load ONNX Runtime once per process.
-fn init_ort(dylib: &Option<PathBuf>) -> Result<()> {
-    let result = ORT_INIT.get_or_init(|| {
+/// Load ONNX Runtime once per process and create the process's one ONNX Runtime
+/// environment (ONNX Runtime allows only one), shared by every fastembed model and the
+/// BERTScore encoder.
+pub(crate) fn ort_environment(dylib: &Option<PathBuf>) -> Result<ort::environment::Environment> {
+    let result = ORT_ENV.get_or_init(|| {
         let Some(path) = dylib else {
             return Err("ONNX Runtime was not found: set ORT_DYLIB_PATH to libonnxruntime.so (1.24 or newer), \
                         set `ort_dylib` on the embedder, or run `.ci/setup` to install it under .tools/onnxruntime/"
@@ -111,10 +113,11 @@ fn init_ort(dylib: &Option<PathBuf>) -> Result<()> {
             return Err(format!("ONNX Runtime library {} does not exist", path.display()));
         }
         let path = path.clone();
-        // Loads the library; sessions then create the default environment on first use.
-        let loaded = std::panic::catch_unwind(move || ort::init_from(&path).map(drop));
+        let loaded = std::panic::catch_unwind(move || {
+            ort::init_from(&path).map_err(|e| e.to_string()).and_then(|b| b.build().map_err(|e| e.to_string()))
+        });
         match loaded {
-            Ok(Ok(_)) => Ok(()),
+            Ok(Ok(env)) => Ok(env),
             Ok(Err(e)) => Err(format!("loading ONNX Runtime from {}: {e}", dylib.as_ref().expect("checked").display())),
             Err(_) => Err(format!(
                 "loading ONNX Runtime from {} failed (wrong version? 1.24 or newer is needed)",
@@ -171,7 +174,7 @@ impl FastEmbed {
         if let Some(m) = self.model.lock().expect("model").as_ref() {
             return Ok(m.clone());
         }
-        init_ort(&self.dylib)?;
+        let env = ort_environment(&self.dylib)?;
         let model = match &self.source {
             Source::Dir(dir, pooling) => {
                 let read =
@@ -183,7 +186,7 @@ impl FastEmbed {
                     tokenizer_config_file: read("tokenizer_config.json")?,
                 };
                 let user = UserDefinedEmbeddingModel::new(read("model.onnx")?, files).with_pooling(pooling.clone());
-                let mut opts = InitOptionsUserDefined::new().with_max_length(self.max_length);
+                let mut opts = InitOptionsUserDefined::new().with_max_length(self.max_length).with_environment(env);
                 if let Some(t) = self.threads {
                     opts = opts.with_intra_threads(t);
                 }
@@ -192,6 +195,7 @@ impl FastEmbed {
             }
             Source::Named(model, cache) => {
                 let mut opts = TextInitOptions::new(model.clone())
+                    .with_environment(env)
                     .with_max_length(self.max_length)
                     .with_show_download_progress(false);
                 if let Some(c) = cache {

@@ -6,29 +6,32 @@ use std::path::Path;
 
 use anyhow::{Result, bail};
 
+use super::bertscore::{BertScoreConfig, BertScorer};
 use super::meteor::PunktParams;
 use super::wordnet::WordNet;
 use super::{bleu, meteor, rouge};
 
 /// Metric names accepted in configuration, in report order.
-pub const METRICS: &[&str] = &["bleu", "rouge", "meteor"];
+pub const METRICS: &[&str] = &["bleu", "rouge", "meteor", "bertscore"];
 
 /// Default WordNet 3.0 location (Debian's `wordnet-base`).
 pub const DEFAULT_WORDNET: &str = "/usr/share/wordnet";
 
-/// Which metrics to compute; METEOR holds its WordNet.
+/// Which metrics to compute; METEOR holds its WordNet, BERTScore its encoder.
 pub struct Scorer {
     bleu: bool,
     rouge: bool,
     meteor: Option<WordNet>,
+    bertscore: Option<BertScorer>,
     /// Punkt sentence-splitting parameters for METEOR's `word_tokenize` (NLTK's trained
     /// `punkt_tab/english`); the untrained tokenizer when absent.
     punkt: Option<PunktParams>,
 }
 
 impl Scorer {
-    /// `metrics` by name (see [`METRICS`]); WordNet is loaded only when METEOR is asked for.
-    pub fn new(metrics: &[String], wordnet_dir: &Path) -> Result<Scorer> {
+    /// `metrics` by name (see [`METRICS`]); WordNet is loaded only when METEOR is asked
+    /// for, the BERTScore encoder (from `bertscore`, required then) only for BERTScore.
+    pub fn new(metrics: &[String], wordnet_dir: &Path, bertscore: Option<&BertScoreConfig>) -> Result<Scorer> {
         for m in metrics {
             if !METRICS.contains(&m.as_str()) {
                 bail!("unknown metric \"{m}\" (metrics: {})", METRICS.join(", "));
@@ -37,7 +40,12 @@ impl Scorer {
         let has = |m: &str| metrics.iter().any(|x| x == m);
         let meteor =
             if has("meteor") { Some(WordNet::load(wordnet_dir).map_err(|e| anyhow::anyhow!("{e}"))?) } else { None };
-        Ok(Scorer { bleu: has("bleu"), rouge: has("rouge"), meteor, punkt: None })
+        let bertscore = match (has("bertscore"), bertscore) {
+            (false, _) => None,
+            (true, Some(cfg)) => Some(BertScorer::load(cfg)?),
+            (true, None) => bail!("{BERTSCORE_NEEDS_MODEL}"),
+        };
+        Ok(Scorer { bleu: has("bleu"), rouge: has("rouge"), meteor, bertscore, punkt: None })
     }
 
     /// Split sentences for METEOR with Punkt parameters from a `punkt_tab/<language>`
@@ -61,10 +69,27 @@ impl Scorer {
         if self.meteor.is_some() {
             c.push("meteor");
         }
+        if self.bertscore.is_some() {
+            c.push("bertscore_f1");
+        }
         c
     }
 
-    /// The scores of one pair, in [`Scorer::columns`] order.
+    /// The BERTScore encoder, when BERTScore is computed (it scores lists of pairs:
+    /// see [`Scorer::bertscore_f1`]).
+    pub fn bertscore_model(&self) -> Option<&str> {
+        self.bertscore.as_ref().map(|b| b.description.as_str())
+    }
+
+    /// BERTScore F1 of every pair, in order (None when BERTScore is not asked for). Pairs
+    /// must be the whole input in order: bert_score's batches of 64 decide its padding.
+    pub fn bertscore_f1(&self, pairs: &[(&str, &str)]) -> Result<Option<Vec<f64>>> {
+        let Some(b) = &self.bertscore else { return Ok(None) };
+        Ok(Some(b.score(pairs)?.into_iter().map(|s| s.f1).collect()))
+    }
+
+    /// The scores of one pair, in [`Scorer::columns`] order, without BERTScore (the
+    /// caller appends [`Scorer::bertscore_f1`]'s value for the pair).
     pub fn score(&self, response: &str, reference: &str) -> Vec<f64> {
         let mut out = Vec::with_capacity(6);
         if self.bleu {
@@ -83,6 +108,11 @@ impl Scorer {
         out
     }
 }
+
+/// The error when BERTScore is asked for without an encoder.
+pub const BERTSCORE_NEEDS_MODEL: &str = "metric \"bertscore\" needs an encoder: a directory with model.onnx and \
+     tokenizer.json (e.g. ../shared/models/all-MiniLM-L6-v2), as `bertscore_model` in a metrics stage or \
+     --bertscore-model for synth score";
 
 /// Mean and population standard deviation of one metric over one group.
 #[derive(Debug, Clone, PartialEq)]
@@ -154,7 +184,9 @@ mod tests {
 
     #[test]
     fn unknown_metric_is_named() {
-        let err = Scorer::new(&["blue".to_string()], Path::new("/nonexistent")).err().unwrap();
+        let err = Scorer::new(&["blue".to_string()], Path::new("/nonexistent"), None).err().unwrap();
         assert!(err.to_string().contains("unknown metric \"blue\""), "{err}");
+        let err = Scorer::new(&["bertscore".to_string()], Path::new("/nonexistent"), None).err().unwrap();
+        assert!(err.to_string().contains("bertscore_model"), "{err}");
     }
 }

@@ -1,7 +1,7 @@
 //! `metrics`: reference-based scores of every (response, reference) row — BLEU,
-//! ROUGE-1/2/L/Lsum, METEOR, computed as the official RoleMRC evaluation does (see
-//! `eval`) — and their mean and population std per group (e.g. task) and overall,
-//! written beside the output as `<stage>.summary.parquet`.
+//! ROUGE-1/2/L/Lsum, METEOR and BERTScore F1, computed as the official RoleMRC
+//! evaluation does (see `eval`) — and their mean and population std per group (e.g.
+//! task) and overall, written beside the output as `<stage>.summary.parquet`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -16,6 +16,7 @@ use super::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data;
+use crate::eval::bertscore::BertScoreConfig;
 use crate::eval::score::{DEFAULT_WORDNET, Scorer, summarize};
 use crate::store::parquet::open_reader;
 
@@ -23,7 +24,12 @@ const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default("response", Ty::Str, "\"response\"", "column with the model's answer"),
     OptionSpec::default("reference", Ty::Str, "\"reference\"", "column with the reference answer"),
     OptionSpec::optional("group_by", Ty::Str, "column whose values group the summary (e.g. \"task\")"),
-    OptionSpec::default("metrics", Ty::StrList, "[\"bleu\", \"rouge\", \"meteor\"]", "bleu, rouge, meteor"),
+    OptionSpec::default(
+        "metrics",
+        Ty::StrList,
+        "[\"bleu\", \"rouge\", \"meteor\"]",
+        "bleu, rouge, meteor, bertscore (bertscore needs bertscore_model)",
+    ),
     OptionSpec::default(
         "wordnet_dir",
         Ty::Str,
@@ -36,6 +42,22 @@ const OPTIONS: &[OptionSpec] = &[
         "NLTK punkt_tab/english directory for METEOR's sentence splitting (default: untrained Punkt)",
     ),
     OptionSpec::optional(
+        "bertscore_model",
+        Ty::Str,
+        "directory with the BERTScore encoder: model.onnx + tokenizer.json (e.g. all-MiniLM-L6-v2)",
+    ),
+    OptionSpec::optional(
+        "bertscore_output",
+        Ty::Str,
+        "ONNX output with the token hidden states (default: last_hidden_state, else the first)",
+    ),
+    OptionSpec::optional(
+        "bertscore_max_length",
+        Ty::Int(2, 1_000_000),
+        "BERTScore truncation in tokens (default: the tokenizer's model_max_length, else 512)",
+    ),
+    OptionSpec::optional("ort_dylib", Ty::Str, "ONNX Runtime library for BERTScore (default: $ORT_DYLIB_PATH)"),
+    OptionSpec::optional(
         "label",
         Ty::Str,
         "name of what is scored (a model), in the summary; default: the input's name",
@@ -45,7 +67,7 @@ const OPTIONS: &[OptionSpec] = &[
 pub static KIND: KindInfo = KindInfo {
     name: "metrics",
     version: 1,
-    about: "BLEU, ROUGE, METEOR per row against a reference, with mean/std per group and overall",
+    about: "BLEU, ROUGE, METEOR, BERTScore per row against a reference, with mean/std per group and overall",
     role: Role::Transform,
     arity: Arity::Exactly(1),
     options: OPTIONS,
@@ -61,6 +83,10 @@ struct Options {
     metrics: Vec<String>,
     wordnet_dir: String,
     punkt_dir: Option<String>,
+    bertscore_model: Option<String>,
+    bertscore_output: Option<String>,
+    bertscore_max_length: Option<usize>,
+    ort_dylib: Option<String>,
     label: Option<String>,
 }
 
@@ -77,6 +103,13 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
             "bleu" => columns.push("bleu"),
             "rouge" => columns.extend(["rouge1", "rouge2", "rougeL", "rougeLsum"]),
             "meteor" => columns.push("meteor"),
+            "bertscore" => {
+                if opts.bertscore_model.is_none() {
+                    ctx.error(diags, "metrics", crate::eval::score::BERTSCORE_NEEDS_MODEL);
+                    return None;
+                }
+                columns.push("bertscore_f1")
+            }
             other => {
                 let hint = crate::config::diag::did_you_mean(other, crate::eval::score::METRICS.iter().copied())
                     .unwrap_or_default();
@@ -94,6 +127,17 @@ impl Metrics {
         if p.is_absolute() { p } else { root.join(p) }
     }
 
+    fn bertscore(&self, root: &std::path::Path) -> Option<BertScoreConfig> {
+        if !self.opts.metrics.iter().any(|m| m == "bertscore") {
+            return None;
+        }
+        let mut cfg = BertScoreConfig::new(root.join(self.opts.bertscore_model.as_deref()?));
+        cfg.output = self.opts.bertscore_output.clone();
+        cfg.max_length = self.opts.bertscore_max_length;
+        cfg.ort_dylib = crate::embed::fastembed::find_onnxruntime(self.opts.ort_dylib.as_deref(), root);
+        Some(cfg)
+    }
+
     fn output_schema(&self) -> SchemaRef {
         let mut fields = Vec::new();
         if let Some(g) = &self.opts.group_by {
@@ -102,6 +146,24 @@ impl Metrics {
         fields.extend(self.columns.iter().map(|c| Field::new(*c, DataType::Float64, false)));
         data::schema_with_id(fields)
     }
+}
+
+fn text_column(batch: &RecordBatch, name: &str) -> Result<StringArray> {
+    let col = batch.column_by_name(name).ok_or_else(|| anyhow!("no column \"{name}\""))?;
+    let col = arrow::compute::cast(col, &DataType::Utf8)?;
+    Ok(col.as_any().downcast_ref::<StringArray>().expect("cast to Utf8").clone())
+}
+
+/// Every (response, reference) of the input, in order; a missing value is "".
+fn read_pairs(path: &std::path::Path, response: &str, reference: &str) -> Result<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for batch in open_reader(path, 2048)? {
+        let batch = batch.with_context(|| format!("reading {}", path.display()))?;
+        let (resp, refs) = (text_column(&batch, response)?, text_column(&batch, reference)?);
+        let value = |a: &StringArray, i: usize| if a.is_valid(i) { a.value(i).to_string() } else { String::new() };
+        out.extend((0..batch.num_rows()).map(|i| (value(&resp, i), value(&refs, i))));
+    }
+    Ok(out)
 }
 
 fn summary_schema() -> SchemaRef {
@@ -147,11 +209,31 @@ impl Stage for Metrics {
                 }
             }
         }
+        if let Some(cfg) = self.bertscore(ctx.root) {
+            // The encoder's files are content-hashed into the fingerprint: another model
+            // (or tokenizer) re-scores.
+            let files = ["model.onnx", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"];
+            for (i, f) in files.iter().enumerate() {
+                let p = cfg.model_dir.join(f);
+                if p.is_file() {
+                    ctx.files.push(p);
+                } else if i < 2 {
+                    ctx.error(
+                        "bertscore_model",
+                        format!(
+                            "{} is missing: the BERTScore encoder needs model.onnx and tokenizer.json",
+                            p.display()
+                        ),
+                    );
+                }
+            }
+        }
         Some(self.output_schema())
     }
 
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
-        let mut scorer = Scorer::new(&self.opts.metrics, &self.wordnet_dir(&ctx.root))?;
+        let bert = self.bertscore(&ctx.root);
+        let mut scorer = Scorer::new(&self.opts.metrics, &self.wordnet_dir(&ctx.root), bert.as_ref())?;
         if let Some(dir) = &self.opts.punkt_dir {
             scorer = scorer.with_punkt(&ctx.root.join(dir))?;
         }
@@ -167,6 +249,19 @@ impl Stage for Metrics {
         // Scores are computed on a blocking thread; the groups and scores kept for the
         // summary are a few numbers per row.
         let (out, groups, scores) = tokio::task::spawn_blocking(move || -> Result<_> {
+            // BERTScore scores the whole input at once (bert_score's batches of 64 pairs
+            // decide its padding), so its pass comes first.
+            let bert = match scorer.bertscore_model() {
+                None => None,
+                Some(_) => {
+                    let pairs = read_pairs(&input.path, &opts.response, &opts.reference)?;
+                    if cancel.is_cancelled() {
+                        anyhow::bail!(super::Cancelled);
+                    }
+                    let refs: Vec<(&str, &str)> = pairs.iter().map(|(r, f)| (r.as_str(), f.as_str())).collect();
+                    scorer.bertscore_f1(&refs)?
+                }
+            };
             let mut groups: Vec<String> = Vec::new();
             let mut scores: Vec<Vec<f64>> = Vec::new();
             for batch in open_reader(&input.path, 2048)? {
@@ -174,11 +269,7 @@ impl Stage for Metrics {
                     anyhow::bail!(super::Cancelled);
                 }
                 let batch = batch.with_context(|| format!("reading {}", input.path.display()))?;
-                let text = |name: &str| -> Result<StringArray> {
-                    let col = batch.column_by_name(name).ok_or_else(|| anyhow!("no column \"{name}\""))?;
-                    let col = arrow::compute::cast(col, &DataType::Utf8)?;
-                    Ok(col.as_any().downcast_ref::<StringArray>().expect("cast to Utf8").clone())
-                };
+                let text = |name: &str| text_column(&batch, name);
                 let (resp, refs) = (text(&opts.response)?, text(&opts.reference)?);
                 let group = opts.group_by.as_deref().map(text).transpose()?;
                 let first = scores.len();
@@ -186,7 +277,9 @@ impl Stage for Metrics {
                     // A missing response scores as an empty one (as the official code's "").
                     let r = if resp.is_valid(i) { resp.value(i) } else { "" };
                     let f = if refs.is_valid(i) { refs.value(i) } else { "" };
-                    scores.push(scorer.score(r, f));
+                    let mut s = scorer.score(r, f);
+                    s.extend(bert.as_ref().map(|b| b[scores.len()]));
+                    scores.push(s);
                     groups.push(
                         group.as_ref().filter(|g| g.is_valid(i)).map(|g| g.value(i).to_string()).unwrap_or_default(),
                     );

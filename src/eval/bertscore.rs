@@ -1,0 +1,376 @@
+//! BERTScore as the `bert_score` package (0.3.13) computes it with `idf=False` and no
+//! baseline rescaling: contextual token embeddings from an ONNX encoder, cosine
+//! similarity, greedy matching (each candidate token to its most similar reference token
+//! for precision, and the reverse for recall), [CLS]/[SEP] weighted 0, F1 = 2PR/(P+R).
+//!
+//! Details kept from the reference so scores agree to float precision:
+//! - text is `str.strip()`ped and encoded with special tokens, truncated to the
+//!   tokenizer's `model_max_length` (512 by default); an empty text is `[CLS] [SEP]`;
+//! - byte-level BPE tokenizers (RoBERTa, GPT-2) get a leading space, as bert_score's
+//!   `add_prefix_space=True`;
+//! - pairs are compared in batches of 64 (bert_score's `batch_size`): a token's best
+//!   match is taken over a zero-padded row, so when its pair is shorter than the longest
+//!   one in its batch, a best similarity below 0 counts as 0;
+//! - an empty candidate or reference scores 0 (P, R and F1); an undefined F1 is 0.
+//!
+//! The encoder is any ONNX export taking `input_ids` / `attention_mask` (and
+//! `token_type_ids` when it declares it) and returning `[batch, seq, dim]` hidden states
+//! (the output named `last_hidden_state` by default). bert_score's official setting is
+//! roberta-large layer 17: export a model truncated to 17 layers to match it.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use anyhow::{Context, Result, anyhow, bail};
+use ort::session::Session;
+use ort::value::Tensor;
+use tokenizers::{Tokenizer, TruncationParams};
+
+/// bert_score's default batch size, which decides the zero padding seen by the greedy match.
+pub const PAIR_BATCH: usize = 64;
+
+/// Where the encoder is and how to run it.
+#[derive(Debug, Clone)]
+pub struct BertScoreConfig {
+    /// Directory with `model.onnx` and `tokenizer.json` (plus `tokenizer_config.json` /
+    /// `special_tokens_map.json` when the special tokens are not `[CLS]`/`[SEP]`/`[PAD]`).
+    pub model_dir: PathBuf,
+    /// ONNX output holding the hidden states; `last_hidden_state`, else the first output.
+    pub output: Option<String>,
+    /// Truncation length in tokens; default: `model_max_length` from
+    /// `tokenizer_config.json`, else 512.
+    pub max_length: Option<usize>,
+    /// ONNX Runtime library (else $ORT_DYLIB_PATH or `.tools/onnxruntime/`).
+    pub ort_dylib: Option<PathBuf>,
+    /// Intra-op threads for ONNX Runtime (default: all cores).
+    pub threads: Option<usize>,
+    /// Texts per encoder call.
+    pub encode_batch: usize,
+}
+
+impl BertScoreConfig {
+    pub fn new(model_dir: impl Into<PathBuf>) -> BertScoreConfig {
+        BertScoreConfig {
+            model_dir: model_dir.into(),
+            output: None,
+            max_length: None,
+            ort_dylib: None,
+            threads: None,
+            encode_batch: 32,
+        }
+    }
+}
+
+/// Precision, recall and F1 of one pair.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Prf {
+    pub p: f64,
+    pub r: f64,
+    pub f1: f64,
+}
+
+/// A loaded encoder and tokenizer.
+pub struct BertScorer {
+    session: Mutex<Session>,
+    tokenizer: Tokenizer,
+    output: String,
+    token_type_ids: bool,
+    prefix_space: bool,
+    cls: u32,
+    sep: u32,
+    pad: u32,
+    encode_batch: usize,
+    /// What was loaded, for manifests and reports.
+    pub description: String,
+}
+
+/// One text's normalised token embeddings (`len × dim`, row-major) and token weights.
+struct Embedded {
+    vectors: Vec<f32>,
+    weights: Vec<f32>,
+}
+
+impl Embedded {
+    fn len(&self) -> usize {
+        self.weights.len()
+    }
+}
+
+/// Python's `str.strip()` (Unicode whitespace plus the separators \x1c–\x1f).
+fn py_strip(s: &str) -> &str {
+    s.trim_matches(|c: char| c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c))
+}
+
+/// A special token named in `special_tokens_map.json` / `tokenizer_config.json`
+/// (a string or `{"content": ...}`).
+fn special_token(dir: &Path, key: &str) -> Option<String> {
+    for file in ["special_tokens_map.json", "tokenizer_config.json"] {
+        let Ok(text) = std::fs::read_to_string(dir.join(file)) else { continue };
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else { continue };
+        match &v[key] {
+            serde_json::Value::String(s) => return Some(s.clone()),
+            serde_json::Value::Object(o) => {
+                if let Some(s) = o.get("content").and_then(|c| c.as_str()) {
+                    return Some(s.to_string());
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+fn model_max_length(dir: &Path) -> Option<usize> {
+    let text = std::fs::read_to_string(dir.join("tokenizer_config.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    // Tokenizers without a limit store a huge sentinel (1e30); treat it as absent.
+    v["model_max_length"].as_f64().filter(|n| *n >= 1.0 && *n <= 1e6).map(|n| n as usize)
+}
+
+impl BertScorer {
+    /// Load the tokenizer and the ONNX model from `cfg.model_dir`.
+    pub fn load(cfg: &BertScoreConfig) -> Result<BertScorer> {
+        let dir = &cfg.model_dir;
+        let model = dir.join("model.onnx");
+        let tok_path = dir.join("tokenizer.json");
+        for p in [&model, &tok_path] {
+            if !p.is_file() {
+                bail!(
+                    "BERTScore model directory {}: {} is missing (it needs model.onnx and tokenizer.json)",
+                    dir.display(),
+                    p.file_name().and_then(|n| n.to_str()).unwrap_or("?")
+                );
+            }
+        }
+        let mut tokenizer =
+            Tokenizer::from_file(&tok_path).map_err(|e| anyhow!("reading tokenizer {}: {e}", tok_path.display()))?;
+        let max_length = cfg.max_length.or_else(|| model_max_length(dir)).unwrap_or(512);
+        tokenizer
+            .with_truncation(Some(TruncationParams { max_length, ..Default::default() }))
+            .map_err(|e| anyhow!("tokenizer {}: {e}", tok_path.display()))?;
+        tokenizer.with_padding(None);
+        let id = |key: &str, defaults: &[&str]| -> Result<u32> {
+            let named = special_token(dir, key);
+            named
+                .iter()
+                .map(String::as_str)
+                .chain(defaults.iter().copied())
+                .find_map(|t| tokenizer.token_to_id(t))
+                .ok_or_else(|| anyhow!("tokenizer {}: no {key} in its vocabulary", tok_path.display()))
+        };
+        let cls = id("cls_token", &["[CLS]", "<s>"])?;
+        let sep = id("sep_token", &["[SEP]", "</s>"])?;
+        let pad = id("pad_token", &["[PAD]", "<pad>"]).unwrap_or(0);
+        let tok_json = std::fs::read_to_string(&tok_path)?;
+        let prefix_space = tok_json.contains("\"ByteLevel\"");
+
+        let dylib = cfg
+            .ort_dylib
+            .clone()
+            .or_else(|| crate::embed::fastembed::find_onnxruntime(None, &std::env::current_dir().unwrap_or_default()));
+        let env = crate::embed::fastembed::ort_environment(&dylib)?;
+        let threads = cfg.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let session = Session::builder(&env)
+            .and_then(|b| b.with_intra_threads(threads).map_err(Into::into))
+            .and_then(|mut b| b.commit_from_file(&model))
+            .map_err(|e| anyhow!("loading ONNX model {}: {e}", model.display()))?;
+        let inputs: Vec<String> = session.inputs().iter().map(|o| o.name().to_string()).collect();
+        for need in ["input_ids", "attention_mask"] {
+            if !inputs.iter().any(|i| i == need) {
+                bail!("ONNX model {}: no input \"{need}\" (inputs: {})", model.display(), inputs.join(", "));
+            }
+        }
+        let outputs: Vec<String> = session.outputs().iter().map(|o| o.name().to_string()).collect();
+        let output = match &cfg.output {
+            Some(o) if outputs.contains(o) => o.clone(),
+            Some(o) => bail!("ONNX model {}: no output \"{o}\" (outputs: {})", model.display(), outputs.join(", ")),
+            None if outputs.iter().any(|o| o == "last_hidden_state") => "last_hidden_state".to_string(),
+            None => outputs.first().cloned().ok_or_else(|| anyhow!("ONNX model {} has no output", model.display()))?,
+        };
+        Ok(BertScorer {
+            token_type_ids: inputs.iter().any(|i| i == "token_type_ids"),
+            session: Mutex::new(session),
+            tokenizer,
+            description: format!("{} ({output}, max_length {max_length})", dir.display()),
+            output,
+            prefix_space,
+            cls,
+            sep,
+            pad,
+            encode_batch: cfg.encode_batch.max(1),
+        })
+    }
+
+    fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let text = py_strip(text);
+        if text.is_empty() {
+            return Ok(vec![self.cls, self.sep]);
+        }
+        let owned;
+        let text = if self.prefix_space {
+            owned = format!(" {text}");
+            owned.as_str()
+        } else {
+            text
+        };
+        let enc = self.tokenizer.encode(text, true).map_err(|e| anyhow!("tokenizing: {e}"))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Normalised token embeddings of each text (texts of similar length share a call).
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Embedded>> {
+        let ids: Vec<Vec<u32>> = texts.iter().map(|t| self.encode(t)).collect::<Result<_>>()?;
+        let mut order: Vec<usize> = (0..texts.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(ids[i].len()));
+        let mut out: Vec<Option<Embedded>> = (0..texts.len()).map(|_| None).collect();
+        let mut session = self.session.lock().map_err(|_| anyhow!("BERTScore encoder poisoned"))?;
+        for chunk in order.chunks(self.encode_batch) {
+            let seq = chunk.iter().map(|&i| ids[i].len()).max().unwrap_or(0);
+            let b = chunk.len();
+            let mut input_ids = vec![self.pad as i64; b * seq];
+            let mut mask = vec![0i64; b * seq];
+            for (row, &i) in chunk.iter().enumerate() {
+                for (k, &t) in ids[i].iter().enumerate() {
+                    input_ids[row * seq + k] = t as i64;
+                    mask[row * seq + k] = 1;
+                }
+            }
+            let mut inputs = vec![
+                ("input_ids", Tensor::from_array(([b, seq], input_ids))?.into_dyn()),
+                ("attention_mask", Tensor::from_array(([b, seq], mask))?.into_dyn()),
+            ];
+            if self.token_type_ids {
+                inputs.push(("token_type_ids", Tensor::from_array(([b, seq], vec![0i64; b * seq]))?.into_dyn()));
+            }
+            let outputs = session.run(inputs).context("running the BERTScore encoder")?;
+            let (shape, data) = outputs[self.output.as_str()]
+                .try_extract_tensor::<f32>()
+                .with_context(|| format!("output \"{}\" is not a float tensor", self.output))?;
+            if shape.len() != 3 || shape[0] as usize != b || shape[1] as usize != seq {
+                bail!("output \"{}\" has shape {shape:?}; expected [{b}, {seq}, dim]", self.output);
+            }
+            let dim = shape[2] as usize;
+            for (row, &i) in chunk.iter().enumerate() {
+                let n = ids[i].len();
+                let mut vectors = data[row * seq * dim..(row * seq + n) * dim].to_vec();
+                for v in vectors.chunks_mut(dim) {
+                    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+                    v.iter_mut().for_each(|x| *x /= norm);
+                }
+                let weights = ids[i].iter().map(|&t| if t == self.cls || t == self.sep { 0.0 } else { 1.0 }).collect();
+                out[i] = Some(Embedded { vectors, weights });
+            }
+        }
+        Ok(out.into_iter().map(|e| e.expect("every text embedded")).collect())
+    }
+
+    /// P, R and F1 of each (candidate, reference) pair, in order.
+    pub fn score(&self, pairs: &[(&str, &str)]) -> Result<Vec<Prf>> {
+        // Each distinct text is embedded once.
+        let mut index: HashMap<&str, usize> = HashMap::new();
+        let mut texts: Vec<&str> = Vec::new();
+        for (c, r) in pairs {
+            for t in [*c, *r] {
+                index.entry(t).or_insert_with(|| {
+                    texts.push(t);
+                    texts.len() - 1
+                });
+            }
+        }
+        let emb = self.embed(&texts)?;
+        let mut out = Vec::with_capacity(pairs.len());
+        for batch in pairs.chunks(PAIR_BATCH) {
+            let cands: Vec<&Embedded> = batch.iter().map(|(c, _)| &emb[index[c]]).collect();
+            let refs: Vec<&Embedded> = batch.iter().map(|(_, r)| &emb[index[r]]).collect();
+            let cand_max = cands.iter().map(|e| e.len()).max().unwrap_or(0);
+            let ref_max = refs.iter().map(|e| e.len()).max().unwrap_or(0);
+            for (c, r) in cands.iter().zip(&refs) {
+                out.push(greedy(c, r, c.len() < cand_max, r.len() < ref_max));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Greedy matching of one pair. `cand_padded` / `ref_padded`: the side is shorter than
+/// the longest in its batch, so its zero-masked padding takes part in the other side's max.
+fn greedy(c: &Embedded, r: &Embedded, cand_padded: bool, ref_padded: bool) -> Prf {
+    if c.len() == 2 || r.len() == 2 {
+        return Prf { p: 0.0, r: 0.0, f1: 0.0 };
+    }
+    let dim = c.vectors.len() / c.len();
+    let (n, m) = (c.len(), r.len());
+    let mut best_c = vec![if ref_padded { 0.0f32 } else { f32::NEG_INFINITY }; n];
+    let mut best_r = vec![if cand_padded { 0.0f32 } else { f32::NEG_INFINITY }; m];
+    for (i, cv) in c.vectors.chunks(dim).enumerate() {
+        for (j, rv) in r.vectors.chunks(dim).enumerate() {
+            let s: f32 = cv.iter().zip(rv).map(|(a, b)| a * b).sum();
+            if s > best_c[i] {
+                best_c[i] = s;
+            }
+            if s > best_r[j] {
+                best_r[j] = s;
+            }
+        }
+    }
+    let weighted = |best: &[f32], w: &[f32]| -> f64 {
+        let total: f64 = w.iter().map(|&x| x as f64).sum();
+        best.iter().zip(w).map(|(&b, &x)| b as f64 * x as f64).sum::<f64>() / total
+    };
+    let p = weighted(&best_c, &c.weights);
+    let r = weighted(&best_r, &r.weights);
+    let f1 = 2.0 * p * r / (p + r);
+    Prf { p, r, f1: if f1.is_nan() { 0.0 } else { f1 } }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn emb(rows: &[&[f32]], weights: &[f32]) -> Embedded {
+        Embedded { vectors: rows.concat(), weights: weights.to_vec() }
+    }
+
+    #[test]
+    fn greedy_matches_each_token_to_its_best_counterpart() {
+        // [CLS] a b [SEP] against [CLS] a [SEP]; unit vectors on the axes.
+        let (cls, sep) = (&[1.0, 0.0, 0.0, 0.0][..], &[0.0, 1.0, 0.0, 0.0][..]);
+        let a = &[0.0, 0.0, 1.0, 0.0][..];
+        let b = &[0.0, 0.0, 0.6, 0.8][..];
+        let c = emb(&[cls, a, b, sep], &[0.0, 1.0, 1.0, 0.0]);
+        let r = emb(&[cls, a, sep], &[0.0, 1.0, 0.0]);
+        let s = greedy(&c, &r, false, false);
+        assert!((s.p - 0.8).abs() < 1e-6, "{s:?}"); // a→a 1.0, b→a 0.6
+        assert!((s.r - 1.0).abs() < 1e-6, "{s:?}");
+        assert!((s.f1 - 2.0 * 0.8 / 1.8).abs() < 1e-6, "{s:?}");
+    }
+
+    #[test]
+    fn padding_floors_negative_best_matches_at_zero() {
+        let (cls, sep) = (&[1.0, 0.0, 0.0][..], &[0.0, 1.0, 0.0][..]);
+        let x = &[0.0, 0.0, 1.0][..];
+        let y = &[-0.48, -0.64, -0.6][..]; // unit, negative against cls, x and sep
+        let c = emb(&[cls, y, sep], &[0.0, 1.0, 0.0]);
+        let r = emb(&[cls, x, sep], &[0.0, 1.0, 0.0]);
+        assert!((greedy(&c, &r, false, false).p + 0.48).abs() < 1e-6);
+        // Shorter reference than another in its batch: the zero padding wins the max.
+        assert_eq!(greedy(&c, &r, false, true).p, 0.0);
+        // The candidate's own padding does not touch precision.
+        assert!((greedy(&c, &r, true, false).p + 0.48).abs() < 1e-6);
+    }
+
+    #[test]
+    fn empty_sides_score_zero() {
+        let e = emb(&[&[1.0, 0.0], &[0.0, 1.0]], &[0.0, 0.0]);
+        let t = emb(&[&[1.0, 0.0], &[0.6, 0.8], &[0.0, 1.0]], &[0.0, 1.0, 0.0]);
+        assert_eq!(greedy(&e, &t, false, false), Prf { p: 0.0, r: 0.0, f1: 0.0 });
+        assert_eq!(greedy(&t, &e, false, false), Prf { p: 0.0, r: 0.0, f1: 0.0 });
+    }
+
+    #[test]
+    fn python_strip() {
+        assert_eq!(py_strip("\u{1f} a b\u{3000}\n"), "a b");
+        assert_eq!(py_strip(" \t "), "");
+    }
+}
