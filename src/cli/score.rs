@@ -9,6 +9,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use arrow::array::{ArrayRef, Float64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field};
+use rayon::prelude::*;
 use serde_json::{Value, json};
 
 use super::{EXIT_OK, EXIT_RUNTIME, ScoreArgs};
@@ -117,7 +118,7 @@ pub fn score(args: &ScoreArgs) -> Result<Value> {
     let texts: Vec<(&str, &str)> = pairs.iter().map(|(_, r, f, _)| (r.as_str(), f.as_str())).collect();
     let bert = scorer.bertscore_f1(&texts)?;
     let scores: Vec<Vec<f64>> = texts
-        .iter()
+        .par_iter()
         .enumerate()
         .map(|(i, (r, f))| {
             let mut s = scorer.score(r, f);

@@ -21,14 +21,20 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::{Context, Result, anyhow, bail};
+use rayon::prelude::*;
 use ort::session::Session;
+use ort::session::builder::GraphOptimizationLevel;
 use ort::value::Tensor;
 use tokenizers::{Tokenizer, TruncationParams};
 
 /// bert_score's default batch size, which decides the zero padding seen by the greedy match.
 pub const PAIR_BATCH: usize = 64;
+
+/// Most texts per encoder call.
+const MAX_BATCH: usize = 64;
 
 /// Where the encoder is and how to run it.
 #[derive(Debug, Clone)]
@@ -43,10 +49,13 @@ pub struct BertScoreConfig {
     pub max_length: Option<usize>,
     /// ONNX Runtime library (else $ORT_DYLIB_PATH or `.tools/onnxruntime/`).
     pub ort_dylib: Option<PathBuf>,
-    /// Intra-op threads for ONNX Runtime (default: all cores).
+    /// Cores for ONNX Runtime in all (default: all cores).
     pub threads: Option<usize>,
-    /// Texts per encoder call.
-    pub encode_batch: usize,
+    /// Encoder sessions run side by side, sharing `threads` (default: 2 with 2+ cores);
+    /// each holds its own copy of the model's weights.
+    pub sessions: Option<usize>,
+    /// Padded tokens per encoder call (texts of similar length are batched up to this).
+    pub batch_tokens: usize,
 }
 
 impl BertScoreConfig {
@@ -57,7 +66,8 @@ impl BertScoreConfig {
             max_length: None,
             ort_dylib: None,
             threads: None,
-            encode_batch: 32,
+            sessions: None,
+            batch_tokens: 512,
         }
     }
 }
@@ -72,7 +82,9 @@ pub struct Prf {
 
 /// A loaded encoder and tokenizer.
 pub struct BertScorer {
-    session: Mutex<Session>,
+    /// Independent sessions encode batches in parallel (each with its share of the
+    /// cores): faster than one session's intra-op threads on small matrices.
+    sessions: Vec<Mutex<Session>>,
     tokenizer: Tokenizer,
     output: String,
     token_type_ids: bool,
@@ -80,7 +92,7 @@ pub struct BertScorer {
     cls: u32,
     sep: u32,
     pad: u32,
-    encode_batch: usize,
+    batch_tokens: usize,
     /// What was loaded, for manifests and reports.
     pub description: String,
 }
@@ -170,11 +182,21 @@ impl BertScorer {
             .clone()
             .or_else(|| crate::embed::fastembed::find_onnxruntime(None, &std::env::current_dir().unwrap_or_default()));
         let env = crate::embed::fastembed::ort_environment(&dylib)?;
-        let threads = cfg.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-        let session = Session::builder(&env)
-            .and_then(|b| b.with_intra_threads(threads).map_err(Into::into))
-            .and_then(|mut b| b.commit_from_file(&model))
-            .map_err(|e| anyhow!("loading ONNX model {}: {e}", model.display()))?;
+        let threads = cfg.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
+        let sessions = cfg.sessions.unwrap_or(if threads >= 2 { 2 } else { 1 }).clamp(1, threads);
+        let sessions: Vec<Session> = (0..sessions)
+            .map(|k| {
+                // Cores split between the sessions (the first ones take the remainder).
+                let intra = threads / sessions + usize::from(k < threads % sessions);
+                Session::builder(&env)
+                    .and_then(|b| b.with_optimization_level(GraphOptimizationLevel::All).map_err(Into::into))
+                    .and_then(|b| b.with_intra_threads(intra).map_err(Into::into))
+                    .and_then(|b| b.with_intra_op_spinning(false).map_err(Into::into))
+                    .and_then(|mut b| b.commit_from_file(&model))
+                    .map_err(|e| anyhow!("loading ONNX model {}: {e}", model.display()))
+            })
+            .collect::<Result<_>>()?;
+        let session = &sessions[0];
         let inputs: Vec<String> = session.inputs().iter().map(|o| o.name().to_string()).collect();
         for need in ["input_ids", "attention_mask"] {
             if !inputs.iter().any(|i| i == need) {
@@ -190,7 +212,7 @@ impl BertScorer {
         };
         Ok(BertScorer {
             token_type_ids: inputs.iter().any(|i| i == "token_type_ids"),
-            session: Mutex::new(session),
+            sessions: sessions.into_iter().map(Mutex::new).collect(),
             tokenizer,
             description: format!("{} ({output}, max_length {max_length})", dir.display()),
             output,
@@ -198,7 +220,7 @@ impl BertScorer {
             cls,
             sep,
             pad,
-            encode_batch: cfg.encode_batch.max(1),
+            batch_tokens: cfg.batch_tokens.max(1),
         })
     }
 
@@ -218,48 +240,87 @@ impl BertScorer {
         Ok(enc.get_ids().to_vec())
     }
 
+    /// Encode one batch of texts (by index into `ids`) with `session`.
+    fn run_batch(&self, session: &mut Session, chunk: &[usize], ids: &[Vec<u32>]) -> Result<Vec<(usize, Embedded)>> {
+        let seq = chunk.iter().map(|&i| ids[i].len()).max().unwrap_or(0);
+        let b = chunk.len();
+        let mut input_ids = vec![self.pad as i64; b * seq];
+        let mut mask = vec![0i64; b * seq];
+        for (row, &i) in chunk.iter().enumerate() {
+            for (k, &t) in ids[i].iter().enumerate() {
+                input_ids[row * seq + k] = t as i64;
+                mask[row * seq + k] = 1;
+            }
+        }
+        let mut inputs = vec![
+            ("input_ids", Tensor::from_array(([b, seq], input_ids))?.into_dyn()),
+            ("attention_mask", Tensor::from_array(([b, seq], mask))?.into_dyn()),
+        ];
+        if self.token_type_ids {
+            inputs.push(("token_type_ids", Tensor::from_array(([b, seq], vec![0i64; b * seq]))?.into_dyn()));
+        }
+        let outputs = session.run(inputs).context("running the BERTScore encoder")?;
+        let (shape, data) = outputs[self.output.as_str()]
+            .try_extract_tensor::<f32>()
+            .with_context(|| format!("output \"{}\" is not a float tensor", self.output))?;
+        if shape.len() != 3 || shape[0] as usize != b || shape[1] as usize != seq {
+            bail!("output \"{}\" has shape {shape:?}; expected [{b}, {seq}, dim]", self.output);
+        }
+        let dim = shape[2] as usize;
+        let mut out = Vec::with_capacity(b);
+        for (row, &i) in chunk.iter().enumerate() {
+            let n = ids[i].len();
+            let mut vectors = data[row * seq * dim..(row * seq + n) * dim].to_vec();
+            for v in vectors.chunks_mut(dim) {
+                let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+                v.iter_mut().for_each(|x| *x /= norm);
+            }
+            let weights = ids[i].iter().map(|&t| if t == self.cls || t == self.sep { 0.0 } else { 1.0 }).collect();
+            out.push((i, Embedded { vectors, weights }));
+        }
+        Ok(out)
+    }
+
     /// Normalised token embeddings of each text (texts of similar length share a call).
     fn embed(&self, texts: &[&str]) -> Result<Vec<Embedded>> {
         let ids: Vec<Vec<u32>> = texts.iter().map(|t| self.encode(t)).collect::<Result<_>>()?;
         let mut order: Vec<usize> = (0..texts.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(ids[i].len()));
+        // Length-sorted batches bounded by padded tokens: ONNX Runtime's attention buffers
+        // grow with batch × length², and a few big batches run slower than many small ones.
+        let mut batches: Vec<&[usize]> = Vec::new();
+        let mut start = 0;
+        while start < order.len() {
+            let seq = ids[order[start]].len().max(1);
+            let n = (self.batch_tokens / seq).clamp(1, MAX_BATCH).min(order.len() - start);
+            batches.push(&order[start..start + n]);
+            start += n;
+        }
+        // One worker per session; each takes the next batch until none is left.
+        let next = AtomicUsize::new(0);
+        let results: Vec<Result<Vec<(usize, Embedded)>>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = self
+                .sessions
+                .iter()
+                .map(|session| {
+                    let (next, batches, ids) = (&next, &batches, &ids);
+                    scope.spawn(move || -> Result<Vec<(usize, Embedded)>> {
+                        let mut session = session.lock().map_err(|_| anyhow!("BERTScore encoder poisoned"))?;
+                        let mut done = Vec::new();
+                        loop {
+                            let k = next.fetch_add(1, Ordering::Relaxed);
+                            let Some(chunk) = batches.get(k) else { return Ok(done) };
+                            done.extend(self.run_batch(&mut session, chunk, ids)?);
+                        }
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap_or_else(|_| Err(anyhow!("BERTScore worker panicked")))).collect()
+        });
         let mut out: Vec<Option<Embedded>> = (0..texts.len()).map(|_| None).collect();
-        let mut session = self.session.lock().map_err(|_| anyhow!("BERTScore encoder poisoned"))?;
-        for chunk in order.chunks(self.encode_batch) {
-            let seq = chunk.iter().map(|&i| ids[i].len()).max().unwrap_or(0);
-            let b = chunk.len();
-            let mut input_ids = vec![self.pad as i64; b * seq];
-            let mut mask = vec![0i64; b * seq];
-            for (row, &i) in chunk.iter().enumerate() {
-                for (k, &t) in ids[i].iter().enumerate() {
-                    input_ids[row * seq + k] = t as i64;
-                    mask[row * seq + k] = 1;
-                }
-            }
-            let mut inputs = vec![
-                ("input_ids", Tensor::from_array(([b, seq], input_ids))?.into_dyn()),
-                ("attention_mask", Tensor::from_array(([b, seq], mask))?.into_dyn()),
-            ];
-            if self.token_type_ids {
-                inputs.push(("token_type_ids", Tensor::from_array(([b, seq], vec![0i64; b * seq]))?.into_dyn()));
-            }
-            let outputs = session.run(inputs).context("running the BERTScore encoder")?;
-            let (shape, data) = outputs[self.output.as_str()]
-                .try_extract_tensor::<f32>()
-                .with_context(|| format!("output \"{}\" is not a float tensor", self.output))?;
-            if shape.len() != 3 || shape[0] as usize != b || shape[1] as usize != seq {
-                bail!("output \"{}\" has shape {shape:?}; expected [{b}, {seq}, dim]", self.output);
-            }
-            let dim = shape[2] as usize;
-            for (row, &i) in chunk.iter().enumerate() {
-                let n = ids[i].len();
-                let mut vectors = data[row * seq * dim..(row * seq + n) * dim].to_vec();
-                for v in vectors.chunks_mut(dim) {
-                    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
-                    v.iter_mut().for_each(|x| *x /= norm);
-                }
-                let weights = ids[i].iter().map(|&t| if t == self.cls || t == self.sep { 0.0 } else { 1.0 }).collect();
-                out[i] = Some(Embedded { vectors, weights });
+        for r in results {
+            for (i, e) in r? {
+                out[i] = Some(e);
             }
         }
         Ok(out.into_iter().map(|e| e.expect("every text embedded")).collect())
@@ -279,17 +340,18 @@ impl BertScorer {
             }
         }
         let emb = self.embed(&texts)?;
-        let mut out = Vec::with_capacity(pairs.len());
-        for batch in pairs.chunks(PAIR_BATCH) {
-            let cands: Vec<&Embedded> = batch.iter().map(|(c, _)| &emb[index[c]]).collect();
-            let refs: Vec<&Embedded> = batch.iter().map(|(_, r)| &emb[index[r]]).collect();
-            let cand_max = cands.iter().map(|e| e.len()).max().unwrap_or(0);
-            let ref_max = refs.iter().map(|e| e.len()).max().unwrap_or(0);
-            for (c, r) in cands.iter().zip(&refs) {
-                out.push(greedy(c, r, c.len() < cand_max, r.len() < ref_max));
-            }
-        }
-        Ok(out)
+        // Batches of pairs are independent once embedded: scored on all cores.
+        let scored: Vec<Vec<Prf>> = pairs
+            .par_chunks(PAIR_BATCH)
+            .map(|batch| {
+                let cands: Vec<&Embedded> = batch.iter().map(|(c, _)| &emb[index[c]]).collect();
+                let refs: Vec<&Embedded> = batch.iter().map(|(_, r)| &emb[index[r]]).collect();
+                let cand_max = cands.iter().map(|e| e.len()).max().unwrap_or(0);
+                let ref_max = refs.iter().map(|e| e.len()).max().unwrap_or(0);
+                cands.iter().zip(&refs).map(|(c, r)| greedy(c, r, c.len() < cand_max, r.len() < ref_max)).collect()
+            })
+            .collect();
+        Ok(scored.into_iter().flatten().collect())
     }
 }
 
@@ -303,17 +365,7 @@ fn greedy(c: &Embedded, r: &Embedded, cand_padded: bool, ref_padded: bool) -> Pr
     let (n, m) = (c.len(), r.len());
     let mut best_c = vec![if ref_padded { 0.0f32 } else { f32::NEG_INFINITY }; n];
     let mut best_r = vec![if cand_padded { 0.0f32 } else { f32::NEG_INFINITY }; m];
-    for (i, cv) in c.vectors.chunks(dim).enumerate() {
-        for (j, rv) in r.vectors.chunks(dim).enumerate() {
-            let s: f32 = cv.iter().zip(rv).map(|(a, b)| a * b).sum();
-            if s > best_c[i] {
-                best_c[i] = s;
-            }
-            if s > best_r[j] {
-                best_r[j] = s;
-            }
-        }
-    }
+    best_matches(&c.vectors, &r.vectors, dim, &mut best_c, &mut best_r);
     let weighted = |best: &[f32], w: &[f32]| -> f64 {
         let total: f64 = w.iter().map(|&x| x as f64).sum();
         best.iter().zip(w).map(|(&b, &x)| b as f64 * x as f64).sum::<f64>() / total
@@ -322,6 +374,50 @@ fn greedy(c: &Embedded, r: &Embedded, cand_padded: bool, ref_padded: bool) -> Pr
     let r = weighted(&best_r, &r.weights);
     let f1 = 2.0 * p * r / (p + r);
     Prf { p, r, f1: if f1.is_nan() { 0.0 } else { f1 } }
+}
+
+/// Every candidate token's best similarity into `best_c`, every reference token's into
+/// `best_r` (both start at their floor); AVX2+FMA code when the CPU has it.
+fn best_matches(c: &[f32], r: &[f32], dim: usize, best_c: &mut [f32], best_r: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the features the function is compiled for were just detected.
+        return unsafe { best_matches_avx2(c, r, dim, best_c, best_r) };
+    }
+    best_matches_generic(c, r, dim, best_c, best_r)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn best_matches_avx2(c: &[f32], r: &[f32], dim: usize, best_c: &mut [f32], best_r: &mut [f32]) {
+    best_matches_generic(c, r, dim, best_c, best_r)
+}
+
+#[inline(always)]
+fn best_matches_generic(c: &[f32], r: &[f32], dim: usize, best_c: &mut [f32], best_r: &mut [f32]) {
+    for (cv, bc) in c.chunks_exact(dim).zip(best_c.iter_mut()) {
+        for (rv, br) in r.chunks_exact(dim).zip(best_r.iter_mut()) {
+            let s = dot(cv, rv);
+            *bc = bc.max(s);
+            *br = br.max(s);
+        }
+    }
+}
+
+/// Inner product with 16 independent accumulators, so the compiler vectorizes it (a
+/// different summation order than torch's, far below BERTScore's 1e-4 tolerance).
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    const L: usize = 16;
+    let mut acc = [0.0f32; L];
+    let (ac, bc) = (a.chunks_exact(L), b.chunks_exact(L));
+    let tail: f32 = ac.remainder().iter().zip(bc.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ac.zip(bc) {
+        for k in 0..L {
+            acc[k] += x[k] * y[k];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
 }
 
 #[cfg(test)]

@@ -38,13 +38,17 @@ impl Scorer {
             }
         }
         let has = |m: &str| metrics.iter().any(|x| x == m);
-        let meteor =
-            if has("meteor") { Some(WordNet::load(wordnet_dir).map_err(|e| anyhow::anyhow!("{e}"))?) } else { None };
-        let bertscore = match (has("bertscore"), bertscore) {
-            (false, _) => None,
-            (true, Some(cfg)) => Some(BertScorer::load(cfg)?),
-            (true, None) => bail!("{BERTSCORE_NEEDS_MODEL}"),
-        };
+        if has("bertscore") && bertscore.is_none() {
+            bail!("{BERTSCORE_NEEDS_MODEL}");
+        }
+        // The encoder loads on another thread while WordNet is read.
+        let (meteor, bertscore) = std::thread::scope(|scope| {
+            let bert = scope.spawn(|| bertscore.filter(|_| has("bertscore")).map(BertScorer::load).transpose());
+            let meteor = has("meteor").then(|| WordNet::load(wordnet_dir).map_err(|e| anyhow::anyhow!("{e}")));
+            let bert = bert.join().unwrap_or_else(|_| Err(anyhow::anyhow!("loading the BERTScore encoder panicked")));
+            (meteor.transpose(), bert)
+        });
+        let (meteor, bertscore) = (meteor?, bertscore?);
         Ok(Scorer { bleu: has("bleu"), rouge: has("rouge"), meteor, bertscore, punkt: None })
     }
 

@@ -10,6 +10,7 @@ use anyhow::{Context, Result, anyhow};
 use arrow::array::{Array, ArrayRef, Float64Array, RecordBatch, StringArray, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use async_trait::async_trait;
+use rayon::prelude::*;
 use serde::Deserialize;
 
 use super::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
@@ -273,17 +274,22 @@ impl Stage for Metrics {
                 let (resp, refs) = (text(&opts.response)?, text(&opts.reference)?);
                 let group = opts.group_by.as_deref().map(text).transpose()?;
                 let first = scores.len();
-                for i in 0..batch.num_rows() {
-                    // A missing response scores as an empty one (as the official code's "").
-                    let r = if resp.is_valid(i) { resp.value(i) } else { "" };
-                    let f = if refs.is_valid(i) { refs.value(i) } else { "" };
-                    let mut s = scorer.score(r, f);
-                    s.extend(bert.as_ref().map(|b| b[scores.len()]));
-                    scores.push(s);
-                    groups.push(
-                        group.as_ref().filter(|g| g.is_valid(i)).map(|g| g.value(i).to_string()).unwrap_or_default(),
-                    );
-                }
+                // Rows are independent: scored on all cores.
+                let batch_scores: Vec<Vec<f64>> = (0..batch.num_rows())
+                    .into_par_iter()
+                    .map(|i| {
+                        // A missing response scores as an empty one (as the official code's "").
+                        let r = if resp.is_valid(i) { resp.value(i) } else { "" };
+                        let f = if refs.is_valid(i) { refs.value(i) } else { "" };
+                        let mut s = scorer.score(r, f);
+                        s.extend(bert.as_ref().map(|b| b[first + i]));
+                        s
+                    })
+                    .collect();
+                scores.extend(batch_scores);
+                groups.extend((0..batch.num_rows()).map(|i| {
+                    group.as_ref().filter(|g| g.is_valid(i)).map(|g| g.value(i).to_string()).unwrap_or_default()
+                }));
                 let mut arrays: Vec<ArrayRef> = vec![Arc::new(data::ids(&batch).clone())];
                 if let Some(g) = &group {
                     arrays.push(Arc::new(g.clone()));
