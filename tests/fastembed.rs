@@ -9,23 +9,10 @@ mod support;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use support::{Project, parquet_rows};
+use support::{Project, onnxruntime, parquet_rows};
 
 fn model_dir() -> Option<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/models/all-MiniLM-L6-v2");
-    if dir.join("model.onnx").exists() {
-        Some(dir)
-    } else {
-        eprintln!("SKIPPED: {} is absent (the shared model folder is not on this machine)", dir.display());
-        None
-    }
-}
-
-fn onnxruntime() -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    synth::embed::fastembed::find_onnxruntime(None, &root)
-        .filter(|p| p.exists())
-        .expect("ONNX Runtime is missing: run .ci/setup (the README's test command .ci/test does)")
+    support::minilm_dir()
 }
 
 fn reference(dir: &std::path::Path) -> Vec<(String, Vec<f32>)> {

@@ -24,10 +24,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::{Context, Result, anyhow, bail};
-use rayon::prelude::*;
 use ort::session::Session;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::value::Tensor;
+use rayon::prelude::*;
 use tokenizers::{Tokenizer, TruncationParams};
 
 /// bert_score's default batch size, which decides the zero padding seen by the greedy match.
@@ -315,7 +315,10 @@ impl BertScorer {
                     })
                 })
                 .collect();
-            workers.into_iter().map(|w| w.join().unwrap_or_else(|_| Err(anyhow!("BERTScore worker panicked")))).collect()
+            workers
+                .into_iter()
+                .map(|w| w.join().unwrap_or_else(|_| Err(anyhow!("BERTScore worker panicked"))))
+                .collect()
         });
         let mut out: Vec<Option<Embedded>> = (0..texts.len()).map(|_| None).collect();
         for r in results {

@@ -10,6 +10,27 @@ use std::process::{Command, Output};
 pub mod eval_fixtures;
 pub mod openai_server;
 
+/// `../shared/models/all-MiniLM-L6-v2` (the real ONNX model), or `None` after saying
+/// why when the shared folder is not on this machine.
+pub fn minilm_dir() -> Option<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/models/all-MiniLM-L6-v2");
+    if dir.join("model.onnx").exists() {
+        Some(dir)
+    } else {
+        eprintln!("SKIPPED: {} is absent (the shared model folder is not on this machine)", dir.display());
+        None
+    }
+}
+
+/// The ONNX Runtime library `.ci/setup` installs (panics when it is missing: the tests
+/// need it wherever the model is present).
+pub fn onnxruntime() -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    synth::embed::fastembed::find_onnxruntime(None, &root)
+        .filter(|p| p.exists())
+        .expect("ONNX Runtime is missing: run .ci/setup (the README's test command .ci/test does)")
+}
+
 pub fn synth_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_synth"))
 }
