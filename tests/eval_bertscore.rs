@@ -9,7 +9,9 @@
 //! missing encoder, which need no model.
 //!
 //! The model is `../shared/models/all-MiniLM-L6-v2`; without it the model tests print
-//! why and pass. ONNX Runtime comes from `.ci/setup`.
+//! why and pass. A tiny random RoBERTa (`fixtures/eval/tiny-roberta`, with its
+//! bert_score values) covers the official model's architecture everywhere. ONNX Runtime
+//! comes from `.ci/setup`.
 
 mod support;
 
@@ -85,6 +87,19 @@ fn scores_equal_bert_score_on_the_fixture() {
         }
     }
     assert!(!padded.is_empty(), "the fixture has a pair where bert_score's zero padding changes the score");
+}
+
+/// A RoBERTa-architecture encoder (the official roberta-large's tokenizer kind, special
+/// tokens, position ids, layer truncation) small enough to commit: random weights, made
+/// and scored with bert_score by `make_tiny_roberta.py`. Needs no shared model.
+#[test]
+fn roberta_architecture_equals_bert_score() {
+    let scorer = scorer(&fixtures().join("tiny-roberta"));
+    let pairs = pairs();
+    let got = score(&scorer, &pairs);
+    let expected = read_jsonl(&fixtures().join("tiny_roberta.expected.jsonl"));
+    let worst = compare(&pairs, &got, &expected, "tiny RoBERTa");
+    eprintln!("tiny RoBERTa: {} pairs, largest |ours - bert_score| = {worst:.2e}", pairs.len());
 }
 
 #[test]
