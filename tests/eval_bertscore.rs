@@ -184,7 +184,7 @@ fn metrics_stage_scores_bertscore() {
         format!(
             "[pipeline]\nname = \"bs\"\n\n[stages.pairs]\nkind = \"source\"\npath = \"pairs.jsonl\"\n\n\
              [stages.metrics]\nkind = \"metrics\"\ninputs = [\"pairs\"]\nmetrics = [\"bleu\", \"bertscore\"]\n\
-             bertscore_model = \"enc\"\nort_dylib = \"{}\"\n",
+             bertscore_model = \"enc\"\nbertscore_sessions = 1\nort_dylib = \"{}\"\n",
             onnxruntime().display()
         ),
     );

@@ -301,6 +301,10 @@ pub struct ScoreArgs {
     /// ONNX output with the hidden states [default: last_hidden_state, else the first output].
     #[arg(long)]
     pub bertscore_output: Option<String>,
+    /// Encoder sessions run side by side, each with its own copy of the weights
+    /// [default: 2 with 2+ cores]; 1 halves the memory (large encoders).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub bertscore_sessions: Option<u16>,
     /// Per-sample scores: .parquet, else JSONL.
     #[arg(long)]
     pub out: PathBuf,

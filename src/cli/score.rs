@@ -107,6 +107,7 @@ pub fn score(args: &ScoreArgs) -> Result<Value> {
     let bert = args.bertscore_model.as_ref().map(|dir| {
         let mut cfg = BertScoreConfig::new(dir);
         cfg.output = args.bertscore_output.clone();
+        cfg.sessions = args.bertscore_sessions.map(usize::from);
         cfg
     });
     let mut scorer = Scorer::new(&metrics, &args.wordnet_dir, bert.as_ref())?;

@@ -57,6 +57,11 @@ const OPTIONS: &[OptionSpec] = &[
         Ty::Int(2, 1_000_000),
         "BERTScore truncation in tokens (default: the tokenizer's model_max_length, else 512)",
     ),
+    OptionSpec::optional(
+        "bertscore_sessions",
+        Ty::Int(1, 64),
+        "BERTScore encoder sessions side by side, each a copy of the weights (default: 2 with 2+ cores)",
+    ),
     OptionSpec::optional("ort_dylib", Ty::Str, "ONNX Runtime library for BERTScore (default: $ORT_DYLIB_PATH)"),
     OptionSpec::optional(
         "label",
@@ -86,6 +91,7 @@ struct Options {
     punkt_dir: Option<String>,
     bertscore_model: Option<String>,
     bertscore_output: Option<String>,
+    bertscore_sessions: Option<usize>,
     bertscore_max_length: Option<usize>,
     ort_dylib: Option<String>,
     label: Option<String>,
@@ -134,6 +140,7 @@ impl Metrics {
         }
         let mut cfg = BertScoreConfig::new(root.join(self.opts.bertscore_model.as_deref()?));
         cfg.output = self.opts.bertscore_output.clone();
+        cfg.sessions = self.opts.bertscore_sessions;
         cfg.max_length = self.opts.bertscore_max_length;
         cfg.ort_dylib = crate::embed::fastembed::find_onnxruntime(self.opts.ort_dylib.as_deref(), root);
         Some(cfg)
