@@ -20,7 +20,7 @@ use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
-use support::eval_fixtures::{Pair, fixtures, pairs, read_jsonl};
+use support::eval_fixtures::{Pair, fixtures, pairs, read_jsonl, wordnet_installed};
 use support::{Project, minilm_dir, onnxruntime, parquet_rows};
 use synth::eval::bertscore::{BertScoreConfig, BertScorer, Prf};
 
@@ -130,14 +130,6 @@ fn expected_f1() -> BTreeMap<String, f64> {
         .collect()
 }
 
-fn wordnet() -> bool {
-    let ok = Path::new("/usr/share/wordnet/data.noun").exists();
-    if !ok {
-        eprintln!("SKIPPED (METEOR part): /usr/share/wordnet is absent (run .ci/setup as root)");
-    }
-    ok
-}
-
 #[test]
 fn synth_score_writes_bertscore_f1() {
     let Some(dir) = minilm_dir() else { return };
@@ -147,7 +139,7 @@ fn synth_score_writes_bertscore_f1() {
     let ort = onnxruntime();
     let mut args = vec!["score", "--input", input.to_str().unwrap(), "--out", out.to_str().unwrap()];
     args.extend(["--bertscore-model", dir.to_str().unwrap()]);
-    if !wordnet() {
+    if !wordnet_installed() {
         args.extend(["--metrics", "bleu,rouge,bertscore"]);
     }
     let r = p.synth_env(&args, &[("ORT_DYLIB_PATH", ort.to_str().unwrap())]).ok();
@@ -221,7 +213,7 @@ fn metrics_stage_scores_bertscore() {
 #[test]
 fn eval_pipeline_bertscore_profile() {
     let Some(dir) = minilm_dir() else { return };
-    if !wordnet() {
+    if !wordnet_installed() {
         return;
     }
     let p = Project::new();

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
+use support::eval_fixtures::wordnet_installed;
 use support::{Project, parquet_rows};
 
 fn fixture(name: &str) -> PathBuf {
@@ -25,20 +26,10 @@ fn expected(name: &str) -> BTreeMap<String, serde_json::Map<String, Value>> {
         .collect()
 }
 
-fn wordnet() -> bool {
-    let ok = Path::new("/usr/share/wordnet/data.noun").exists();
-    if !ok {
-        eprintln!(
-            "skipping METEOR checks: /usr/share/wordnet is absent (run .ci/setup as root to install wordnet-base)"
-        );
-    }
-    ok
-}
-
 #[test]
 fn score_matches_the_reference_values() {
     let p = Project::new();
-    let with_meteor = wordnet();
+    let with_meteor = wordnet_installed();
     let metrics = if with_meteor { "bleu,rouge,meteor" } else { "bleu,rouge" };
     let out = p.path().join("scores.parquet");
     let input = fixture("pairs.jsonl");
@@ -95,7 +86,7 @@ fn score_reports_bad_input_with_file_line_and_field() {
 /// summaries, and the report's Table 3 row.
 #[test]
 fn metrics_stage_groups_by_task() {
-    if !wordnet() {
+    if !wordnet_installed() {
         return;
     }
     let p = Project::new();
@@ -176,7 +167,7 @@ fn generate_sends_the_conversation_with_official_settings() {
 /// it knows keeps "Dr." one token (as NLTK's English model would); a missing file is named.
 #[test]
 fn punkt_model_changes_meteor_tokenization_only_where_it_should() {
-    if !wordnet() {
+    if !wordnet_installed() {
         return;
     }
     let p = Project::new();

@@ -41,3 +41,15 @@ pub fn pairs_from(path: &Path) -> Vec<Pair> {
 pub fn pairs() -> Vec<Pair> {
     pairs_from(&fixtures().join("pairs.jsonl"))
 }
+
+/// Whether WordNet 3.0 is at `/usr/share/wordnet` (Debian's wordnet-base), saying why the
+/// METEOR checks are skipped when it is not.
+pub fn wordnet_installed() -> bool {
+    let ok = Path::new("/usr/share/wordnet/data.noun").exists();
+    if !ok {
+        eprintln!(
+            "skipping METEOR checks: /usr/share/wordnet is absent (run .ci/setup as root to install wordnet-base)"
+        );
+    }
+    ok
+}
