@@ -179,9 +179,11 @@ pub fn llm(args: &LlmBench) -> Result<serde_json::Value> {
     }
     let decl = Decl { name: "bench".into(), kind: "openai".into(), options: serde_json::Value::Object(options) };
     let services = Services::new(&dir, &dir, [("bench".to_string(), decl)].into(), Default::default());
-    // The same runtime `synth run` uses.
+    // The same runtimes `synth run` uses: the engine's, and the network runtime that
+    // network-bound stages (an `llm` stage on an `openai` provider) run on.
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let provider = services.provider("bench")?;
+    let net = services.net()?;
     let call = CallCtx {
         stage: "bench".into(),
         fingerprint: "bench".into(),
@@ -193,11 +195,11 @@ pub fn llm(args: &LlmBench) -> Result<serde_json::Value> {
     let started = Instant::now();
     let (services2, provider2, call2) = (services.clone(), provider.clone(), call.clone());
     let (n_requests, conc) = (args.requests, args.concurrency);
-    // Drive the requests from a task on the runtime's workers, as a stage does.
+    // Drive the requests from a task where an `llm` stage on this provider runs.
     let results: Vec<bool> = runtime.block_on(async move {
         let (services, provider, call) = (services2, provider2, call2);
         let args = (n_requests, conc);
-        tokio::spawn(async move {
+        net.run(async move {
             futures::stream::iter(0..args.0)
                 .map(|i| {
                     let req = ChatRequest {

@@ -229,10 +229,20 @@ pub async fn run(
                     hasher: hasher.clone(),
                     services: services.clone(),
                 };
-                tasks.spawn(async move {
+                let task = async move {
                     let idx = job.idx;
                     TaskResult { idx, outcome: job.run().await }
-                });
+                };
+                // Stages waiting on a network provider run on the network runtime.
+                let net = if p.stages[i].stage.network_bound(&services) && !opts.dry_run {
+                    services.net().map_err(|e| tracing::warn!("{e:#}; the stage runs on the main runtime")).ok()
+                } else {
+                    None
+                };
+                match net {
+                    Some(net) => tasks.spawn_on(task, net.handle()),
+                    None => tasks.spawn(task),
+                };
             }
         }
         if tasks.is_empty() {

@@ -6,6 +6,7 @@
 //! **Invariant:** the only modules that do network I/O are `llm/openai.rs`,
 //! `embed/openai.rs`, `embed/fastembed.rs` (model download) and `hub.rs`.
 
+pub mod net;
 pub mod offline;
 pub mod openai;
 pub mod parse;

@@ -1,9 +1,11 @@
 //! What LLM and embedding stages share during a run: the provider and embedder
 //! declarations from `[providers.*]` / `[embedders.*]`, built lazily (so a run that
 //! never calls a provider never needs its key), one rate controller per
-//! (kind, base URL, model, key) shared by every stage, the cache database, and the
-//! call path: cache lookup → single-flight → journal → rate-limited call → durable
-//! store. A request identical to one already answered is never paid for again.
+//! (kind, base URL, model, key) shared by every stage, the cache database, the
+//! network runtime, and the call path: cache lookup → single-flight → journal →
+//! rate-limited call → durable store. A request identical to one already answered is
+//! never paid for again. Calls to network providers run that whole path on the
+//! network runtime (`net.rs`); the offline provider runs on the caller's.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -13,6 +15,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, bail};
 use serde::Deserialize;
 
+use super::net::NetRuntime;
 use super::offline::Offline;
 use super::openai::{Endpoint, OpenAiChat};
 use super::pricing::{Price, default_price};
@@ -191,6 +194,11 @@ pub struct Provider {
 }
 
 impl Provider {
+    /// Whether calls leave the process (and so run on the network runtime).
+    pub fn networked(&self) -> bool {
+        self.kind == "openai"
+    }
+
     /// What identifies answers of this provider (part of cache keys and fingerprints).
     pub fn identity(&self) -> serde_json::Value {
         serde_json::json!({"kind": self.kind, "base_url": self.base_url, "model": self.model})
@@ -233,6 +241,7 @@ pub struct Services {
     built_embedders: Mutex<HashMap<String, Arc<dyn crate::embed::Embedder>>>,
     inflight: Mutex<HashMap<String, Flight>>,
     warned_price: Mutex<std::collections::BTreeSet<String>>,
+    net: Mutex<Option<Arc<NetRuntime>>>,
 }
 
 impl Services {
@@ -253,6 +262,7 @@ impl Services {
             built_embedders: Mutex::new(HashMap::new()),
             inflight: Mutex::new(HashMap::new()),
             warned_price: Mutex::new(Default::default()),
+            net: Mutex::new(None),
         })
     }
 
@@ -267,6 +277,12 @@ impl Services {
             return Ok(cache.clone());
         }
         let cache = Arc::new(Cache::open(&self.out_dir.join(crate::store::state::INTERNAL_DIR))?);
+        if cache.recovered() > 0 {
+            tracing::info!(
+                "{} response(s) received before the previous run stopped were recovered from the journal",
+                cache.recovered()
+            );
+        }
         let stale = cache.in_flight().unwrap_or_default();
         if !stale.is_empty() {
             tracing::warn!(
@@ -416,8 +432,47 @@ impl Services {
         doc
     }
 
-    /// One chat call through cache, single-flight, journal and rate control.
-    pub async fn chat(&self, provider: &Arc<Provider>, req: ChatRequest, ctx: &CallCtx) -> Result<Completed, LlmError> {
+    /// The network runtime (started on first use).
+    pub fn net(&self) -> Result<Arc<NetRuntime>> {
+        let mut net = self.net.lock().expect("net");
+        if let Some(n) = net.as_ref() {
+            return Ok(n.clone());
+        }
+        let n = Arc::new(NetRuntime::start()?);
+        *net = Some(n.clone());
+        Ok(n)
+    }
+
+    /// Whether calls to this provider go over the network (an unknown name: no).
+    pub fn provider_networked(&self, name: &str) -> bool {
+        self.providers.get(name).is_some_and(|d| d.kind == "openai")
+    }
+
+    /// One chat call through cache, single-flight, journal and rate control: on the
+    /// network runtime for network providers (inline when the caller already runs
+    /// there), here for the offline one.
+    pub async fn chat(
+        self: &Arc<Self>,
+        provider: &Arc<Provider>,
+        req: ChatRequest,
+        ctx: &CallCtx,
+    ) -> Result<Completed, LlmError> {
+        if !provider.networked() || super::net::on_net_thread() {
+            return self.chat_here(provider, req, ctx).await;
+        }
+        let net = self.net().map_err(|e| LlmError::new(ErrorKind::Unavailable, format!("{e:#}")))?;
+        let (this, provider, ctx) = (self.clone(), provider.clone(), ctx.clone());
+        net.run(async move { this.chat_here(&provider, req, &ctx).await })
+            .await
+            .unwrap_or_else(|e| Err(LlmError::new(ErrorKind::Unavailable, e.to_string())))
+    }
+
+    async fn chat_here(
+        &self,
+        provider: &Arc<Provider>,
+        req: ChatRequest,
+        ctx: &CallCtx,
+    ) -> Result<Completed, LlmError> {
         let params = provider.params.overlay(&req.params);
         let doc = Self::request_doc(provider, &req, &params);
         let doc_text = doc.to_string();

@@ -320,6 +320,10 @@ impl Stage for Llm {
         }
     }
 
+    fn network_bound(&self, services: &crate::llm::Services) -> bool {
+        services.provider_networked(&self.opts.provider)
+    }
+
     async fn prepare(&self, ctx: &PrepareCtx<'_>) -> Result<Option<Prepared>> {
         let identity = ctx.services.provider_identity(&self.opts.provider)?;
         let mut p = Prepared::default();

@@ -144,6 +144,12 @@ pub trait Stage: Send + Sync {
 
     /// Produce the output: read inputs, write through `ctx`, record failures.
     async fn run(&self, ctx: &mut RunCtx) -> Result<()>;
+
+    /// Whether the stage's work is waiting on a network provider (then the runner runs
+    /// it on the network runtime, `llm/net.rs`, where its calls need no hand-over).
+    fn network_bound(&self, _services: &crate::llm::Services) -> bool {
+        false
+    }
 }
 
 /// Build phase: the checked options of one stage.

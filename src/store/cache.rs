@@ -2,39 +2,52 @@
 //! output directory (`_synth/cache.sqlite`, WAL mode), and the request journal
 //! beside it (`_synth/journal.log`).
 //!
-//! One writer thread applies writes: whatever is queued is committed at once, in
-//! one transaction (a committed WAL transaction survives a killed process), and the
-//! WAL file is fsynced at most every 100 ms (sooner at 256 pending results or on a
-//! flush); paid results (responses, vectors) are acknowledged only after that
-//! fsync — a response is durable, even across a power loss, before the record
-//! counts as done, and concurrent requests share transactions and fsyncs. The
-//! database is opened in exclusive locking mode (one process: synth's run lock
-//! guarantees it), so commits take no file locks; lookups share the connection
-//! under a mutex.
+//! The journal is an append-only file of one-line records: `S` (a request is about
+//! to be sent), `E` (it ended without a response to store) and `R` (its response, the
+//! whole row as JSON). Each is one `write`, no fsync: it survives a killed process.
+//! A response is journaled the moment it arrives, so a paid answer is never lost to
+//! a kill; a request started, neither ended nor answered, and not in the database was
+//! in flight when the process stopped (the next run sends it again, nothing else).
+//! Opening the cache replays journaled responses missing from the database, then
+//! rewrites the journal with only the requests still in flight; a long run compacts
+//! it the same way once it passes 64 MiB.
 //!
-//! The journal is an append-only file: a request is recorded (one `write`, no
-//! fsync: it survives a killed process) before it is sent, and a failed request is
-//! marked ended. A request that was started, not ended and is not in the cache was
-//! in flight when the process stopped; everything else either came back and is in
-//! the cache, or was never started. Every use of a cache entry is tagged with the
-//! stage and stage fingerprint that needed it, which is what `synth cache gc` keeps.
+//! One writer thread applies writes in windows: the first command queued opens a
+//! window that stays open while requests that could join it are still waiting for
+//! their responses, for at most 250 ms (it closes at once when none are, at 256 paid
+//! results, or on a flush; vectors, which are not journaled, are committed at once);
+//! everything queued is committed in one transaction and the WAL is fsynced before
+//! paid results are acknowledged. A lone request is acknowledged right after its
+//! fsync; concurrent ones share it. A
+//! response is therefore durable, even across a power loss, before the record counts
+//! as done, and concurrent requests share transactions and fsyncs. The writer is
+//! woken only when it sleeps with nothing pending, so a request costs it nothing but
+//! its share of the window's commit. The database is opened in exclusive locking mode
+//! (one process: synth's run lock guarantees it), so commits take no file locks;
+//! lookups share the connection under a mutex. Every use of a cache entry is tagged
+//! with the stage and stage fingerprint that needed it, which is what `synth cache
+//! gc` keeps.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, anyhow};
+use indexmap::IndexMap;
 use rusqlite::{Connection, OptionalExtension, params};
+use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
 pub const CACHE_FILE: &str = "cache.sqlite";
 pub const JOURNAL_FILE: &str = "journal.log";
 
-/// Longest wait before the fsync that makes paid results durable.
-const DURABLE_WINDOW: std::time::Duration = std::time::Duration::from_millis(100);
-/// Results waiting for an fsync that trigger it at once.
+/// Longest wait before queued writes are committed and paid results made durable.
+const DURABLE_WINDOW: std::time::Duration = std::time::Duration::from_millis(250);
+/// Paid results waiting that close the window at once.
 const DURABLE_BATCH: usize = 256;
+/// Journal size past which the writer compacts it (after a commit).
+const JOURNAL_COMPACT_BYTES: u64 = 64 << 20;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS responses (
@@ -96,7 +109,7 @@ pub struct StoredResponse {
 }
 
 /// One response to store.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ResponseRow {
     pub key: String,
     pub provider: String,
@@ -110,10 +123,19 @@ pub struct ResponseRow {
 }
 
 /// Who needed an entry (for gc).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Use {
     pub stage: String,
     pub fingerprint: String,
+}
+
+/// A journaled response (`R` record).
+#[derive(Serialize, Deserialize)]
+struct Journaled {
+    #[serde(flatten)]
+    row: ResponseRow,
+    #[serde(rename = "use")]
+    usage: Use,
 }
 
 enum Cmd {
@@ -137,12 +159,71 @@ struct Counts {
 #[derive(Default)]
 struct Queue {
     cmds: Vec<Cmd>,
+    /// When the oldest queued command arrived (opens the window).
+    first_at: Option<Instant>,
+    /// Paid results queued.
+    durable: usize,
+    /// Something queued must not wait for the window (vectors, a flush).
+    urgent: bool,
+    /// No request is waiting for its response: nothing more will join the window.
+    settled: bool,
     closing: bool,
+    /// The writer sleeps with nothing pending: the next command must wake it.
+    idle: bool,
 }
 
 struct Shared {
     queue: Mutex<Queue>,
     cond: std::sync::Condvar,
+}
+
+/// The append-only journal and what it says is open.
+struct Journal {
+    file: std::fs::File,
+    path: PathBuf,
+    /// Requests started, neither ended nor answered (key → stage), in start order.
+    open: IndexMap<String, String>,
+    /// Bytes written since the journal was last rewritten.
+    bytes: u64,
+    /// Requests of this process sent and not yet answered or ended.
+    live: usize,
+    /// Size past which the writer compacts it.
+    limit: u64,
+}
+
+impl Journal {
+    /// Write a journal holding `open` and nothing else.
+    fn create(path: PathBuf, open: IndexMap<String, String>) -> Result<Journal> {
+        let text: String = open.iter().map(|(k, s)| format!("S\t{k}\t{s}\n")).collect();
+        super::atomic::write_atomic(&path, text.as_bytes())?;
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        Ok(Journal { file, path, open, bytes: text.len() as u64, live: 0, limit: JOURNAL_COMPACT_BYTES })
+    }
+
+    fn append(&mut self, line: &str) -> Result<()> {
+        use std::io::Write;
+        self.file.write_all(line.as_bytes()).with_context(|| format!("writing {}", self.path.display()))?;
+        self.bytes += line.len() as u64;
+        Ok(())
+    }
+
+    /// Rewrite the file with only the open requests (atomically).
+    fn rewrite(&mut self) -> Result<()> {
+        let (limit, live) = (self.limit, self.live);
+        *self = Journal::create(self.path.clone(), std::mem::take(&mut self.open))?;
+        (self.limit, self.live) = (limit, live);
+        Ok(())
+    }
+
+    /// A request of this process got its answer or ended; true when none is left waiting.
+    fn settle_one(&mut self, key: &str) -> bool {
+        self.open.shift_remove(key);
+        self.live = self.live.saturating_sub(1);
+        self.live == 0
+    }
 }
 
 /// Handle to the cache database of one output directory.
@@ -152,8 +233,9 @@ pub struct Cache {
     shared: Arc<Shared>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     counts: Arc<Counts>,
-    journal: Mutex<std::fs::File>,
-    journal_path: PathBuf,
+    journal: Arc<Mutex<Journal>>,
+    /// Responses replayed from the journal when the cache was opened.
+    recovered: usize,
 }
 
 fn open(path: &Path, exclusive: bool) -> Result<Connection> {
@@ -171,59 +253,39 @@ fn open(path: &Path, exclusive: bool) -> Result<Connection> {
 }
 
 impl Cache {
-    /// Open (creating) the cache in `dir`.
+    /// Open (creating) the cache in `dir`, replaying responses the journal holds.
     pub fn open(dir: &Path) -> Result<Cache> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let path = dir.join(CACHE_FILE);
-        let conn = open(&path, true)?;
+        let mut conn = open(&path, true)?;
         conn.execute_batch(SCHEMA).with_context(|| format!("creating cache tables in {}", path.display()))?;
         let journal_path = dir.join(JOURNAL_FILE);
-        // Keep only what was in flight when the last process stopped.
-        let stale = in_flight_of(&journal_path, &conn)?;
-        let text: String = stale.iter().map(|(k, s)| format!("S\t{k}\t{s}\n")).collect();
-        super::atomic::write_atomic(&journal_path, text.as_bytes())?;
-        let journal = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&journal_path)
-            .with_context(|| format!("opening {}", journal_path.display()))?;
+        let (journal, recovered) = settle(&journal_path, &mut conn)?;
         let conn = Arc::new(Mutex::new(conn));
         let shared = Arc::new(Shared { queue: Mutex::new(Queue::default()), cond: std::sync::Condvar::new() });
         let counts = Arc::new(Counts::default());
-        let (c, sh, co, p) = (conn.clone(), shared.clone(), counts.clone(), path.clone());
+        let journal = Arc::new(Mutex::new(journal));
+        let (c, sh, co, p, j) = (conn.clone(), shared.clone(), counts.clone(), path.clone(), journal.clone());
         let writer = std::thread::Builder::new()
             .name("synth-cache-writer".into())
-            .spawn(move || writer_loop(c, sh, p, co))
+            .spawn(move || writer_loop(c, sh, p, co, j))
             .context("starting the cache writer")?;
-        Ok(Cache {
-            path,
-            conn,
-            shared,
-            writer: Mutex::new(Some(writer)),
-            counts,
-            journal: Mutex::new(journal),
-            journal_path,
-        })
+        Ok(Cache { path, conn, shared, writer: Mutex::new(Some(writer)), counts, journal, recovered })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
     }
 
-    fn send(&self, cmd: Cmd) -> Result<()> {
-        let mut q = self.shared.queue.lock().expect("cache queue");
-        if q.closing {
-            return Err(anyhow!("the cache writer stopped"));
-        }
-        q.cmds.push(cmd);
-        drop(q);
-        self.shared.cond.notify_one();
-        Ok(())
+    /// Responses that a stopped process had received but not committed, replayed
+    /// from the journal when this cache was opened.
+    pub fn recovered(&self) -> usize {
+        self.recovered
     }
 
-    async fn send_wait(&self, make: impl FnOnce(oneshot::Sender<Result<()>>) -> Cmd) -> Result<()> {
-        let (done, wait) = oneshot::channel();
-        self.send(make(done))?;
-        wait.await.map_err(|_| anyhow!("the cache writer stopped"))?
+    fn send(&self, cmd: Cmd) -> Result<()> {
+        let mut q = self.shared.queue.lock().expect("cache queue");
+        enqueue(&mut q, cmd, &self.shared.cond)
     }
 
     /// A cached response, if any (counts the lookup and, on a hit, tags the use).
@@ -250,34 +312,52 @@ impl Cache {
         Ok(found)
     }
 
-    /// Store a response durably (and clear its journal entry) before returning.
+    /// Store a response: journaled at once (it survives a killed process from here
+    /// on), then committed and fsynced with its window before this returns.
     pub async fn put_response(&self, row: ResponseRow, usage: &Use) -> Result<()> {
-        let usage = usage.clone();
-        self.send_wait(move |done| Cmd::PutResponse(row, usage, done)).await
+        let (done, wait) = oneshot::channel();
+        {
+            let entry = Journaled { row, usage: usage.clone() };
+            let line = format!("R\t{}\n", serde_json::to_string(&entry).expect("serializable"));
+            // The journal lock is held until the command is queued: compaction (which
+            // takes the same lock) never drops a response the database does not hold.
+            let mut j = self.journal.lock().expect("journal");
+            j.append(&line)?;
+            let settled = j.settle_one(&entry.row.key);
+            let mut q = self.shared.queue.lock().expect("cache queue");
+            q.settled |= settled;
+            enqueue(&mut q, Cmd::PutResponse(entry.row, entry.usage, done), &self.shared.cond)?;
+        }
+        wait.await.map_err(|_| anyhow!("the cache writer stopped"))?
     }
 
     /// Record a request as in flight before it is sent (survives a killed process).
     pub fn journal_start(&self, key: &str, stage: &str) -> Result<()> {
-        use std::io::Write;
-        let line = format!("S\t{key}\t{stage}\n");
-        self.journal
-            .lock()
-            .expect("journal")
-            .write_all(line.as_bytes())
-            .with_context(|| format!("writing {}", self.journal_path.display()))
+        let mut j = self.journal.lock().expect("journal");
+        j.append(&format!("S\t{key}\t{stage}\n"))?;
+        j.open.insert(key.to_string(), stage.to_string());
+        j.live += 1;
+        Ok(())
     }
 
     /// The request ended without a response to store.
     pub fn journal_end(&self, key: &str) {
-        use std::io::Write;
-        let _ = self.journal.lock().expect("journal").write_all(format!("E\t{key}\n").as_bytes());
+        let mut j = self.journal.lock().expect("journal");
+        let _ = j.append(&format!("E\t{key}\n"));
+        if j.settle_one(key) {
+            // Results waiting for the window need not wait for this one.
+            let mut q = self.shared.queue.lock().expect("cache queue");
+            q.settled = true;
+            q.idle = false;
+            drop(q);
+            self.shared.cond.notify_one();
+        }
     }
 
-    /// Requests started but neither ended nor answered: in flight when the process
-    /// that wrote the journal stopped (or still in flight now).
+    /// Requests started but neither ended nor answered: in flight now, or in flight
+    /// when the process that wrote the journal before this one stopped.
     pub fn in_flight(&self) -> Result<Vec<(String, String)>> {
-        let conn = self.conn.lock().expect("cache connection");
-        in_flight_of(&self.journal_path, &conn)
+        Ok(self.journal.lock().expect("journal").open.iter().map(|(k, s)| (k.clone(), s.clone())).collect())
     }
 
     /// Cached vectors of `embedder` for these text hashes (missing ones are absent).
@@ -307,48 +387,126 @@ impl Cache {
         Ok(out)
     }
 
-    /// Store vectors durably.
+    /// Store vectors durably (committed at once, acknowledged after the fsync).
     pub async fn put_vectors(&self, embedder: &str, items: Vec<(String, Vec<f32>)>, usage: &Use) -> Result<()> {
         let (embedder, usage) = (embedder.to_string(), usage.clone());
-        self.send_wait(move |done| Cmd::PutVectors(embedder, items, usage, done)).await
+        let (done, wait) = oneshot::channel();
+        self.send(Cmd::PutVectors(embedder, items, usage, done))?;
+        wait.await.map_err(|_| anyhow!("the cache writer stopped"))?
     }
 
-    /// Wait until every write sent so far is committed.
+    /// Wait until every write sent so far is committed and fsynced.
     pub async fn flush(&self) -> Result<()> {
-        self.send_wait(Cmd::Flush).await
+        let (done, wait) = oneshot::channel();
+        self.send(Cmd::Flush(done))?;
+        wait.await.map_err(|_| anyhow!("the cache writer stopped"))?
     }
 }
 
-fn in_flight_of(journal: &Path, conn: &Connection) -> Result<Vec<(String, String)>> {
+/// Queue a command, waking the writer only when it would not wake by itself.
+fn enqueue(q: &mut Queue, cmd: Cmd, cond: &std::sync::Condvar) -> Result<()> {
+    if q.closing {
+        return Err(anyhow!("the cache writer stopped"));
+    }
+    let mut wake = q.idle;
+    match &cmd {
+        Cmd::PutResponse(..) => {
+            q.durable += 1;
+            wake |= q.durable == DURABLE_BATCH || q.settled;
+        }
+        Cmd::PutVectors(..) | Cmd::Flush(..) => {
+            q.urgent = true;
+            wake = true;
+        }
+        Cmd::Hit(..) | Cmd::VectorUses(..) => {}
+    }
+    if q.cmds.is_empty() {
+        q.first_at = Some(Instant::now());
+    }
+    q.cmds.push(cmd);
+    if wake {
+        q.idle = false;
+        cond.notify_one();
+    }
+    Ok(())
+}
+
+/// What a journal says, checked against the database.
+struct Replay {
+    /// Started, neither ended nor answered, not in the database: (key, stage).
+    in_flight: Vec<(String, String)>,
+    /// Journaled responses that were missing from the database (now inserted).
+    recovered: usize,
+}
+
+/// Read a journal: insert the responses it holds that the database lacks (one
+/// transaction), and list the requests that were in flight. A torn last line (a
+/// killed writer) is ignored: its request counts as in flight.
+fn recover(journal: &Path, conn: &mut Connection) -> Result<Replay> {
     let text = match std::fs::read_to_string(journal) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(e).with_context(|| format!("reading {}", journal.display())),
     };
     let mut started: Vec<(String, String)> = Vec::new();
-    let mut ended = std::collections::HashSet::new();
+    let mut closed = std::collections::HashSet::new();
+    let mut answers: Vec<Journaled> = Vec::new();
     for line in text.lines() {
-        let mut parts = line.split('\t');
+        let mut parts = line.splitn(3, '\t');
         match (parts.next(), parts.next(), parts.next()) {
             (Some("S"), Some(k), Some(s)) => started.push((k.to_string(), s.to_string())),
             (Some("E"), Some(k), _) => {
-                ended.insert(k.to_string());
+                closed.insert(k.to_string());
             }
-            _ => {} // a torn last line of a killed process
+            (Some("R"), Some(_), _) => {
+                if let Ok(j) = serde_json::from_str::<Journaled>(&line[2..]) {
+                    closed.insert(j.row.key.clone());
+                    answers.push(j);
+                }
+            }
+            _ => {}
         }
     }
-    let mut stmt = conn.prepare_cached("SELECT 1 FROM responses WHERE id = ?1 AND key = ?2")?;
-    let mut out = Vec::new();
+    let stored = |conn: &Connection, key: &str| -> Result<bool> {
+        let mut stmt = conn.prepare_cached("SELECT 1 FROM responses WHERE id = ?1 AND key = ?2")?;
+        Ok(stmt.query_row(params![row_id(key), key], |_| Ok(())).optional()?.is_some())
+    };
+    let mut missing = Vec::new();
+    for j in answers {
+        if !stored(conn, &j.row.key)? {
+            missing.push(j);
+        }
+    }
+    let recovered = missing.len();
+    if recovered > 0 {
+        let tx = conn.transaction()?;
+        let t = now();
+        for j in &missing {
+            insert_response(&tx, &j.row, &j.usage, t)?;
+        }
+        tx.commit().with_context(|| format!("replaying {}", journal.display()))?;
+        conn.execute_batch("PRAGMA wal_checkpoint(FULL)")?;
+    }
+    let mut in_flight = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for (k, s) in started {
-        if ended.contains(&k) || !seen.insert(k.clone()) {
+        if closed.contains(&k) || !seen.insert(k.clone()) {
             continue;
         }
-        if stmt.query_row(params![row_id(&k), k], |_| Ok(())).optional()?.is_none() {
-            out.push((k, s));
+        if !stored(conn, &k)? {
+            in_flight.push((k, s));
         }
     }
-    Ok(out)
+    Ok(Replay { in_flight, recovered })
+}
+
+/// Replay a journal into the database, then rewrite it with only the requests still
+/// in flight (a replayed response must not come back after `synth cache gc`).
+/// Returns the new journal and how many responses were replayed.
+fn settle(path: &Path, conn: &mut Connection) -> Result<(Journal, usize)> {
+    let replay = recover(path, conn)?;
+    let journal = Journal::create(path.to_path_buf(), replay.in_flight.into_iter().collect())?;
+    Ok((journal, replay.recovered))
 }
 
 /// The key under which an embedding's uses are tagged.
@@ -369,62 +527,71 @@ impl Drop for Cache {
     }
 }
 
-fn writer_loop(conn: Arc<Mutex<Connection>>, shared: Arc<Shared>, path: PathBuf, counts: Arc<Counts>) {
+fn writer_loop(
+    conn: Arc<Mutex<Connection>>,
+    shared: Arc<Shared>,
+    path: PathBuf,
+    counts: Arc<Counts>,
+    journal: Arc<Mutex<Journal>>,
+) {
     let wal_path = PathBuf::from(format!("{}-wal", path.display()));
     let mut wal: Option<std::fs::File> = None;
-    // Acknowledgements of committed results waiting for the next fsync.
+    // Acknowledgements of committed results waiting for the next fsync, and when the
+    // oldest of them was queued.
     let mut waiting: Vec<oneshot::Sender<Result<()>>> = Vec::new();
-    let mut deadline: Option<std::time::Instant> = None;
-    let mut sync_now = false;
+    let mut deadline: Option<Instant> = None;
     loop {
         let (batch, closing) = {
             let mut q = shared.queue.lock().expect("cache queue");
             loop {
-                if !q.cmds.is_empty() || q.closing || sync_now {
+                let pending = !q.cmds.is_empty() || !waiting.is_empty();
+                if let Some(first) = q.first_at {
+                    let d = first + DURABLE_WINDOW;
+                    deadline = Some(deadline.map_or(d, |cur| cur.min(d)));
+                }
+                let now = Instant::now();
+                let due = deadline.is_some_and(|d| now >= d);
+                if q.closing || q.urgent || due || q.durable >= DURABLE_BATCH || (q.settled && pending) {
                     break;
                 }
                 match deadline {
-                    None => q = shared.cond.wait(q).expect("cache queue"),
-                    Some(d) => {
-                        let left = d.saturating_duration_since(std::time::Instant::now());
-                        if left.is_zero() {
-                            break;
-                        }
-                        q = shared.cond.wait_timeout(q, left).expect("cache queue").0;
+                    None => {
+                        q.idle = true;
+                        q = shared.cond.wait(q).expect("cache queue");
+                        q.idle = false;
                     }
+                    Some(d) => q = shared.cond.wait_timeout(q, d - now).expect("cache queue").0,
                 }
             }
+            q.first_at = None;
+            q.durable = 0;
+            q.urgent = false;
+            q.settled = false;
             (std::mem::take(&mut q.cmds), q.closing)
         };
+        let flush = batch.iter().any(|c| matches!(c, Cmd::Flush(_)));
         if !batch.is_empty() {
-            // Commit at once: a committed transaction survives a killed process.
             let result = {
                 let mut c = conn.lock().expect("cache connection");
                 apply(&mut c, &batch, &counts).map_err(|e| format!("writing {}: {e:#}", path.display()))
             };
             for cmd in batch {
-                let (done, flush) = match cmd {
-                    Cmd::PutResponse(_, _, d) | Cmd::PutVectors(_, _, _, d) => (d, false),
-                    Cmd::Flush(d) => (d, true),
+                let done = match cmd {
+                    Cmd::PutResponse(_, _, d) | Cmd::PutVectors(_, _, _, d) | Cmd::Flush(d) => d,
                     _ => continue,
                 };
                 match &result {
-                    Ok(()) => {
-                        waiting.push(done);
-                        sync_now |= flush;
-                    }
+                    Ok(()) => waiting.push(done),
                     Err(e) => {
                         let _ = done.send(Err(anyhow!(e.clone())));
                     }
                 }
             }
-            if !waiting.is_empty() && deadline.is_none() {
-                deadline = Some(std::time::Instant::now() + DURABLE_WINDOW);
-            }
         }
-        let due = deadline.is_some_and(|d| std::time::Instant::now() >= d);
-        if !waiting.is_empty() && (sync_now || due || closing || waiting.len() >= DURABLE_BATCH) {
-            // Then make it survive a power loss too, for everything committed so far.
+        let due = deadline.is_some_and(|d| Instant::now() >= d);
+        let settled = || journal.lock().expect("journal").live == 0;
+        if !waiting.is_empty() && (flush || closing || due || waiting.len() >= DURABLE_BATCH || settled()) {
+            // Make everything committed so far survive a power loss too.
             if wal.is_none() {
                 wal = std::fs::File::open(&wal_path).ok();
             }
@@ -435,13 +602,32 @@ fn writer_loop(conn: Arc<Mutex<Connection>>, shared: Arc<Shared>, path: PathBuf,
             for done in waiting.drain(..) {
                 let _ = done.send(synced.clone().map_err(|e| anyhow!(e)));
             }
+            compact_journal(&journal, &shared);
+        }
+        if waiting.is_empty() {
             deadline = None;
         }
-        sync_now = false;
         if closing && shared.queue.lock().expect("cache queue").cmds.is_empty() && waiting.is_empty() {
             return;
         }
     }
+}
+
+/// Rewrite a journal grown past its limit, once every response it holds is committed
+/// (none queued: `put_response` queues under the journal lock).
+fn compact_journal(journal: &Mutex<Journal>, shared: &Shared) {
+    let mut j = journal.lock().expect("journal");
+    if j.bytes < j.limit {
+        return;
+    }
+    let q = shared.queue.lock().expect("cache queue");
+    if q.cmds.iter().any(|c| matches!(c, Cmd::PutResponse(..))) {
+        return; // next time
+    }
+    if let Err(e) = j.rewrite() {
+        tracing::warn!("compacting the request journal: {e:#}");
+    }
+    drop(q);
 }
 
 fn apply(conn: &mut Connection, batch: &[Cmd], counts: &Counts) -> Result<()> {
@@ -458,6 +644,30 @@ fn apply(conn: &mut Connection, batch: &[Cmd], counts: &Counts) -> Result<()> {
             Err(e)
         }
     }
+}
+
+fn insert_response(tx: &Connection, row: &ResponseRow, usage: &Use, t: i64) -> Result<()> {
+    tx.prepare_cached(
+        "INSERT OR REPLACE INTO responses (id, key, stage, fingerprint, provider, base_url, model, request, response,
+             tokens_in, tokens_out, cost_usd, created_at, last_used_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13)",
+    )?
+    .execute(params![
+        row_id(&row.key),
+        row.key,
+        usage.stage,
+        usage.fingerprint,
+        row.provider,
+        row.base_url,
+        row.model,
+        row.request,
+        row.response,
+        row.tokens_in as i64,
+        row.tokens_out as i64,
+        row.cost_usd,
+        t
+    ])?;
+    Ok(())
 }
 
 fn apply_in(tx: &Connection, batch: &[Cmd], counts: &Counts) -> Result<()> {
@@ -478,28 +688,7 @@ fn apply_in(tx: &Connection, batch: &[Cmd], counts: &Counts) -> Result<()> {
     }
     for cmd in batch {
         match cmd {
-            Cmd::PutResponse(row, usage, _) => {
-                tx.prepare_cached(
-                    "INSERT OR REPLACE INTO responses (id, key, stage, fingerprint, provider, base_url, model, request, response,
-                         tokens_in, tokens_out, cost_usd, created_at, last_used_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13)",
-                )?
-                .execute(params![
-                    row_id(&row.key),
-                    row.key,
-                    usage.stage,
-                    usage.fingerprint,
-                    row.provider,
-                    row.base_url,
-                    row.model,
-                    row.request,
-                    row.response,
-                    row.tokens_in as i64,
-                    row.tokens_out as i64,
-                    row.cost_usd,
-                    t
-                ])?;
-            }
+            Cmd::PutResponse(row, usage, _) => insert_response(tx, row, usage, t)?,
             Cmd::PutVectors(embedder, items, usage, _) => {
                 let mut stmt = tx.prepare_cached(
                     "INSERT OR REPLACE INTO embeddings (id, embedder, text_hash, stage, fingerprint, dim, vector, created_at)
@@ -558,8 +747,14 @@ pub mod admin {
         if !path.exists() {
             anyhow::bail!("no cache at {} (run a pipeline with LLM or embedding stages first)", path.display());
         }
-        let conn = open(&path, false).map_err(|e| anyhow!("{e:#} (is a synth run using this output directory?)"))?;
+        let mut conn =
+            open(&path, false).map_err(|e| anyhow!("{e:#} (is a synth run using this output directory?)"))?;
         conn.execute_batch(SCHEMA).map_err(|e| anyhow!("{e} (is a synth run using this output directory?)"))?;
+        // Responses a killed run had journaled but not committed belong to the cache.
+        let journal = dir.join(super::JOURNAL_FILE);
+        if journal.exists() {
+            settle(&journal, &mut conn)?;
+        }
         Ok(conn)
     }
 
@@ -591,7 +786,8 @@ pub mod admin {
     }
 
     pub fn stats(dir: &Path) -> Result<Stats> {
-        let conn = open_existing(dir)?;
+        let mut conn = open_existing(dir)?;
+        let in_flight = recover(&dir.join(super::JOURNAL_FILE), &mut conn)?.in_flight.len() as u64;
         let path = dir.join(super::CACHE_FILE);
         let bytes = ["", "-wal", "-shm"]
             .iter()
@@ -636,7 +832,7 @@ pub mod admin {
             hit_rate: if lookups == 0 { 0.0 } else { hits as f64 / lookups as f64 },
             vector_lookups: counter("vector_lookups")?,
             vector_hits: counter("vector_hits")?,
-            in_flight: in_flight_of(&dir.join(super::JOURNAL_FILE), &conn)?.len() as u64,
+            in_flight,
             by_model,
             vectors_by_embedder,
         })
@@ -719,5 +915,63 @@ mod tests {
         assert_eq!(admin::gc(dir.path(), &keep, false).unwrap(), (1, 1));
         let s = admin::stats(dir.path()).unwrap();
         assert_eq!((s.responses, s.vectors), (1, 0));
+        // gc removed k1 for good: its journaled response does not come back.
+        let cache = Cache::open(dir.path()).unwrap();
+        assert!(cache.get_response("k1", &u1).unwrap().is_none());
+    }
+
+    /// What a killed process leaves: a response journaled but not committed, a request
+    /// in flight, and a torn last record.
+    #[tokio::test]
+    async fn journaled_responses_are_replayed_after_a_kill() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(Cache::open(dir.path()).unwrap());
+        let u = Use { stage: "s".into(), fingerprint: "f".into() };
+        let answered = serde_json::to_string(&Journaled { row: row("kx"), usage: u.clone() }).unwrap();
+        let torn = serde_json::to_string(&Journaled { row: row("kz"), usage: u.clone() }).unwrap();
+        let text = format!("S\tkx\ts\nS\tky\ts\nS\tkz\ts\nR\t{answered}\nR\t{}", &torn[..torn.len() / 2]);
+        std::fs::write(dir.path().join(JOURNAL_FILE), text).unwrap();
+
+        let cache = Cache::open(dir.path()).unwrap();
+        assert_eq!(cache.recovered(), 1);
+        assert_eq!(cache.get_response("kx", &u).unwrap().unwrap().response, "{\"text\":\"kx\"}");
+        let in_flight: Vec<String> = cache.in_flight().unwrap().into_iter().map(|(k, _)| k).collect();
+        assert_eq!(in_flight, ["ky", "kz"]);
+        // The rewritten journal keeps only those two.
+        let journal = std::fs::read_to_string(dir.path().join(JOURNAL_FILE)).unwrap();
+        assert_eq!(journal, "S\tky\ts\nS\tkz\ts\n");
+        drop(cache);
+        let s = admin::stats(dir.path()).unwrap();
+        assert_eq!((s.responses, s.in_flight), (1, 2));
+    }
+
+    /// A long run's journal is compacted once every response it holds is committed.
+    #[tokio::test]
+    async fn the_journal_is_compacted_past_its_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        // A request a previous run left in flight.
+        std::fs::write(dir.path().join(JOURNAL_FILE), "S\topen\ts\n").unwrap();
+        let cache = Cache::open(dir.path()).unwrap();
+        cache.journal.lock().unwrap().limit = 256 << 10;
+        let u = Use { stage: "s".into(), fingerprint: "f".into() };
+        let big = "x".repeat(32 << 10);
+        let size = || std::fs::metadata(dir.path().join(JOURNAL_FILE)).unwrap().len();
+        let mut peak = 0;
+        for n in 0..40 {
+            let key = format!("k{n}");
+            cache.journal_start(&key, "s").unwrap();
+            cache.put_response(ResponseRow { request: big.clone(), ..row(&key) }, &u).await.unwrap();
+            peak = peak.max(size());
+        }
+        cache.flush().await.unwrap();
+        // 40 responses of 32 KiB were journaled (1.3 MB); the file never held much more
+        // than the limit, and it still starts with the one open request.
+        assert!(peak < (256 << 10) + (64 << 10), "journal grew to {peak} bytes");
+        let journal = std::fs::read_to_string(dir.path().join(JOURNAL_FILE)).unwrap();
+        assert!(journal.starts_with("S\topen\ts\n"), "{}", &journal[..journal.len().min(80)]);
+        for n in 0..40 {
+            assert!(cache.get_response(&format!("k{n}"), &u).unwrap().is_some(), "k{n}");
+        }
+        assert_eq!(cache.in_flight().unwrap(), vec![("open".to_string(), "s".to_string())]);
     }
 }
