@@ -248,6 +248,62 @@ pub fn llm(args: &LlmBench) -> Result<serde_json::Value> {
     }))
 }
 
+/// The floor of this machine for `llm`'s workload: the same N requests, paced by a
+/// plain interval at `rpm` and bounded to `concurrency` in flight, sent by a bare reqwest
+/// client on a current-thread runtime. What `llm` adds over this is synth's own cost.
+pub fn llm_baseline(args: &LlmBench) -> Result<serde_json::Value> {
+    let key = std::env::var(&args.api_key_env).unwrap_or_default();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let http = reqwest::Client::builder().tcp_nodelay(true).build()?;
+    let nonce: u64 = rand::random();
+    reset_peak_rss();
+    let cpu0 = cpu_seconds();
+    let started = Instant::now();
+    let (n, conc, max_tokens) = (args.requests, args.concurrency.max(1), args.max_tokens);
+    let period = args.rpm.map(|r| std::time::Duration::from_secs_f64(60.0 / r.max(1) as f64));
+    let (base_url, model) = (args.base_url.clone(), args.model.clone());
+    let ok = runtime.block_on(async move {
+        let mut tick = period.map(tokio::time::interval);
+        let slots = Arc::new(tokio::sync::Semaphore::new(conc));
+        let mut set = tokio::task::JoinSet::new();
+        for i in 0..n {
+            if let Some(t) = tick.as_mut() {
+                t.tick().await;
+            }
+            let permit = slots.clone().acquire_owned().await.expect("open");
+            let (http, base_url, key) = (http.clone(), base_url.clone(), key.clone());
+            let body = serde_json::json!({
+                "model": model,
+                "messages": [{"role": "user", "content": format!("Benchmark request {i} ({nonce:x}): reply with one short sentence.")}],
+                "max_tokens": max_tokens,
+            });
+            set.spawn(async move {
+                let ok = crate::llm::openai::bare_chat(&http, &base_url, &key, &body).await;
+                drop(permit);
+                ok
+            });
+        }
+        let mut ok = 0usize;
+        while let Some(r) = set.join_next().await {
+            ok += usize::from(r.unwrap_or(false));
+        }
+        ok
+    });
+    let wall = started.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - cpu0;
+    Ok(serde_json::json!({
+        "bench": "llm-baseline",
+        "requests": n,
+        "ok": ok,
+        "failed": n - ok,
+        "wall_seconds": round(wall),
+        "requests_per_second": round(ok as f64 / wall),
+        "client_cpu_seconds": round(cpu),
+        "cpu_ms_per_request": round(cpu * 1000.0 / n.max(1) as f64),
+        "peak_rss_mib": peak_rss_mib().map(round),
+    }))
+}
+
 /// Passages per second of an embedder on generated passages of about `words` words.
 pub fn embed(
     model_dir: &Path,

@@ -129,6 +129,10 @@ pub enum BenchCommand {
         /// Environment variable holding the API key.
         #[arg(long, default_value = "OPENAI_API_KEY")]
         api_key_env: String,
+        /// Measure this machine's floor instead: the same requests, paced the same way, from
+        /// a bare reqwest client on one thread (no cache, journal, limiter or async-openai).
+        #[arg(long)]
+        baseline: bool,
     },
     /// Most and least similar passage of every query by inner product, on seeded random unit
     /// vectors, with the retrieval stage's own code (exact kernel or HNSW).
@@ -339,8 +343,19 @@ pub fn main() -> i32 {
 fn bench(cmd: BenchCommand) -> i32 {
     let result = match cmd {
         BenchCommand::Engine { records, dir } => crate::bench::engine(records, dir),
-        BenchCommand::Llm { base_url, model, requests, rpm, concurrency, max_tokens, timeout, api_key_env } => {
-            crate::bench::llm(&crate::bench::LlmBench {
+        BenchCommand::Llm {
+            base_url,
+            model,
+            requests,
+            rpm,
+            concurrency,
+            max_tokens,
+            timeout,
+            api_key_env,
+            baseline,
+        } => {
+            let run = if baseline { crate::bench::llm_baseline } else { crate::bench::llm };
+            run(&crate::bench::LlmBench {
                 base_url,
                 model,
                 requests,

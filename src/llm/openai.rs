@@ -232,6 +232,18 @@ impl ChatBackend for OpenAiChat {
     }
 }
 
+/// One chat completion with a bare reqwest client: no retries, cache, journal or
+/// async-openai, for `synth bench llm --baseline` (the machine's floor to compare with).
+/// Returns whether the server answered 2xx with a JSON body that has choices.
+pub async fn bare_chat(http: &reqwest::Client, base_url: &str, key: &str, body: &serde_json::Value) -> bool {
+    let url = format!("{}/chat/completions", base_url.trim_end_matches('/'));
+    let Ok(response) = http.post(url).bearer_auth(key).json(body).send().await else { return false };
+    if !response.status().is_success() {
+        return false;
+    }
+    response.json::<CompletionBody>().await.is_ok_and(|b| !b.choices.is_empty())
+}
+
 /// Embeddings over the same client (TEI, vLLM or OpenAI `/embeddings`).
 pub struct OpenAiEmbed {
     client: Client<OpenAIConfig>,
