@@ -177,6 +177,21 @@ fn an_unknown_model_stops_the_run() {
     assert!(server.counters.total.load(Ordering::SeqCst) <= 16);
 }
 
+/// A wrong base URL: the server answers 404 without a JSON error body. That is not a
+/// malformed answer to retry: the run stops at once with the status and a hint.
+#[test]
+fn a_wrong_base_url_stops_the_run_without_retries() {
+    let server = openai_server::start(Behaviour::default());
+    let p = project(&server, 50, "max_concurrency = 2\ninitial_concurrency = 2", "");
+    let toml = p.read("p.toml").replace(&server.base_url(), &format!("{}/v1", server.base_url()));
+    p.write("p.toml", toml);
+    let out = run(&p, &[]).code(2);
+    assert!(out.stderr.contains("HTTP 404") && out.stderr.contains("base URL"), "{}", out.stderr);
+    let sent = server.counters.unrouted.load(Ordering::SeqCst);
+    assert!((1..=4).contains(&sent), "{sent} requests: a 404 was retried");
+    assert_eq!(server.counters.total.load(Ordering::SeqCst), 0);
+}
+
 #[test]
 fn a_429_storm_slows_the_client_down_without_losing_items() {
     // 300 requests per minute (5 per second) against a client allowed 8 at once.
@@ -470,4 +485,34 @@ inputs = ["local_vectors"]
     let m = manifest(&p.path().join("out"));
     assert_eq!(m["stages"]["remote_vectors"]["report"]["cache_hits"], 20);
     assert_eq!(m["stages"]["local_vectors"]["report"]["cache_hits"], 20);
+}
+
+/// `synth bench llm` goes through the provider layer (every request reaches the server
+/// once, the key is sent) and `--baseline` sends the same requests with a bare client;
+/// both print one JSON line with their counts.
+#[test]
+fn bench_llm_and_its_baseline_send_every_request_once() {
+    let server = openai_server::start(Behaviour { api_key: Some(KEY.into()), ..Default::default() });
+    let p = Project::new();
+    let base = server.base_url();
+    let bench = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["bench", "llm", "--base-url", &base, "--model", "m", "--requests", "40"];
+        args.extend_from_slice(&["--rpm", "6000", "--concurrency", "4", "--api-key-env", "SYNTH_TEST_KEY"]);
+        args.extend_from_slice(extra);
+        let out = p.synth_env(&args, &[("SYNTH_TEST_KEY", KEY)]).ok();
+        let line = out.stdout.lines().last().unwrap_or_default().to_string();
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+    };
+    let layer = bench(&[]);
+    assert_eq!(
+        (layer["bench"].as_str(), layer["ok"].as_u64(), layer["failed"].as_u64()),
+        (Some("llm"), Some(40), Some(0))
+    );
+    assert_eq!(server.counters.ok.load(Ordering::SeqCst), 40);
+    assert!(layer["cpu_ms_per_request"].as_f64().unwrap() > 0.0);
+    let floor = bench(&["--baseline"]);
+    assert_eq!((floor["bench"].as_str(), floor["ok"].as_u64()), (Some("llm-baseline"), Some(40)));
+    assert_eq!(server.counters.ok.load(Ordering::SeqCst), 80);
+    // Each run's 40 prompts are distinct.
+    assert_eq!(server.counters.ok_by_body.lock().unwrap().len(), 80);
 }

@@ -20,6 +20,8 @@ use super::{ChatBackend, ChatRequest, ChatResponse, ErrorKind, GenParams, LlmErr
 #[derive(Debug, Clone, Default)]
 struct Seen {
     retry_after: Option<Duration>,
+    /// HTTP status of the last response (a non-JSON error body hides it from async-openai's error).
+    status: Option<u16>,
 }
 
 tokio::task_local! {
@@ -47,7 +49,12 @@ impl tower::Service<HttpRequestFactory> for OnceService {
             let request = factory.build().await?;
             let response = http.execute(request).await.map_err(OpenAIError::Reqwest)?;
             let retry_after = super::rate::retry_after(response.headers());
-            let _ = SEEN.try_with(|seen| seen.lock().expect("seen").retry_after = retry_after);
+            let status = response.status().as_u16();
+            let _ = SEEN.try_with(|seen| {
+                let mut seen = seen.lock().expect("seen");
+                seen.retry_after = retry_after;
+                seen.status = Some(status);
+            });
             Ok(response)
         })
     }
@@ -149,9 +156,18 @@ pub fn chat_body(model: &str, req: &ChatRequest, params: &GenParams) -> serde_js
 }
 
 /// Map an async-openai error to our classification (with the server's wait hint).
-pub(crate) fn classify(e: OpenAIError, retry_after: Option<Duration>) -> LlmError {
+pub(crate) fn classify(e: OpenAIError, retry_after: Option<Duration>, status: Option<u16>) -> LlmError {
     let scrub = crate::secrets::scrub;
     let mut err = match e {
+        // An error status whose body async-openai could not read (a proxy's HTML page, an
+        // empty 404 from a wrong base URL): the status decides, not the body.
+        OpenAIError::JSONDeserialize(_, content) if status.is_some_and(|s| s >= 400) => {
+            let status = status.expect("checked");
+            let body = content.chars().take(200).collect::<String>();
+            let hint =
+                if status == 404 { " (is the base URL right? it should end where /chat/completions goes)" } else { "" };
+            LlmError::new(ErrorKind::from_status(status), scrub(&format!("HTTP {status}{hint}: {body}")))
+        }
         OpenAIError::ApiError(api) => {
             let status = api.status_code.as_u16();
             let code = api.api_error.code.clone().unwrap_or_default();
@@ -208,8 +224,11 @@ impl ChatBackend for OpenAiChat {
         let seen = Arc::new(Mutex::new(Seen::default()));
         let result: Result<CompletionBody, OpenAIError> =
             SEEN.scope(seen.clone(), self.client.chat().create_byot(body)).await;
-        let retry_after = seen.lock().expect("seen").retry_after;
-        let body = result.map_err(|e| classify(e, retry_after))?;
+        let (retry_after, status) = {
+            let seen = seen.lock().expect("seen");
+            (seen.retry_after, seen.status)
+        };
+        let body = result.map_err(|e| classify(e, retry_after, status))?;
         let Some(choice) = body.choices.into_iter().next() else {
             return Err(LlmError::new(ErrorKind::Malformed, "response has no choices"));
         };
@@ -282,8 +301,11 @@ impl OpenAiEmbed {
         let seen = Arc::new(Mutex::new(Seen::default()));
         let result: Result<EmbeddingBody, OpenAIError> =
             SEEN.scope(seen.clone(), self.client.embeddings().create_byot(body)).await;
-        let retry_after = seen.lock().expect("seen").retry_after;
-        let body = result.map_err(|e| classify(e, retry_after))?;
+        let (retry_after, status) = {
+            let seen = seen.lock().expect("seen");
+            (seen.retry_after, seen.status)
+        };
+        let body = result.map_err(|e| classify(e, retry_after, status))?;
         if body.data.len() != texts.len() {
             return Err(LlmError::new(
                 ErrorKind::Malformed,

@@ -95,6 +95,8 @@ pub struct Counters {
     pub s401: AtomicU64,
     pub s404: AtomicU64,
     pub s400: AtomicU64,
+    /// Requests to paths the server does not serve (answered 404 with an empty body).
+    pub unrouted: AtomicU64,
     /// body hash -> requests
     pub by_body: Mutex<HashMap<String, u64>>,
     /// body hash -> successful (200) answers
@@ -290,6 +292,12 @@ async fn handle(s: Arc<Shared>, headers: HeaderMap, body: Bytes, embed: bool) ->
 }
 
 /// Start a server on 127.0.0.1:`port` (0 = any free port) on its own thread.
+/// Any other path: an empty 404, as most servers answer a wrong base URL.
+async fn unrouted(State(s): State<Arc<Shared>>) -> axum::http::StatusCode {
+    s.c.unrouted.fetch_add(1, Ordering::SeqCst);
+    axum::http::StatusCode::NOT_FOUND
+}
+
 pub fn start_on(port: u16, b: Behaviour) -> Server {
     let counters = Arc::new(Counters::default());
     let shared = Arc::new(Shared {
@@ -308,6 +316,7 @@ pub fn start_on(port: u16, b: Behaviour) -> Server {
             let app = Router::new()
                 .route("/v1/chat/completions", post(chat))
                 .route("/v1/embeddings", post(embeddings))
+                .fallback(unrouted)
                 .with_state(shared);
             let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
             addr_tx.send(listener.local_addr().unwrap()).unwrap();
