@@ -58,6 +58,23 @@ fn compare(pairs: &[Pair], got: &[Prf], expected: &[Value], what: &str) -> f64 {
     worst
 }
 
+/// An encoder exported by `pipelines/tools/export_bertscore_encoder.py` (fused graph) from
+/// the same MiniLM weights scores what bert_score scores. Needs the export, so it runs when
+/// SYNTH_BERTSCORE_EXPORTED names its directory (CI covers the fused path with tiny-roberta).
+#[test]
+fn an_exported_fused_encoder_equals_bert_score() {
+    let Some(dir) = std::env::var_os("SYNTH_BERTSCORE_EXPORTED") else {
+        eprintln!("SKIPPED: set SYNTH_BERTSCORE_EXPORTED to a MiniLM directory written by export_bertscore_encoder.py");
+        return;
+    };
+    let scorer = scorer(std::path::Path::new(&dir));
+    let pairs = pairs();
+    let got = score(&scorer, &pairs);
+    let expected = read_jsonl(&fixtures().join("bertscore.expected.jsonl"));
+    let worst = compare(&pairs, &got, &expected, "exported encoder");
+    eprintln!("exported encoder: {} pairs, largest |ours - bert_score| = {worst:.2e}", pairs.len());
+}
+
 #[test]
 fn scores_equal_bert_score_on_the_fixture() {
     let Some(dir) = minilm_dir() else { return };

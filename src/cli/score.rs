@@ -117,16 +117,11 @@ pub fn score(args: &ScoreArgs) -> Result<Value> {
     let pairs = read_pairs(args)?;
     let columns = scorer.columns();
     let texts: Vec<(&str, &str)> = pairs.iter().map(|(_, r, f, _)| (r.as_str(), f.as_str())).collect();
-    let bert = scorer.bertscore_f1(&texts)?;
-    let scores: Vec<Vec<f64>> = texts
-        .par_iter()
-        .enumerate()
-        .map(|(i, (r, f))| {
-            let mut s = scorer.score(r, f);
-            s.extend(bert.as_ref().map(|b| b[i]));
-            s
-        })
-        .collect();
+    // String metrics first: they run while the BERTScore encoder loads.
+    let mut scores: Vec<Vec<f64>> = texts.par_iter().map(|(r, f)| scorer.score(r, f)).collect();
+    if let Some(bert) = scorer.bertscore_f1(&texts)? {
+        scores.iter_mut().zip(bert).for_each(|(s, b)| s.push(b));
+    }
     write_scores(&args.out, &columns, &pairs, &scores, args.group_by.as_deref())?;
     let groups: Vec<String> = pairs.iter().map(|p| p.3.clone()).collect();
     let mut summary = serde_json::Map::new();

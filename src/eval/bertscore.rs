@@ -141,20 +141,25 @@ fn model_max_length(dir: &Path) -> Option<usize> {
 }
 
 impl BertScorer {
-    /// Load the tokenizer and the ONNX model from `cfg.model_dir`.
-    pub fn load(cfg: &BertScoreConfig) -> Result<BertScorer> {
-        let dir = &cfg.model_dir;
-        let model = dir.join("model.onnx");
-        let tok_path = dir.join("tokenizer.json");
-        for p in [&model, &tok_path] {
-            if !p.is_file() {
+    /// The files an encoder directory must hold (checked before a load starts).
+    pub fn check_files(dir: &Path) -> Result<()> {
+        for name in ["model.onnx", "tokenizer.json"] {
+            if !dir.join(name).is_file() {
                 bail!(
-                    "BERTScore model directory {}: {} is missing (it needs model.onnx and tokenizer.json)",
-                    dir.display(),
-                    p.file_name().and_then(|n| n.to_str()).unwrap_or("?")
+                    "BERTScore model directory {}: {name} is missing (it needs model.onnx and tokenizer.json)",
+                    dir.display()
                 );
             }
         }
+        Ok(())
+    }
+
+    /// Load the tokenizer and the ONNX model from `cfg.model_dir`.
+    pub fn load(cfg: &BertScoreConfig) -> Result<BertScorer> {
+        let dir = &cfg.model_dir;
+        Self::check_files(dir)?;
+        let model = dir.join("model.onnx");
+        let tok_path = dir.join("tokenizer.json");
         let mut tokenizer =
             Tokenizer::from_file(&tok_path).map_err(|e| anyhow!("reading tokenizer {}: {e}", tok_path.display()))?;
         let max_length = cfg.max_length.or_else(|| model_max_length(dir)).unwrap_or(512);

@@ -3,8 +3,9 @@
 //! reports them. Shared by the `metrics` stage and `synth score`.
 
 use std::path::Path;
+use std::sync::{Mutex, OnceLock};
 
-use anyhow::{Result, bail};
+use anyhow::{Result, anyhow, bail};
 
 use super::bertscore::{BertScoreConfig, BertScorer};
 use super::meteor::PunktParams;
@@ -22,7 +23,7 @@ pub struct Scorer {
     bleu: bool,
     rouge: bool,
     meteor: Option<WordNet>,
-    bertscore: Option<BertScorer>,
+    bertscore: Option<LazyBert>,
     /// Punkt sentence-splitting parameters for METEOR's `word_tokenize` (NLTK's trained
     /// `punkt_tab/english`); the untrained tokenizer when absent.
     punkt: Option<PunktParams>,
@@ -41,14 +42,22 @@ impl Scorer {
         if has("bertscore") && bertscore.is_none() {
             bail!("{BERTSCORE_NEEDS_MODEL}");
         }
-        // The encoder loads on another thread while WordNet is read.
-        let (meteor, bertscore) = std::thread::scope(|scope| {
-            let bert = scope.spawn(|| bertscore.filter(|_| has("bertscore")).map(BertScorer::load).transpose());
-            let meteor = has("meteor").then(|| WordNet::load(wordnet_dir).map_err(|e| anyhow::anyhow!("{e}")));
-            let bert = bert.join().unwrap_or_else(|_| Err(anyhow::anyhow!("loading the BERTScore encoder panicked")));
-            (meteor.transpose(), bert)
-        });
-        let (meteor, bertscore) = (meteor?, bertscore?);
+        // The encoder loads on its own thread from here on (ONNX Runtime's graph
+        // optimisation keeps one core busy for a while): WordNet and the string metrics
+        // run meanwhile, and the first BERTScore call waits for it.
+        let bertscore = match bertscore.filter(|_| has("bertscore")) {
+            Some(cfg) => {
+                BertScorer::check_files(&cfg.model_dir)?;
+                let cfg = cfg.clone();
+                let loading = std::thread::Builder::new()
+                    .name("bertscore-load".into())
+                    .spawn(move || BertScorer::load(&cfg))
+                    .map_err(|e| anyhow!("starting the BERTScore encoder load: {e}"))?;
+                Some(LazyBert { loading: Mutex::new(Some(loading)), loaded: OnceLock::new() })
+            }
+            None => None,
+        };
+        let meteor = has("meteor").then(|| WordNet::load(wordnet_dir).map_err(|e| anyhow!("{e}"))).transpose()?;
         Ok(Scorer { bleu: has("bleu"), rouge: has("rouge"), meteor, bertscore, punkt: None })
     }
 
@@ -79,17 +88,18 @@ impl Scorer {
         c
     }
 
-    /// The BERTScore encoder, when BERTScore is computed (it scores lists of pairs:
-    /// see [`Scorer::bertscore_f1`]).
-    pub fn bertscore_model(&self) -> Option<&str> {
-        self.bertscore.as_ref().map(|b| b.description.as_str())
+    /// Whether BERTScore is computed (it scores lists of pairs: see
+    /// [`Scorer::bertscore_f1`]).
+    pub fn has_bertscore(&self) -> bool {
+        self.bertscore.is_some()
     }
 
     /// BERTScore F1 of every pair, in order (None when BERTScore is not asked for). Pairs
     /// must be the whole input in order: bert_score's batches of 64 decide its padding.
+    /// Waits for the encoder's load (and reports its error) on first use.
     pub fn bertscore_f1(&self, pairs: &[(&str, &str)]) -> Result<Option<Vec<f64>>> {
         let Some(b) = &self.bertscore else { return Ok(None) };
-        Ok(Some(b.score(pairs)?.into_iter().map(|s| s.f1).collect()))
+        Ok(Some(b.get()?.score(pairs)?.into_iter().map(|s| s.f1).collect()))
     }
 
     /// The scores of one pair, in [`Scorer::columns`] order, without BERTScore (the
@@ -110,6 +120,30 @@ impl Scorer {
             });
         }
         out
+    }
+}
+
+/// The BERTScore encoder, loading on its own thread until first used.
+struct LazyBert {
+    loading: Mutex<Option<std::thread::JoinHandle<Result<BertScorer>>>>,
+    loaded: OnceLock<Result<BertScorer, String>>,
+}
+
+impl LazyBert {
+    fn get(&self) -> Result<&BertScorer> {
+        if self.loaded.get().is_none() {
+            // The first caller joins the load; others wait on the lock, then find it set.
+            let mut loading = self.loading.lock().map_err(|_| anyhow!("BERTScore encoder load poisoned"))?;
+            if let Some(handle) = loading.take() {
+                let loaded = handle.join().unwrap_or_else(|_| Err(anyhow!("loading the BERTScore encoder panicked")));
+                let _ = self.loaded.set(loaded.map_err(|e| format!("{e:#}")));
+            }
+        }
+        match self.loaded.get() {
+            Some(Ok(b)) => Ok(b),
+            Some(Err(e)) => Err(anyhow!("{e}")),
+            None => Err(anyhow!("the BERTScore encoder was not loaded")),
+        }
     }
 }
 

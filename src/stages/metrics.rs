@@ -257,19 +257,8 @@ impl Stage for Metrics {
         // Scores are computed on a blocking thread; the groups and scores kept for the
         // summary are a few numbers per row.
         let (out, groups, scores) = tokio::task::spawn_blocking(move || -> Result<_> {
-            // BERTScore scores the whole input at once (bert_score's batches of 64 pairs
-            // decide its padding), so its pass comes first.
-            let bert = match scorer.bertscore_model() {
-                None => None,
-                Some(_) => {
-                    let pairs = read_pairs(&input.path, &opts.response, &opts.reference)?;
-                    if cancel.is_cancelled() {
-                        anyhow::bail!(super::Cancelled);
-                    }
-                    let refs: Vec<(&str, &str)> = pairs.iter().map(|(r, f)| (r.as_str(), f.as_str())).collect();
-                    scorer.bertscore_f1(&refs)?
-                }
-            };
+            // String metrics first, batch by batch: they run while the BERTScore encoder
+            // loads. Every row's scores are kept (a few numbers each) for the summary anyway.
             let mut groups: Vec<String> = Vec::new();
             let mut scores: Vec<Vec<f64>> = Vec::new();
             for batch in open_reader(&input.path, 2048)? {
@@ -280,7 +269,6 @@ impl Stage for Metrics {
                 let text = |name: &str| text_column(&batch, name);
                 let (resp, refs) = (text(&opts.response)?, text(&opts.reference)?);
                 let group = opts.group_by.as_deref().map(text).transpose()?;
-                let first = scores.len();
                 // Rows are independent: scored on all cores.
                 let batch_scores: Vec<Vec<f64>> = (0..batch.num_rows())
                     .into_par_iter()
@@ -288,24 +276,48 @@ impl Stage for Metrics {
                         // A missing response scores as an empty one (as the official code's "").
                         let r = if resp.is_valid(i) { resp.value(i) } else { "" };
                         let f = if refs.is_valid(i) { refs.value(i) } else { "" };
-                        let mut s = scorer.score(r, f);
-                        s.extend(bert.as_ref().map(|b| b[first + i]));
-                        s
+                        scorer.score(r, f)
                     })
                     .collect();
                 scores.extend(batch_scores);
                 groups.extend((0..batch.num_rows()).map(|i| {
                     group.as_ref().filter(|g| g.is_valid(i)).map(|g| g.value(i).to_string()).unwrap_or_default()
                 }));
-                let mut arrays: Vec<ArrayRef> = vec![Arc::new(data::ids(&batch).clone())];
-                if let Some(g) = &group {
-                    arrays.push(Arc::new(g.clone()));
+            }
+            // BERTScore scores the whole input at once (bert_score's batches of 64 pairs
+            // decide its padding).
+            if scorer.has_bertscore() {
+                let pairs = read_pairs(&input.path, &opts.response, &opts.reference)?;
+                if cancel.is_cancelled() {
+                    anyhow::bail!(super::Cancelled);
                 }
+                let refs: Vec<(&str, &str)> = pairs.iter().map(|(r, f)| (r.as_str(), f.as_str())).collect();
+                if let Some(bert) = scorer.bertscore_f1(&refs)? {
+                    anyhow::ensure!(
+                        bert.len() == scores.len(),
+                        "BERTScore scored {} of {} rows",
+                        bert.len(),
+                        scores.len()
+                    );
+                    scores.iter_mut().zip(bert).for_each(|(s, b)| s.push(b));
+                }
+            }
+            // The output: ids (and groups) from the input, scores in input order.
+            let mut first = 0;
+            for batch in open_reader(&input.path, 2048)? {
+                let batch = batch.with_context(|| format!("reading {}", input.path.display()))?;
+                let n = batch.num_rows();
+                let mut arrays: Vec<ArrayRef> = vec![Arc::new(data::ids(&batch).clone())];
+                if let Some(g) = opts.group_by.as_deref() {
+                    arrays.push(Arc::new(text_column(&batch, g)?.clone()));
+                }
+                let rows = &scores[first..first + n];
                 for k in 0..columns.len() {
-                    arrays.push(Arc::new(Float64Array::from_iter_values(scores[first..].iter().map(|s| s[k]))));
+                    arrays.push(Arc::new(Float64Array::from_iter_values(rows.iter().map(|s| s[k]))));
                 }
                 out.write(&RecordBatch::try_new(schema.clone(), arrays)?)?;
-                progress.inc(batch.num_rows() as u64);
+                progress.inc(n as u64);
+                first += n;
             }
             Ok((out, groups, scores))
         })
