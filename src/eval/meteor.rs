@@ -24,7 +24,7 @@ use std::io;
 use std::path::Path;
 use std::sync::LazyLock;
 
-use regex::Regex;
+use super::LocalRegex;
 
 use super::porter;
 use super::wordnet::WordNet;
@@ -89,8 +89,8 @@ fn align_words(hyp: Enum, refs: Enum, wn: &WordNet) -> Vec<(usize, usize)> {
 }
 
 /// Positions (in `refs`) of each word, in order.
-fn ref_positions(refs: &Enum) -> HashMap<&str, Vec<usize>> {
-    let mut positions: HashMap<&str, Vec<usize>> = HashMap::new();
+fn ref_positions(refs: &Enum) -> fnv::FnvHashMap<&str, Vec<usize>> {
+    let mut positions: fnv::FnvHashMap<&str, Vec<usize>> = Default::default();
     for (j, (_, word)) in refs.iter().enumerate() {
         positions.entry(word.as_str()).or_default().push(j);
     }
@@ -98,7 +98,7 @@ fn ref_positions(refs: &Enum) -> HashMap<&str, Vec<usize>> {
 }
 
 /// The words of `list` whose positions are not in `taken`, in order.
-fn unmatched(list: Enum, taken: &HashSet<usize>) -> Enum {
+fn unmatched(list: Enum, taken: &fnv::FnvHashSet<usize>) -> Enum {
     list.into_iter().enumerate().filter(|(k, _)| !taken.contains(k)).map(|(_, pair)| pair).collect()
 }
 
@@ -106,8 +106,8 @@ fn unmatched(list: Enum, taken: &HashSet<usize>) -> Enum {
 /// reference word equal to it.
 fn match_enums(hyp: Enum, refs: Enum) -> (Vec<(usize, usize)>, Enum, Enum) {
     let mut word_match = Vec::new();
-    let mut matched_hyp = HashSet::new();
-    let mut matched_ref = HashSet::new();
+    let mut matched_hyp = fnv::FnvHashSet::default();
+    let mut matched_ref = fnv::FnvHashSet::default();
     {
         let mut positions = ref_positions(&refs);
         for (i, (hi, word)) in hyp.iter().enumerate().rev() {
@@ -126,8 +126,8 @@ fn match_enums(hyp: Enum, refs: Enum) -> (Vec<(usize, usize)>, Enum, Enum) {
 /// free reference word among them.
 fn wordnet_match(hyp: Enum, refs: Enum, wn: &WordNet) -> (Vec<(usize, usize)>, Enum, Enum) {
     let mut word_match = Vec::new();
-    let mut matched_hyp = HashSet::new();
-    let mut matched_ref = HashSet::new();
+    let mut matched_hyp = fnv::FnvHashSet::default();
+    let mut matched_ref = fnv::FnvHashSet::default();
     {
         let mut positions = ref_positions(&refs);
         for (i, (hi, word)) in hyp.iter().enumerate().rev() {
@@ -186,14 +186,14 @@ fn re_space(c: char) -> bool {
 /// `\w` of the `regex` module (and of the `regex` crate): Alphabetic, marks, decimal digits,
 /// connector punctuation, join controls.
 fn re_word(c: char) -> bool {
-    static WORD: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^\w$").unwrap());
+    static WORD: LocalRegex = LocalRegex::new(r"^\w$");
     let mut buf = [0u8; 4];
     WORD.is_match(c.encode_utf8(&mut buf))
 }
 
 /// `\d` (Unicode decimal digit).
 fn re_digit(c: char) -> bool {
-    static DIGIT: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^\d$").unwrap());
+    static DIGIT: LocalRegex = LocalRegex::new(r"^\d$");
     let mut buf = [0u8; 4];
     DIGIT.is_match(c.encode_utf8(&mut buf))
 }
@@ -218,12 +218,12 @@ pub fn word_tokenize_with(text: &str, punkt: &PunktParams) -> Vec<String> {
 }
 
 struct Rule {
-    re: Regex,
+    re: LocalRegex,
     rep: &'static str,
 }
 
-fn rules(list: &[(&str, &'static str)]) -> Vec<Rule> {
-    list.iter().map(|&(re, rep)| Rule { re: Regex::new(re).unwrap(), rep }).collect()
+fn rules(list: &[(&'static str, &'static str)]) -> Vec<Rule> {
+    list.iter().map(|&(re, rep)| Rule { re: LocalRegex::new(re), rep }).collect()
 }
 
 fn apply(rules: &[Rule], mut text: String) -> String {
@@ -252,7 +252,7 @@ static PUNCTUATION_END: LazyLock<Vec<Rule>> = LazyLock::new(|| {
     ])
 });
 
-static COLON_COMMA: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"([:,])([^\d])").unwrap());
+static COLON_COMMA: LocalRegex = LocalRegex::new(r"([:,])([^\d])");
 
 static ENDING_QUOTES: LazyLock<Vec<Rule>> = LazyLock::new(|| {
     rules(&[
@@ -285,7 +285,7 @@ const CONTRACTIONS: [(&str, &str, bool, bool); 10] = [
 /// `\w` of Python's `re` module, which (unlike the rest of the tokenizer) compiles the
 /// contraction patterns: `str.isalnum()` or `_`.
 fn py_re_word(c: char) -> bool {
-    static WORD: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^[\p{L}\p{N}_]$").unwrap());
+    static WORD: LocalRegex = LocalRegex::new(r"^[\p{L}\p{N}_]$");
     let mut buf = [0u8; 4];
     WORD.is_match(c.encode_utf8(&mut buf))
 }
@@ -584,7 +584,7 @@ struct PunktToken<'a> {
     ellipsis: bool,
 }
 
-static RE_NUMERIC: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^-?[.,]?\d[\d,.\-]*\.?$").unwrap());
+static RE_NUMERIC: LocalRegex = LocalRegex::new(r"^-?[.,]?\d[\d,.\-]*\.?$");
 
 impl<'a> PunktToken<'a> {
     fn new(tok: &'a str) -> PunktToken<'a> {

@@ -9,7 +9,7 @@
 //! at its byte offset when asked for. Nothing is cached, so a `WordNet` is `Sync` and
 //! lookups from many threads do not contend.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::fmt;
 use std::fs::File;
 use std::io;
@@ -162,7 +162,7 @@ pub struct WordNet {
     index: [Index; 4],
     /// `<pos>.exc`: inflected form → base forms (a later line for the same form wins, as
     /// in NLTK's dict).
-    exceptions: [HashMap<String, Vec<String>>; 4],
+    exceptions: [fnv::FnvHashMap<String, Vec<String>>; 4],
     data: [File; 4],
 }
 
@@ -375,13 +375,13 @@ fn index_offsets(line: &[u8]) -> Vec<u64> {
 }
 
 /// `<pos>.exc`: `inflected base...` per line.
-fn parse_exceptions(path: &Path, text: &[u8]) -> Result<HashMap<String, Vec<String>>, WordNetError> {
+fn parse_exceptions(path: &Path, text: &[u8]) -> Result<fnv::FnvHashMap<String, Vec<String>>, WordNetError> {
     let text = std::str::from_utf8(text).map_err(|e| WordNetError::Format {
         path: path.to_path_buf(),
         line: 0,
         message: format!("not UTF-8: {e}"),
     })?;
-    let mut map = HashMap::new();
+    let mut map = fnv::FnvHashMap::default();
     for line in text.lines() {
         let mut terms = line.split_whitespace();
         if let Some(form) = terms.next() {
