@@ -139,17 +139,34 @@ fn tempdir() -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// Settings of `synth bench llm`.
-#[derive(Debug, Clone)]
+/// Settings of `synth bench llm` (its command-line arguments).
+#[derive(Debug, Clone, clap::Args)]
 pub struct LlmBench {
+    /// OpenAI-compatible API base, e.g. http://127.0.0.1:18080/v1
+    #[arg(long)]
     pub base_url: String,
+    #[arg(long)]
     pub model: String,
+    #[arg(long, default_value_t = 1000)]
     pub requests: usize,
+    /// Client-side requests-per-minute limit.
+    #[arg(long)]
     pub rpm: Option<u32>,
+    /// Most requests in flight.
+    #[arg(long, default_value_t = 32)]
     pub concurrency: usize,
+    #[arg(long, default_value_t = 64)]
     pub max_tokens: u32,
+    /// Per-request timeout, seconds.
+    #[arg(long = "timeout", default_value_t = 60.0)]
     pub timeout_seconds: f64,
+    /// Environment variable holding the API key.
+    #[arg(long, default_value = "OPENAI_API_KEY")]
     pub api_key_env: String,
+    /// Measure this machine's floor instead: the same requests, paced the same way, from
+    /// a bare reqwest client on one thread (no cache, journal, limiter or async-openai).
+    #[arg(long)]
+    pub baseline: bool,
 }
 
 /// Options of an option list with their defaults filled in.

@@ -108,32 +108,7 @@ pub enum BenchCommand {
         dir: Option<PathBuf>,
     },
     /// Send N distinct chat requests through the provider layer (rate control, retries, journal).
-    Llm {
-        /// OpenAI-compatible API base, e.g. http://127.0.0.1:18080/v1
-        #[arg(long)]
-        base_url: String,
-        #[arg(long)]
-        model: String,
-        #[arg(long, default_value_t = 1000)]
-        requests: usize,
-        /// Client-side requests-per-minute limit.
-        #[arg(long)]
-        rpm: Option<u32>,
-        /// Most requests in flight.
-        #[arg(long, default_value_t = 32)]
-        concurrency: usize,
-        #[arg(long, default_value_t = 64)]
-        max_tokens: u32,
-        #[arg(long, default_value_t = 60.0)]
-        timeout: f64,
-        /// Environment variable holding the API key.
-        #[arg(long, default_value = "OPENAI_API_KEY")]
-        api_key_env: String,
-        /// Measure this machine's floor instead: the same requests, paced the same way, from
-        /// a bare reqwest client on one thread (no cache, journal, limiter or async-openai).
-        #[arg(long)]
-        baseline: bool,
-    },
+    Llm(crate::bench::LlmBench),
     /// Most and least similar passage of every query by inner product, on seeded random unit
     /// vectors, with the retrieval stage's own code (exact kernel or HNSW).
     Retrieve {
@@ -343,28 +318,12 @@ pub fn main() -> i32 {
 fn bench(cmd: BenchCommand) -> i32 {
     let result = match cmd {
         BenchCommand::Engine { records, dir } => crate::bench::engine(records, dir),
-        BenchCommand::Llm {
-            base_url,
-            model,
-            requests,
-            rpm,
-            concurrency,
-            max_tokens,
-            timeout,
-            api_key_env,
-            baseline,
-        } => {
-            let run = if baseline { crate::bench::llm_baseline } else { crate::bench::llm };
-            run(&crate::bench::LlmBench {
-                base_url,
-                model,
-                requests,
-                rpm,
-                concurrency,
-                max_tokens,
-                timeout_seconds: timeout,
-                api_key_env,
-            })
+        BenchCommand::Llm(args) => {
+            if args.baseline {
+                crate::bench::llm_baseline(&args)
+            } else {
+                crate::bench::llm(&args)
+            }
         }
         BenchCommand::Retrieve { queries, passages, dim, method, seed, threads, recall_sample } => {
             crate::bench::retrieve(&crate::bench::RetrieveBench {
