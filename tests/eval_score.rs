@@ -68,18 +68,71 @@ fn score_matches_the_reference_values() {
 #[test]
 fn score_reports_bad_input_with_file_line_and_field() {
     let p = Project::new();
-    p.write("pairs.jsonl", "{\"response\": \"a\", \"reference\": \"b\"}\n{\"answer\": \"a\", \"reference\": \"b\"}\n");
+    p.write(
+        "pairs.jsonl",
+        "{\"response\": \"a b c d e\", \"reference\": \"a b c d e\"}\n{\"id\": \"x7\", \"answer\": \"a\", \"reference\": \"b\"}\n\
+         not json\n\n{\"response\": 3, \"reference\": \"b\"}\n",
+    );
     let out = p.path().join("o.jsonl");
+    let failures = p.path().join("o.failures.parquet");
     let input = p.path().join("pairs.jsonl");
-    let r = p
-        .synth(&["score", "--input", input.to_str().unwrap(), "--metrics", "bleu", "--out", out.to_str().unwrap()])
-        .code(2);
+    let args = ["score", "--input", input.to_str().unwrap(), "--metrics", "bleu", "--out", out.to_str().unwrap()];
+    // By default the good rows are scored and every bad one is kept with its reason.
+    let r = p.synth(&args).ok();
+    assert!(r.stderr.contains("3 row(s)") && r.stderr.contains("pairs.jsonl:2: no field \"response\""), "{}", r.stderr);
+    let summary: Value = serde_json::from_str(r.stdout.trim()).unwrap();
+    assert_eq!((summary["rows"].as_u64(), summary["failed"].as_u64()), (Some(1), Some(3)), "{summary}");
+    assert_eq!(summary["summary"]["overall"]["bleu"]["mean"].as_f64(), Some(1.0));
+    let scored = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(scored.lines().count(), 1, "{scored}");
+    let bad = parquet_rows(&failures);
+    let got: Vec<(&str, &str)> = bad.iter().map(|f| (f["id"].as_str().unwrap(), f["kind"].as_str().unwrap())).collect();
+    assert_eq!(got, vec![("line-3", "parse"), ("row-5", "schema"), ("x7", "schema")]);
+    assert!(bad[1]["message"].as_str().unwrap().ends_with("pairs.jsonl:5: field \"response\" is not a string: 3"));
+    assert_eq!(bad[0]["record"].as_str(), Some("not json"));
+    // --strict stops at the first one and writes nothing.
+    std::fs::remove_file(&out).unwrap();
+    let mut strict = args.to_vec();
+    strict.push("--strict");
+    let r = p.synth(&strict).code(2);
     assert!(r.stderr.contains("pairs.jsonl:2: no field \"response\""), "{}", r.stderr);
-    assert!(!out.exists(), "nothing written on bad input");
+    assert!(!out.exists(), "nothing written with --strict");
+    // A clean input removes the earlier failures file.
+    p.write("pairs.jsonl", "{\"response\": \"a\", \"reference\": \"b\"}\n");
+    p.synth(&args).ok();
+    assert!(!failures.exists(), "stale failures file removed");
+    // Only bad rows: an error that points at the failures.
+    p.write("pairs.jsonl", "[1]\n");
+    let r = p.synth(&args).code(2);
+    assert!(r.stderr.contains("none of its 1 rows could be scored"), "{}", r.stderr);
     let r = p
         .synth(&["score", "--input", input.to_str().unwrap(), "--metrics", "blue", "--out", out.to_str().unwrap()])
         .code(2);
     assert!(r.stderr.contains("unknown metric \"blue\""), "{}", r.stderr);
+}
+
+/// A Parquet input without the asked-for column is an error naming the file and columns.
+#[test]
+fn score_names_a_missing_parquet_column() {
+    let p = Project::new();
+    p.write("pairs.jsonl", "{\"response\": \"a b\", \"reference\": \"a b\"}\n");
+    let scores = p.path().join("s.parquet");
+    let input = p.path().join("pairs.jsonl");
+    p.synth(&["score", "--input", input.to_str().unwrap(), "--metrics", "bleu", "--out", scores.to_str().unwrap()])
+        .ok();
+    // The scores file has no "response" column: scoring it must say so.
+    let r = p
+        .synth(&[
+            "score",
+            "--input",
+            scores.to_str().unwrap(),
+            "--metrics",
+            "bleu",
+            "--out",
+            p.path().join("t.jsonl").to_str().unwrap(),
+        ])
+        .code(2);
+    assert!(r.stderr.contains("s.parquet: no column \"response\" (columns: id"), "{}", r.stderr);
 }
 
 /// The metrics stage inside the offline evaluation pipeline: per-task and overall

@@ -284,9 +284,13 @@ pub struct ScoreArgs {
     /// [default: 2 with 2+ cores]; 1 halves the memory (large encoders).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub bertscore_sessions: Option<u16>,
-    /// Per-sample scores: .parquet, else JSONL.
+    /// Per-sample scores: .parquet, else JSONL. Rows that cannot be scored go to
+    /// `<out stem>.failures.parquet` with their reason, and the rest are scored.
     #[arg(long)]
     pub out: PathBuf,
+    /// Stop at the first row that cannot be scored instead (nothing is written).
+    #[arg(long)]
+    pub strict: bool,
 }
 
 #[derive(Args, Debug)]

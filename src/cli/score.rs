@@ -17,6 +17,7 @@ use crate::data;
 use crate::eval::bertscore::BertScoreConfig;
 use crate::eval::score::{OVERALL, Scorer, summarize};
 use crate::store::atomic::{create_tmp, finish_file};
+use crate::store::failures::{Failure, write_failures};
 use crate::store::parquet::{ParquetOut, read_all};
 
 pub fn run(args: &ScoreArgs) -> i32 {
@@ -45,11 +46,7 @@ fn text(row: &serde_json::Map<String, Value>, field: &str, what: &str) -> Result
 }
 
 fn pair(row: &serde_json::Map<String, Value>, n: usize, args: &ScoreArgs) -> Result<Pair, String> {
-    let id = match row.get("id") {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Number(x)) => x.to_string(),
-        _ => format!("row-{n}"),
-    };
+    let id = row_id(row, n);
     let group = match &args.group_by {
         Some(g) => text(row, g, "--group-by")?,
         None => String::new(),
@@ -62,36 +59,90 @@ fn pair(row: &serde_json::Map<String, Value>, n: usize, args: &ScoreArgs) -> Res
     ))
 }
 
-fn read_pairs(args: &ScoreArgs) -> Result<Vec<Pair>> {
+/// The file's pairs, and the rows that could not be read as one (each with its file:line
+/// or row, and its reason). With `--strict` the first bad row is an error instead.
+fn read_pairs(args: &ScoreArgs) -> Result<(Vec<Pair>, Vec<Failure>)> {
     let path = &args.input;
     let mut out = Vec::new();
+    let mut failed = Vec::new();
+    let mut bad = |id: String, kind: &str, message: String, record: Option<String>| -> Result<()> {
+        if args.strict {
+            bail!("{message}");
+        }
+        failed.push(Failure { id, kind: kind.to_string(), message, record });
+        Ok(())
+    };
     if path.extension().is_some_and(|e| e == "parquet") {
-        let (_, batches) = read_all(path)?;
+        let (schema, batches) = read_all(path)?;
+        // A missing column is the file's problem, not one row's.
+        let wanted = [Some(&args.response_field), Some(&args.reference_field), args.group_by.as_ref()];
+        for field in wanted.into_iter().flatten() {
+            if schema.field_with_name(field).is_err() {
+                bail!("{}: no column \"{field}\" (columns: {})", path.display(), data::column_list(&schema));
+            }
+        }
+        let mut n = 0;
         for b in &batches {
             for i in 0..b.num_rows() {
+                n += 1;
                 let row = data::row_json(b, i);
-                out.push(
-                    pair(&row, out.len() + 1, args)
-                        .map_err(|e| anyhow::anyhow!("{}: row {}: {e}", path.display(), out.len() + 1))?,
-                );
+                match pair(&row, n, args) {
+                    Ok(p) => out.push(p),
+                    Err(e) => bad(
+                        row_id(&row, n),
+                        "schema",
+                        format!("{}: row {n}: {e}", path.display()),
+                        Some(Value::Object(row).to_string()),
+                    )?,
+                }
             }
         }
     } else {
         let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-        for (i, line) in BufReader::new(f).lines().enumerate() {
-            let line = line.with_context(|| format!("{}:{}: not UTF-8 text", path.display(), i + 1))?;
+        let mut reader = BufReader::new(f);
+        let mut buf = Vec::new();
+        let mut n = 0;
+        loop {
+            buf.clear();
+            if reader.read_until(b'\n', &mut buf).with_context(|| format!("reading {}", path.display()))? == 0 {
+                break;
+            }
+            n += 1;
+            let at = format!("{}:{n}", path.display());
+            let Ok(line) = std::str::from_utf8(&buf) else {
+                bad(format!("line-{n}"), "parse", format!("{at}: not UTF-8 text"), None)?;
+                continue;
+            };
             if line.trim().is_empty() {
                 continue;
             }
-            let row: serde_json::Map<String, Value> = serde_json::from_str(&line)
-                .with_context(|| format!("{}:{}: not a JSON object", path.display(), i + 1))?;
-            out.push(pair(&row, i + 1, args).map_err(|e| anyhow::anyhow!("{}:{}: {e}", path.display(), i + 1))?);
+            let record = Some(line.trim_end().to_string());
+            match serde_json::from_str::<serde_json::Map<String, Value>>(line) {
+                Ok(row) => match pair(&row, n, args) {
+                    Ok(p) => out.push(p),
+                    Err(e) => bad(row_id(&row, n), "schema", format!("{at}: {e}"), record)?,
+                },
+                Err(e) => bad(format!("line-{n}"), "parse", format!("{at}: not a JSON object: {e}"), record)?,
+            }
         }
     }
-    if out.is_empty() {
-        bail!("{}: no rows", path.display());
+    Ok((out, failed))
+}
+
+/// A row's id: its `id` field, else `row-N` (N: its line or row number).
+fn row_id(row: &serde_json::Map<String, Value>, n: usize) -> String {
+    match row.get("id") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Number(x)) => x.to_string(),
+        _ => format!("row-{n}"),
     }
-    Ok(out)
+}
+
+/// Where the rows that could not be scored go: `<out>` with `.failures.parquet` for its
+/// extension.
+pub fn failures_path(out: &Path) -> std::path::PathBuf {
+    let stem = out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "scores".into());
+    out.with_file_name(format!("{stem}.failures.parquet"))
 }
 
 pub fn score(args: &ScoreArgs) -> Result<Value> {
@@ -114,7 +165,27 @@ pub fn score(args: &ScoreArgs) -> Result<Value> {
     if let Some(dir) = &args.punkt_dir {
         scorer = scorer.with_punkt(dir)?;
     }
-    let pairs = read_pairs(args)?;
+    let (pairs, failed) = read_pairs(args)?;
+    let fpath = failures_path(&args.out);
+    let n_failed = failed.len();
+    if let Some(first) = failed.first() {
+        eprintln!(
+            "warning: {n_failed} row(s) of {} could not be scored (first: {}); all are in {}",
+            args.input.display(),
+            first.message,
+            fpath.display()
+        );
+        write_failures(&fpath, failed, Vec::new())?.commit()?;
+    } else if fpath.exists() {
+        // A failures file from an earlier run of the same output no longer applies.
+        std::fs::remove_file(&fpath).with_context(|| format!("removing the stale {}", fpath.display()))?;
+    }
+    if pairs.is_empty() {
+        match n_failed {
+            0 => bail!("{}: no rows", args.input.display()),
+            n => bail!("{}: none of its {n} rows could be scored (see {})", args.input.display(), fpath.display()),
+        }
+    }
     let columns = scorer.columns();
     let texts: Vec<(&str, &str)> = pairs.iter().map(|(_, r, f, _)| (r.as_str(), f.as_str())).collect();
     // String metrics first: they run while the BERTScore encoder loads.
@@ -132,9 +203,14 @@ pub fn score(args: &ScoreArgs) -> Result<Value> {
     if args.group_by.is_none() {
         summary = summary.into_iter().filter(|(g, _)| g == OVERALL).collect();
     }
-    Ok(
-        json!({"input": args.input.display().to_string(), "out": args.out.display().to_string(), "rows": pairs.len(), "summary": summary}),
-    )
+    let mut line =
+        json!({"input": args.input.display().to_string(), "out": args.out.display().to_string(), "rows": pairs.len()});
+    if n_failed > 0 {
+        line["failed"] = json!(n_failed);
+        line["failures"] = json!(fpath.display().to_string());
+    }
+    line["summary"] = Value::Object(summary);
+    Ok(line)
 }
 
 fn write_scores(out: &Path, columns: &[&str], pairs: &[Pair], scores: &[Vec<f64>], group: Option<&str>) -> Result<()> {

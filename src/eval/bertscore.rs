@@ -156,6 +156,7 @@ impl BertScorer {
 
     /// Load the tokenizer and the ONNX model from `cfg.model_dir`.
     pub fn load(cfg: &BertScoreConfig) -> Result<BertScorer> {
+        let started = std::time::Instant::now();
         let dir = &cfg.model_dir;
         Self::check_files(dir)?;
         let model = dir.join("model.onnx");
@@ -215,6 +216,12 @@ impl BertScorer {
             None if outputs.iter().any(|o| o == "last_hidden_state") => "last_hidden_state".to_string(),
             None => outputs.first().cloned().ok_or_else(|| anyhow!("ONNX model {} has no output", model.display()))?,
         };
+        tracing::debug!(
+            "BERTScore encoder {} loaded in {:.3} s ({} sessions)",
+            model.display(),
+            started.elapsed().as_secs_f64(),
+            sessions.len()
+        );
         Ok(BertScorer {
             token_type_ids: inputs.iter().any(|i| i == "token_type_ids"),
             sessions: sessions.into_iter().map(Mutex::new).collect(),
@@ -288,6 +295,7 @@ impl BertScorer {
 
     /// Normalised token embeddings of each text (texts of similar length share a call).
     fn embed(&self, texts: &[&str]) -> Result<Vec<Embedded>> {
+        let started = std::time::Instant::now();
         let ids: Vec<Vec<u32>> = texts.iter().map(|t| self.encode(t)).collect::<Result<_>>()?;
         let mut order: Vec<usize> = (0..texts.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(ids[i].len()));
@@ -325,6 +333,13 @@ impl BertScorer {
                 .map(|w| w.join().unwrap_or_else(|_| Err(anyhow!("BERTScore worker panicked"))))
                 .collect()
         });
+        tracing::debug!(
+            "BERTScore encoder: {} texts, {} tokens, {} batches in {:.3} s",
+            texts.len(),
+            ids.iter().map(Vec::len).sum::<usize>(),
+            batches.len(),
+            started.elapsed().as_secs_f64()
+        );
         let mut out: Vec<Option<Embedded>> = (0..texts.len()).map(|_| None).collect();
         for r in results {
             for (i, e) in r? {
