@@ -26,6 +26,8 @@ LlamaForCausalLM with a word-level tokenizer built from the training data (nothi
 downloaded): a GPU smoke test of the whole path in a minute, not a useful model.
 
 Requires: torch, transformers, datasets, trl (>= 0.20; processing_class, max_length).
+Smoke-tested (CPU, --tiny-random-llama, fp32) with trl 0.21.0 / transformers 4.56.2 /
+torch 2.5.1 and with trl 1.16.0 / transformers 5.23.0 / torch 2.15.0.
 For multi-GPU runs, launch it with accelerate (`accelerate launch pipelines/trainers/...`)
 by changing the stage's `command`.
 """
@@ -201,22 +203,41 @@ def synth_callback(phase):
     return SynthCallback()
 
 
+def version_fields(args):
+    """Fields whose name changed across transformers versions, as the installed one takes
+    them: v5 removed `warmup_ratio` (a float in [0, 1) in `warmup_steps` is a ratio) and
+    renamed `gradient_checkpointing` to `activation_checkpointing`."""
+    import dataclasses
+    from transformers import TrainingArguments
+
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    out = {}
+    if "warmup_ratio" in names:
+        out["warmup_ratio"] = args.warmup_ratio
+    elif 0 <= args.warmup_ratio < 1:
+        out["warmup_steps"] = args.warmup_ratio
+    else:
+        sys.exit(f"trl_train: --warmup-ratio must be in [0, 1), got {args.warmup_ratio}")
+    checkpointing = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+    out[checkpointing] = args.gradient_checkpointing
+    return out
+
+
 def common_config(args, phase, lr):
     """TrainingArguments fields shared by SFTConfig and DPOConfig."""
     return dict(
+        **version_fields(args),
         output_dir=os.path.join(args.output_dir, phase),
         learning_rate=lr,
         per_device_train_batch_size=args.batch_size,
         gradient_accumulation_steps=args.grad_acc,
         num_train_epochs=args.epochs,
         max_steps=args.max_steps,
-        warmup_ratio=args.warmup_ratio,
         lr_scheduler_type=args.scheduler,
         bf16=args.bf16,
         logging_steps=args.logging_steps,
         save_strategy="steps" if args.save_steps > 0 else "no",
         save_steps=args.save_steps if args.save_steps > 0 else 500,
-        gradient_checkpointing=args.gradient_checkpointing,
         report_to="none",
         disable_tqdm=True,  # progress goes to synth as SYNTH_PROGRESS
         seed=args.seed,
