@@ -139,6 +139,44 @@ fn train_writes_trl_data_runs_the_trainer_and_records_checkpoints() {
     assert_eq!(launches(&p), 3);
 }
 
+/// The arguments the default command gave the stand-in are accepted by the real reference
+/// trainer, which checks the data synth wrote in TRL's layouts (`--check`: no torch).
+#[test]
+fn the_reference_trainer_accepts_the_default_command_and_its_data() {
+    let p = project("");
+    p.synth(&["run", "pipeline.toml"]).ok();
+    let argv: Vec<String> = serde_json::from_str(p.read("out/train/launches.txt").lines().next().unwrap()).unwrap();
+    assert!(argv.iter().any(|a| a == "--warmup-ratio"), "{argv:?}");
+    let real = Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines/trainers/trl_train.py");
+    let check = |args: &[String]| {
+        std::process::Command::new("python3")
+            .arg(&real)
+            .args(args)
+            .arg("--check")
+            .current_dir(p.path())
+            .output()
+            .expect("python3 runs")
+    };
+    let out = check(&argv);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("check: 3 SFT conversations, 2 DPO pairs; would train sft+dpo from tiny/base"), "{stdout}");
+
+    // A DPO pair whose chosen side is not an assistant message is named by file and line.
+    let dpo = argv[argv.iter().position(|a| a == "--dpo").unwrap() + 1].clone();
+    let mut text = std::fs::read_to_string(&dpo).unwrap();
+    text.push_str("{\"prompt\": [{\"role\": \"user\", \"content\": \"hi\"}], \"chosen\": [{\"role\": \"user\", \"content\": \"x\"}], \"rejected\": [{\"role\": \"assistant\", \"content\": \"y\"}]}\n");
+    let bad = p.path().join("bad-dpo.jsonl");
+    std::fs::write(&bad, text).unwrap();
+    let mut args = argv.clone();
+    let at = args.iter().position(|a| a == "--dpo").unwrap() + 1;
+    args[at] = bad.display().to_string();
+    let out = check(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("bad-dpo.jsonl:3: chosen: the last message is not the assistant's"), "{stderr}");
+}
+
 #[test]
 fn a_failing_trainer_fails_the_run_with_its_last_lines() {
     let p = project("env = { STAND_IN_FAIL = \"1\" }");

@@ -100,7 +100,56 @@ def parse_args(argv=None):
         action="store_true",
         help="smoke test: a tiny random Llama and a word-level tokenizer from the data instead of --base-model",
     )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="only check the arguments and both data files (TRL's conversational layouts), without torch; exit 1 naming file:line of the first bad row",
+    )
     return p.parse_args(argv)
+
+
+ROLES = ("system", "user", "assistant")
+
+
+def check_messages(messages, where, last_role=None):
+    """A non-empty list of {"role", "content"} messages with known roles."""
+    if not isinstance(messages, list) or not messages:
+        return f"{where}: not a non-empty list of messages"
+    for k, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("content"), str) or m.get("role") not in ROLES:
+            return f"{where}[{k}]: not a message with a role in {ROLES} and a text content"
+    if last_role and messages[-1]["role"] != last_role:
+        return f"{where}: the last message is not the {last_role}'s"
+    return None
+
+
+def check_data(args):
+    """Count the rows of both files, or exit 1 naming the first bad one (file:line)."""
+    counts = {}
+    for phase, path in (("sft", args.sft), ("dpo", args.dpo)):
+        n = 0
+        with open(path, encoding="utf-8") as f:
+            for line_no, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{line_no}"
+                try:
+                    row = json.loads(line)
+                except ValueError as e:
+                    sys.exit(f"trl_train: {where}: not JSON: {e}")
+                if not isinstance(row, dict):
+                    sys.exit(f"trl_train: {where}: not a JSON object")
+                if phase == "sft":
+                    problem = check_messages(row.get("messages"), f"{where}: messages", "assistant")
+                else:
+                    problem = check_messages(row.get("prompt"), f"{where}: prompt")
+                    for key in ("chosen", "rejected"):
+                        problem = problem or check_messages(row.get(key), f"{where}: {key}", "assistant")
+                if problem:
+                    sys.exit(f"trl_train: {problem}")
+                n += 1
+        counts[phase] = n
+    return counts
 
 
 def read_messages(path, keys):
@@ -301,6 +350,15 @@ def main(argv=None):
     unknown = [p for p in phases if p not in ("sft", "dpo")]
     if unknown:
         sys.exit(f"trl_train: unknown phase(s) {unknown}; use sft and/or dpo")
+    if args.check:
+        counts = check_data(args)
+        base = "a tiny random Llama" if args.tiny_random_llama else args.base_model
+        print(
+            f"trl_train: check: {counts['sft']} SFT conversations, {counts['dpo']} DPO pairs; "
+            f"would train {'+'.join(phases)} from {base} into {args.output_dir}",
+            flush=True,
+        )
+        return
     os.makedirs(args.output_dir, exist_ok=True)
     model_path = args.base_model
     if args.tiny_random_llama:
