@@ -160,6 +160,47 @@ fn metrics_stage_groups_by_task() {
     assert!(md.contains("| candidate | ") && md.contains("Table 9"), "{md}");
 }
 
+/// Several candidates in one pipeline (`pipelines/rolemrc-compare.toml`): one report row per
+/// model in both tables, one radar series each, the numbers in Parquet under each label; two
+/// inputs giving the same number for one label are an error, not a silent overwrite.
+#[test]
+fn one_report_compares_several_models() {
+    let p = Project::new();
+    let dir = p.path().join("cmp");
+    let pipeline = Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines/rolemrc-compare.toml");
+    let mut args = vec!["run", pipeline.to_str().unwrap(), "--offline", "--out", dir.to_str().unwrap()];
+    // BLEU and ROUGE only: no WordNet needed.
+    args.extend(["--set", "stages.metrics_a.metrics=[\"bleu\", \"rouge\"]"]);
+    args.extend(["--set", "stages.metrics_b.metrics=[\"bleu\", \"rouge\"]"]);
+    p.synth(&args).ok();
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    for label in ["model A", "model B"] {
+        assert_eq!(md.matches(&format!("| {label} | ")).count(), 2, "a Table 3 and a Table 9 row for {label}: {md}");
+    }
+    let svg = std::fs::read_to_string(dir.join("judge.svg")).unwrap();
+    assert!(svg.contains(">model A<") && svg.contains(">model B<"), "{svg}");
+    let table = parquet_rows(&dir.join("report.parquet"));
+    let value = |label: &str, metric: &str| {
+        table.iter().find(|r| r["label"] == label && r["metric"] == metric).map(|r| r["value"].as_f64().unwrap())
+    };
+    // Each label's numbers are its own chain's: the per-row means of its metrics stage.
+    for (label, stage) in [("model A", "metrics_a"), ("model B", "metrics_b")] {
+        let rows = parquet_rows(&dir.join(format!("{stage}.parquet")));
+        let mean = rows.iter().map(|r| r["rouge1"].as_f64().unwrap()).sum::<f64>() / rows.len() as f64;
+        let got = value(label, "rouge1").unwrap();
+        assert!((got - mean).abs() < 1e-12, "{label}: report {got}, {stage} {mean}");
+    }
+    assert!(value("model A", "knowledge_range").is_some() && value("model B", "knowledge_range").is_some());
+
+    args.extend(["--set", "stages.metrics_b.label=\"model A\""]);
+    let r = p.synth(&args).code(2);
+    assert!(
+        r.stderr.contains("inputs \"metrics_a\" and \"metrics_b\" both report") && r.stderr.contains("\"model A\""),
+        "{}",
+        r.stderr
+    );
+}
+
 /// `generate` as the official evaluation calls the model: the test conversation sent as
 /// it is (roles lowercased), temperature 0, 256 tokens, the answer kept untrimmed.
 #[test]

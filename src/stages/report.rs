@@ -172,6 +172,18 @@ impl Stage for Report {
 
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
         let (mut metrics, mut judge): (Table, Table) = (Vec::new(), Vec::new());
+        // Which input gave each (table, label, metric): inputs with the same label merge
+        // into one row (e.g. BERTScore in its own metrics stage), but one number from two
+        // inputs would silently keep the last.
+        let mut origin: BTreeMap<(bool, String, String), String> = BTreeMap::new();
+        let mut claim = |judge: bool, label: &str, metric: &str, input: &str| -> Result<()> {
+            match origin.insert((judge, label.to_string(), metric.to_string()), input.to_string()) {
+                Some(other) if other != input => bail!(
+                    "inputs \"{other}\" and \"{input}\" both report {metric} for the model labelled \"{label}\": give each candidate its own `label`"
+                ),
+                _ => Ok(()),
+            }
+        };
         for input in &ctx.inputs {
             let path = ctx.out_dir.join(format!("{}.summary.parquet", input.name));
             if !path.exists() {
@@ -188,6 +200,7 @@ impl Stage for Report {
                         b.column_by_name("accuracy").expect("accuracy").as_primitive::<Float64Type>().clone(),
                     );
                     for i in 0..b.num_rows() {
+                        claim(true, label.value(i), dim.value(i), &input.name)?;
                         entry(&mut judge, label.value(i)).insert(dim.value(i).to_string(), acc.value(i));
                     }
                 } else {
@@ -195,6 +208,7 @@ impl Stage for Report {
                     let mean = b.column_by_name("mean").expect("mean").as_primitive::<Float64Type>().clone();
                     for i in 0..b.num_rows() {
                         if group.value(i) == OVERALL {
+                            claim(false, label.value(i), metric.value(i), &input.name)?;
                             entry(&mut metrics, label.value(i)).insert(metric.value(i).to_string(), mean.value(i));
                         }
                     }
