@@ -19,6 +19,22 @@ pub fn register(secret: &str) {
     }
 }
 
+/// Whether an environment variable's name says it holds a secret (`WANDB_API_KEY`,
+/// `HF_TOKEN`, `AWS_SECRET_ACCESS_KEY`, `DB_PASSWORD`...).
+pub fn is_secret_name(name: &str) -> bool {
+    let name = name.to_ascii_uppercase();
+    ["KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL"].iter().any(|w| name.contains(w))
+}
+
+/// Register the values of the variables whose names say they are secrets.
+pub fn register_env<'a>(vars: impl IntoIterator<Item = (&'a str, &'a str)>) {
+    for (name, value) in vars {
+        if is_secret_name(name) {
+            register(value);
+        }
+    }
+}
+
 /// Replace every registered secret and every secret-looking token with `***`.
 pub fn scrub(text: &str) -> String {
     let mut out = text.to_string();
@@ -47,5 +63,13 @@ mod tests {
         assert_eq!(scrub("auth failed for my-very-secret-key-123!"), "auth failed for ***!");
         register("short");
         assert_eq!(scrub("a short text"), "a short text");
+    }
+
+    #[test]
+    fn secret_names_register_their_values() {
+        assert!(is_secret_name("WANDB_API_KEY") && is_secret_name("hf_token") && is_secret_name("DB_PASSWORD"));
+        assert!(!is_secret_name("CUDA_VISIBLE_DEVICES") && !is_secret_name("PATH"));
+        register_env([("HF_TOKEN", "a-token-value-42"), ("HOME", "/home/someone-long")]);
+        assert_eq!(scrub("a-token-value-42 in /home/someone-long"), "*** in /home/someone-long");
     }
 }

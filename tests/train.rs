@@ -189,6 +189,21 @@ fn a_failing_trainer_fails_the_run_with_its_last_lines() {
     assert!(!p.path().join("out/train.parquet").exists());
 }
 
+/// A trainer that prints a secret from its environment: the value never reaches synth's
+/// log, the error or the manifest.
+#[test]
+fn secrets_the_trainer_prints_are_scrubbed() {
+    let secret = "wandb-0123456789abcdef";
+    let p = project(&format!(
+        "env = {{ STAND_IN_FAIL = \"1\", STAND_IN_LEAK = \"WANDB_API_KEY\", WANDB_API_KEY = \"{secret}\" }}"
+    ));
+    let run = p.synth(&["run", "pipeline.toml"]).code(2);
+    assert!(run.stderr.contains("leaking ***"), "{}", run.stderr);
+    assert!(!run.stderr.contains(secret) && !run.stdout.contains(secret), "{}", run.stderr);
+    let m = std::fs::read_to_string(p.path().join("out/manifest.json")).unwrap();
+    assert!(m.contains("leaking ***") && !m.contains(secret), "{m}");
+}
+
 #[test]
 fn a_trainer_that_reports_no_checkpoint_fails() {
     let p = project(r#"command = ["python3", "-c", "print('trained, honest')"]"#);

@@ -517,6 +517,13 @@ impl Stage for Train {
         let Some((program, args)) = argv.split_first() else {
             bail!("command renders to nothing");
         };
+        // The trainer sees synth's environment and `env`: values of variables named like
+        // secrets (WANDB_API_KEY, HF_TOKEN...) are scrubbed from every line of its output
+        // that synth logs or keeps in an error.
+        let inherited: Vec<(String, String)> =
+            std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))).collect();
+        let named = inherited.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+        crate::secrets::register_env(named.chain(self.opts.env.iter().map(|(k, v)| (k.as_str(), v.as_str()))));
         tracing::info!(stage = %ctx.name, "launching trainer: {}", crate::secrets::scrub(&argv.join(" ")));
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(args)
