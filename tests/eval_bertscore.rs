@@ -104,6 +104,21 @@ fn scores_equal_bert_score_on_the_fixture() {
         }
     }
     assert!(!padded.is_empty(), "the fixture has a pair where bert_score's zero padding changes the score");
+
+    // pair_batch = 1: every pair scored alone in one call over the whole list, as the
+    // official evaluation.py (one evaluate call per pair) scores it.
+    let mut cfg = BertScoreConfig::new(&dir);
+    cfg.ort_dylib = Some(onnxruntime());
+    cfg.pair_batch = 1;
+    let one = score(&BertScorer::load(&cfg).unwrap(), &pairs);
+    for ((pair, a), b) in pairs.iter().zip(&one).zip(&alone) {
+        assert!((a.f1 - b.f1).abs() < 1e-6, "{}: pair_batch 1 {} alone {}", pair.id, a.f1, b.f1);
+    }
+    let moved = pairs.iter().zip(one.iter().zip(&got)).filter(|(_, (a, b))| (a.f1 - b.f1).abs() > 1e-6);
+    assert_eq!(
+        moved.map(|(p, _)| p.id.as_str()).collect::<Vec<_>>(),
+        padded.iter().map(|s| s.as_str()).collect::<Vec<_>>()
+    );
 }
 
 /// A RoBERTa-architecture encoder (the official roberta-large's tokenizer kind, special

@@ -32,6 +32,17 @@ fn compare(pairs: &[Pair], expected_path: &Path) -> [f64; 5] {
     for (p, e) in pairs.iter().zip(&expected) {
         assert_eq!(e["id"].as_str(), Some(p.id.as_str()), "{}: ids in fixture order", expected_path.display());
         let got = ours(p);
+        // Where evaluate raises (the official code's NaN, left out of its mean), and
+        // ROUGE-Lsum in rouge_score's documented order.
+        let undefined = e["bleu_undefined"].as_bool().expect("bleu_undefined");
+        if undefined != bleu::sentence_bleu(&p.response, &p.reference).is_none() {
+            failures.push(format!("{}: bleu_undefined python {undefined}", p.id));
+        }
+        let want = e["rougeLsum_target_reference"].as_f64().expect("rougeLsum_target_reference");
+        let other = rouge::rouge_with(&p.response, &p.reference, rouge::RougeTarget::Reference).rouge_lsum;
+        if (other - want).abs() > TOLERANCE {
+            failures.push(format!("{} rougeLsum (target = reference): ours {other:.12} python {want:.12}", p.id));
+        }
         for (k, name) in METRICS.iter().enumerate() {
             let want = e[*name].as_f64().unwrap_or_else(|| panic!("{}: {name} of {}", expected_path.display(), p.id));
             let d = (got[k] - want).abs();
@@ -79,6 +90,15 @@ fn fixture_covers_the_cases() {
     assert!(pairs.iter().any(|p| !p.response.is_empty() && p.reference.is_empty()));
     assert!(pairs.iter().any(|p| p.reference.split_whitespace().count() >= 300));
     assert!(pairs.iter().any(|p| p.response.contains('\n')));
+    // ROUGE-Lsum depends on which text is the target for some pairs (multi-line texts).
+    let order_matters = pairs
+        .iter()
+        .filter(|p| {
+            let a = rouge::rouge(&p.response, &p.reference).rouge_lsum;
+            (a - rouge::rouge_with(&p.response, &p.reference, rouge::RougeTarget::Reference).rouge_lsum).abs() > 1e-9
+        })
+        .count();
+    assert!(order_matters >= 3, "{order_matters} pairs where the ROUGE-Lsum order matters");
     assert!(pairs.iter().any(|p| p.response.contains("&amp;")));
     // Scores are spread over (0, 1), not only 0 and 1.
     let mid = pairs.iter().filter(|p| ours(p).iter().all(|&s| s > 0.0 && s < 1.0)).count();

@@ -284,6 +284,10 @@ pub struct ScoreArgs {
     /// [default: 2 with 2+ cores]; 1 halves the memory (large encoders).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub bertscore_sessions: Option<u16>,
+    /// Pairs per BERTScore matching batch, as bert_score's batch_size (its zero padding
+    /// enters the max); 1 scores each pair alone, as the official evaluation.py calls it.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    pub bertscore_pair_batch: u32,
     /// Per-sample scores: .parquet, else JSONL. Rows that cannot be scored go to
     /// `<out stem>.failures.parquet` with their reason, and the rest are scored.
     #[arg(long)]
@@ -291,6 +295,11 @@ pub struct ScoreArgs {
     /// Stop at the first row that cannot be scored instead (nothing is written).
     #[arg(long)]
     pub strict: bool,
+    /// rouge_score's target: `response`, as the official evaluation.py calls
+    /// score(response, reference), or `reference` (rouge_score's documented order). Only
+    /// ROUGE-Lsum of multi-line texts differs.
+    #[arg(long, default_value = "response", value_parser = ["response", "reference"])]
+    pub rouge_target: String,
 }
 
 #[derive(Args, Debug)]

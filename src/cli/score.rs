@@ -15,7 +15,8 @@ use serde_json::{Value, json};
 use super::{EXIT_OK, EXIT_RUNTIME, ScoreArgs};
 use crate::data;
 use crate::eval::bertscore::BertScoreConfig;
-use crate::eval::score::{OVERALL, Scorer, summarize};
+use crate::eval::rouge::RougeTarget;
+use crate::eval::score::{OVERALL, Scorer, per_sample, summarize};
 use crate::store::atomic::{create_tmp, finish_file};
 use crate::store::failures::{Failure, write_failures};
 use crate::store::parquet::{ParquetOut, read_all};
@@ -159,9 +160,11 @@ pub fn score(args: &ScoreArgs) -> Result<Value> {
         let mut cfg = BertScoreConfig::new(dir);
         cfg.output = args.bertscore_output.clone();
         cfg.sessions = args.bertscore_sessions.map(usize::from);
+        cfg.pair_batch = args.bertscore_pair_batch as usize;
         cfg
     });
-    let mut scorer = Scorer::new(&metrics, &args.wordnet_dir, bert.as_ref())?;
+    let target = RougeTarget::parse(&args.rouge_target).unwrap_or_default();
+    let mut scorer = Scorer::new(&metrics, &args.wordnet_dir, bert.as_ref())?.with_rouge_target(target);
     if let Some(dir) = &args.punkt_dir {
         scorer = scorer.with_punkt(dir)?;
     }
@@ -195,10 +198,16 @@ pub fn score(args: &ScoreArgs) -> Result<Value> {
     }
     write_scores(&args.out, &columns, &pairs, &scores, args.group_by.as_deref())?;
     let groups: Vec<String> = pairs.iter().map(|p| p.3.clone()).collect();
+    let mut sizes: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for g in &groups {
+        *sizes.entry(g.as_str()).or_default() += 1;
+    }
     let mut summary = serde_json::Map::new();
     for s in summarize(&columns, &groups, &scores) {
-        let entry = summary.entry(s.group.clone()).or_insert_with(|| json!({"n": s.n}));
-        entry[s.metric.as_str()] = json!({"mean": s.mean, "std": s.std});
+        // The group's rows; each metric's own n leaves out its undefined scores.
+        let rows = if s.group == OVERALL { groups.len() } else { sizes.get(s.group.as_str()).copied().unwrap_or(0) };
+        let entry = summary.entry(s.group.clone()).or_insert_with(|| json!({"n": rows}));
+        entry[s.metric.as_str()] = json!({"mean": s.mean, "std": s.std, "n": s.n});
     }
     if args.group_by.is_none() {
         summary = summary.into_iter().filter(|(g, _)| g == OVERALL).collect();
@@ -227,7 +236,7 @@ fn write_scores(out: &Path, columns: &[&str], pairs: &[Pair], scores: &[Vec<f64>
             arrays.push(Arc::new(StringArray::from_iter_values(pairs.iter().map(|p| p.3.as_str()))));
         }
         for k in 0..columns.len() {
-            arrays.push(Arc::new(Float64Array::from_iter_values(scores.iter().map(|s| s[k]))));
+            arrays.push(Arc::new(Float64Array::from_iter_values(scores.iter().map(|s| per_sample(s[k])))));
         }
         let mut w = ParquetOut::create(out, schema.clone(), Vec::new(), true)?;
         w.write(&RecordBatch::try_new(schema, arrays)?)?;
@@ -242,7 +251,7 @@ fn write_scores(out: &Path, columns: &[&str], pairs: &[Pair], scores: &[Vec<f64>
                 row.insert(g.into(), json!(p.3));
             }
             for (c, v) in columns.iter().zip(s) {
-                row.insert((*c).into(), json!(v));
+                row.insert((*c).into(), json!(per_sample(*v)));
             }
             writeln!(file, "{}", Value::Object(row))?;
         }

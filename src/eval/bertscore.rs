@@ -56,6 +56,10 @@ pub struct BertScoreConfig {
     pub sessions: Option<usize>,
     /// Padded tokens per encoder call (texts of similar length are batched up to this).
     pub batch_tokens: usize,
+    /// Pairs per greedy-matching batch, as bert_score's `batch_size` (default 64): where a
+    /// pair's zero padding enters the max. 1 scores each pair on its own, as the official
+    /// `evaluation.py` does (it calls `evaluate`'s bertscore once per pair).
+    pub pair_batch: usize,
 }
 
 impl BertScoreConfig {
@@ -68,6 +72,7 @@ impl BertScoreConfig {
             threads: None,
             sessions: None,
             batch_tokens: 512,
+            pair_batch: PAIR_BATCH,
         }
     }
 }
@@ -93,6 +98,7 @@ pub struct BertScorer {
     sep: u32,
     pad: u32,
     batch_tokens: usize,
+    pair_batch: usize,
     /// What was loaded, for manifests and reports.
     pub description: String,
 }
@@ -233,6 +239,7 @@ impl BertScorer {
             sep,
             pad,
             batch_tokens: cfg.batch_tokens.max(1),
+            pair_batch: cfg.pair_batch.max(1),
         })
     }
 
@@ -365,7 +372,7 @@ impl BertScorer {
         let emb = self.embed(&texts)?;
         // Batches of pairs are independent once embedded: scored on all cores.
         let scored: Vec<Vec<Prf>> = pairs
-            .par_chunks(PAIR_BATCH)
+            .par_chunks(self.pair_batch)
             .map(|batch| {
                 let cands: Vec<&Embedded> = batch.iter().map(|(c, _)| &emb[index[c]]).collect();
                 let refs: Vec<&Embedded> = batch.iter().map(|(_, r)| &emb[index[r]]).collect();

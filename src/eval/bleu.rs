@@ -3,9 +3,11 @@
 //! `max_order = 4` and no smoothing.
 //!
 //! Without smoothing a pair with no matching 4-gram (or fewer than four tokens) scores 0,
-//! as the official code does. Where the official code divides by zero (the response or
-//! the reference has no token) the score is 0, which is what its value would be: every
-//! precision is then 0.
+//! as the official code does. Where nmt divides by zero (the response or the reference has
+//! no token) `evaluate` raises: [`sentence_bleu`] says so with `None`; [`bleu`] gives 0,
+//! what the value would be (every precision is then 0). The official `evaluation.py` turns
+//! that exception into NaN and leaves the pair out of the BLEU mean and std; the summaries
+//! here do the same (see `eval::score`).
 
 // FNV: counting maps keyed by short token ids and strings (SipHash was ~7% of the string
 // metrics' CPU); the scores never depend on iteration order.
@@ -23,8 +25,15 @@ static PERIOD_COMMA_BEFORE_NON_DIGIT: LocalRegex = LocalRegex::new(r"([.,])([^0-
 /// Tokenize dash when preceded by a digit.
 static DASH_AFTER_DIGIT: LocalRegex = LocalRegex::new(r"([0-9])(-)");
 
-/// BLEU of `response` against the single reference `reference`, in [0, 1].
+/// BLEU of `response` against the single reference `reference`, in [0, 1]; 0 where
+/// `evaluate` raises (see [`sentence_bleu`]).
 pub fn bleu(response: &str, reference: &str) -> f64 {
+    sentence_bleu(response, reference).unwrap_or(0.0)
+}
+
+/// BLEU of `response` against `reference`, or `None` where `evaluate`'s BLEU raises
+/// `ZeroDivisionError` (the response or the reference has no token).
+pub fn sentence_bleu(response: &str, reference: &str) -> Option<f64> {
     let translation = tokenize_13a(response);
     let reference = tokenize_13a(reference);
     compute_bleu(&reference, &translation)
@@ -99,7 +108,8 @@ fn ngram_counts(segment: &[String]) -> HashMap<&[String], usize> {
 
 /// tensorflow/nmt `compute_bleu` for a corpus of one translation with one reference,
 /// `max_order = 4`, `smooth = False`.
-fn compute_bleu(reference: &[String], translation: &[String]) -> f64 {
+/// `None` where nmt divides by zero.
+fn compute_bleu(reference: &[String], translation: &[String]) -> Option<f64> {
     let reference_length = reference.len();
     let translation_length = translation.len();
 
@@ -129,17 +139,17 @@ fn compute_bleu(reference: &[String], translation: &[String]) -> f64 {
     };
 
     if reference_length == 0 || translation_length == 0 {
-        // nmt raises ZeroDivisionError here; the geometric mean is 0 anyway.
-        return 0.0;
+        // nmt raises ZeroDivisionError here (the geometric mean is 0 anyway).
+        return None;
     }
     let ratio = translation_length as f64 / reference_length as f64;
     let bp = if ratio > 1.0 { 1.0 } else { (1.0 - 1.0 / ratio).exp() };
-    geo_mean * bp
+    Some(geo_mean * bp)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{bleu, tokenize_13a};
+    use super::{bleu, sentence_bleu, tokenize_13a};
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-12
@@ -191,6 +201,12 @@ mod tests {
         assert_eq!(bleu("", "hello there"), 0.0);
         assert_eq!(bleu("hello there", ""), 0.0);
         assert_eq!(bleu("", ""), 0.0);
+        // evaluate raises where a side has no token (13a: whitespace only is no token).
+        assert_eq!(sentence_bleu("", "hello there"), None);
+        assert_eq!(sentence_bleu(" \n", "hello there"), None);
+        assert_eq!(sentence_bleu("hello there", ""), None);
+        assert_eq!(sentence_bleu("hello there", "hello there"), Some(0.0));
+        assert_eq!(sentence_bleu("!", "?"), Some(0.0));
     }
 
     #[test]

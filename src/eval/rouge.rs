@@ -1,6 +1,11 @@
 //! ROUGE-1, ROUGE-2, ROUGE-L and ROUGE-Lsum F-measures as Google's `rouge_score` computes
 //! them with `RougeScorer(["rouge1", "rouge2", "rougeL", "rougeLsum"], use_stemmer=True)`
-//! and `score(target=reference, prediction=response)`.
+//! and, as the official RoleMRC `evaluation.py` calls it, `score(response, reference)`:
+//! the response is rouge_score's *target* and the reference its *prediction*. The
+//! F-measures of ROUGE-1/2/L do not depend on that order; ROUGE-Lsum's does when a text
+//! has several lines (its union LCS walks the target's lines), so
+//! [`RougeTarget::Reference`] gives rouge_score's documented order
+//! (`score(target=reference, prediction=response)`) for comparison with other work.
 //!
 //! Tokens: the text lowercased (Python `str.lower`), every run of characters outside
 //! `[a-z0-9]` a separator, tokens longer than three characters Porter-stemmed (NLTK's
@@ -23,13 +28,44 @@ pub struct Rouge {
     pub rouge_lsum: f64,
 }
 
-/// ROUGE of `response` against `reference` (rouge_score's target).
+/// Which text is rouge_score's `target` (only ROUGE-Lsum depends on it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RougeTarget {
+    /// `score(response, reference)`, as the official RoleMRC evaluation calls it.
+    #[default]
+    Response,
+    /// `score(target=reference, prediction=response)`, rouge_score's documented order.
+    Reference,
+}
+
+impl RougeTarget {
+    /// From its configuration name: `response` or `reference`.
+    pub fn parse(name: &str) -> Option<RougeTarget> {
+        match name {
+            "response" => Some(RougeTarget::Response),
+            "reference" => Some(RougeTarget::Reference),
+            _ => None,
+        }
+    }
+}
+
+/// ROUGE of `response` and `reference` as the official evaluation computes it (the
+/// response is rouge_score's target).
 pub fn rouge(response: &str, reference: &str) -> Rouge {
+    rouge_with(response, reference, RougeTarget::Response)
+}
+
+/// ROUGE of `response` and `reference` with the chosen text as rouge_score's target.
+pub fn rouge_with(response: &str, reference: &str, order: RougeTarget) -> Rouge {
+    let (target_text, prediction_text) = match order {
+        RougeTarget::Response => (response, reference),
+        RougeTarget::Reference => (reference, response),
+    };
     let mut vocab = Vocab::default();
-    let target = vocab.tokenize(reference);
-    let prediction = vocab.tokenize(response);
-    let target_sents: Vec<Vec<u32>> = sentences(reference).map(|s| vocab.tokenize(s)).collect();
-    let prediction_sents: Vec<Vec<u32>> = sentences(response).map(|s| vocab.tokenize(s)).collect();
+    let target = vocab.tokenize(target_text);
+    let prediction = vocab.tokenize(prediction_text);
+    let target_sents: Vec<Vec<u32>> = sentences(target_text).map(|s| vocab.tokenize(s)).collect();
+    let prediction_sents: Vec<Vec<u32>> = sentences(prediction_text).map(|s| vocab.tokenize(s)).collect();
     Rouge {
         rouge1: score_ngrams(&target, &prediction, 1),
         rouge2: score_ngrams(&target, &prediction, 2),
@@ -191,7 +227,7 @@ fn summary_level_lcs(ref_sents: &[Vec<u32>], can_sents: &[Vec<u32>]) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{rouge, tokenize};
+    use super::{RougeTarget, rouge, rouge_with, tokenize};
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-12
@@ -241,5 +277,17 @@ mod tests {
         let r = rouge("cccc dddd\naaaa bbbb", "aaaa bbbb cccc dddd");
         assert!(close(r.rouge_lsum, 1.0));
         assert!(close(r.rouge_l, 0.5));
+    }
+
+    #[test]
+    fn lsum_depends_on_which_text_is_the_target() {
+        // rouge_score 0.1.2: score("aaaa bbbb\ncccc aaaa\nbbbb", "bbbb aaaa cccc\naaaa")
+        // (the official call, response first) gives 8/9; the documented order gives 2/3.
+        let (response, reference) = ("aaaa bbbb\ncccc aaaa\nbbbb", "bbbb aaaa cccc\naaaa");
+        assert!(close(rouge(response, reference).rouge_lsum, 8.0 / 9.0));
+        assert!(close(rouge_with(response, reference, RougeTarget::Reference).rouge_lsum, 2.0 / 3.0));
+        // The other three do not depend on it.
+        let (a, b) = (rouge(response, reference), rouge_with(response, reference, RougeTarget::Reference));
+        assert!(close(a.rouge1, b.rouge1) && close(a.rouge2, b.rouge2) && close(a.rouge_l, b.rouge_l));
     }
 }

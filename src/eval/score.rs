@@ -9,6 +9,7 @@ use anyhow::{Result, anyhow, bail};
 
 use super::bertscore::{BertScoreConfig, BertScorer};
 use super::meteor::PunktParams;
+use super::rouge::RougeTarget;
 use super::wordnet::WordNet;
 use super::{bleu, meteor, rouge};
 
@@ -27,6 +28,8 @@ pub struct Scorer {
     /// Punkt sentence-splitting parameters for METEOR's `word_tokenize` (NLTK's trained
     /// `punkt_tab/english`); the untrained tokenizer when absent.
     punkt: Option<PunktParams>,
+    /// Which text is rouge_score's target (the official evaluation: the response).
+    rouge_target: RougeTarget,
 }
 
 impl Scorer {
@@ -58,7 +61,14 @@ impl Scorer {
             None => None,
         };
         let meteor = has("meteor").then(|| WordNet::load(wordnet_dir).map_err(|e| anyhow!("{e}"))).transpose()?;
-        Ok(Scorer { bleu: has("bleu"), rouge: has("rouge"), meteor, bertscore, punkt: None })
+        Ok(Scorer {
+            bleu: has("bleu"),
+            rouge: has("rouge"),
+            meteor,
+            bertscore,
+            punkt: None,
+            rouge_target: RougeTarget::Response,
+        })
     }
 
     /// Split sentences for METEOR with Punkt parameters from a `punkt_tab/<language>`
@@ -68,6 +78,12 @@ impl Scorer {
             PunktParams::load(dir).map_err(|e| anyhow::anyhow!("Punkt parameters in {}: {e}", dir.display()))?;
         self.punkt = Some(params);
         Ok(self)
+    }
+
+    /// Score ROUGE with `target` as rouge_score's target (only ROUGE-Lsum changes).
+    pub fn with_rouge_target(mut self, target: RougeTarget) -> Scorer {
+        self.rouge_target = target;
+        self
     }
 
     /// Output column names, in order.
@@ -103,14 +119,16 @@ impl Scorer {
     }
 
     /// The scores of one pair, in [`Scorer::columns`] order, without BERTScore (the
-    /// caller appends [`Scorer::bertscore_f1`]'s value for the pair).
+    /// caller appends [`Scorer::bertscore_f1`]'s value for the pair). A score the official
+    /// evaluation cannot compute is NaN (BLEU where `evaluate` raises): [`summarize`]
+    /// leaves it out, as the official summary does, and [`per_sample`] writes it as 0.
     pub fn score(&self, response: &str, reference: &str) -> Vec<f64> {
         let mut out = Vec::with_capacity(6);
         if self.bleu {
-            out.push(bleu::bleu(response, reference));
+            out.push(bleu::sentence_bleu(response, reference).unwrap_or(f64::NAN));
         }
         if self.rouge {
-            let r = rouge::rouge(response, reference);
+            let r = rouge::rouge_with(response, reference, self.rouge_target);
             out.extend([r.rouge1, r.rouge2, r.rouge_l, r.rouge_lsum]);
         }
         if let Some(wn) = &self.meteor {
@@ -165,7 +183,14 @@ pub struct Summary {
 /// The group every row also belongs to.
 pub const OVERALL: &str = "overall";
 
-/// Per group (sorted) and `overall`: mean and population std of every column.
+/// A score as written per sample: an undefined one (NaN, see [`Scorer::score`]) is 0, the
+/// value it would have (BLEU: every precision is 0 then).
+pub fn per_sample(score: f64) -> f64 {
+    if score.is_nan() { 0.0 } else { score }
+}
+
+/// Per group (sorted) and `overall`: mean and population std of every column over its
+/// defined values (`n` counts them), as the official evaluation leaves NaN results out.
 pub fn summarize(columns: &[&str], groups: &[String], scores: &[Vec<f64>]) -> Vec<Summary> {
     let mut names: Vec<&str> = groups.iter().map(String::as_str).collect();
     names.sort_unstable();
@@ -179,7 +204,7 @@ pub fn summarize(columns: &[&str], groups: &[String], scores: &[Vec<f64>]) -> Ve
             .map(|(s, _)| s)
             .collect();
         for (k, metric) in columns.iter().enumerate() {
-            let values: Vec<f64> = rows.iter().map(|r| r[k]).collect();
+            let values: Vec<f64> = rows.iter().map(|r| r[k]).filter(|v| !v.is_nan()).collect();
             let (mean, std) = mean_std(&values);
             out.push(Summary {
                 group: group.to_string(),
@@ -218,6 +243,12 @@ mod tests {
         let s = summarize(&["bleu"], &groups, &scores);
         let names: Vec<(&str, u64, f64)> = s.iter().map(|x| (x.group.as_str(), x.n, x.mean)).collect();
         assert_eq!(names, vec![("a", 1, 0.0), ("b", 2, 0.5), ("overall", 3, 1.0 / 3.0)]);
+        // Undefined scores are left out of the mean, the std and n.
+        let scores = vec![vec![1.0], vec![f64::NAN], vec![0.0]];
+        let s = summarize(&["bleu"], &groups, &scores);
+        let names: Vec<(&str, u64, f64)> = s.iter().map(|x| (x.group.as_str(), x.n, x.mean)).collect();
+        assert_eq!(names, vec![("a", 0, 0.0), ("b", 2, 0.5), ("overall", 2, 0.5)]);
+        assert_eq!(per_sample(f64::NAN), 0.0);
     }
 
     #[test]

@@ -18,7 +18,8 @@ use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data;
 use crate::eval::bertscore::BertScoreConfig;
-use crate::eval::score::{DEFAULT_WORDNET, Scorer, summarize};
+use crate::eval::rouge::RougeTarget;
+use crate::eval::score::{DEFAULT_WORDNET, Scorer, per_sample, summarize};
 use crate::store::parquet::open_reader;
 
 const OPTIONS: &[OptionSpec] = &[
@@ -62,7 +63,19 @@ const OPTIONS: &[OptionSpec] = &[
         Ty::Int(1, 64),
         "BERTScore encoder sessions side by side, each a copy of the weights (default: 2 with 2+ cores)",
     ),
+    OptionSpec::default(
+        "bertscore_pair_batch",
+        Ty::Int(1, 1_000_000),
+        "64",
+        "pairs per BERTScore matching batch, as bert_score's batch_size (its zero padding enters the max); 1 scores each pair alone, as the official evaluation.py calls it",
+    ),
     OptionSpec::optional("ort_dylib", Ty::Str, "ONNX Runtime library for BERTScore (default: $ORT_DYLIB_PATH)"),
+    OptionSpec::default(
+        "rouge_target",
+        Ty::Enum(&["response", "reference"]),
+        "\"response\"",
+        "rouge_score's target: the response, as the official evaluation.py calls score(response, reference), or the reference (rouge_score's documented order); only ROUGE-Lsum of multi-line texts differs",
+    ),
     OptionSpec::optional(
         "label",
         Ty::Str,
@@ -72,7 +85,8 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "metrics",
-    version: 1,
+    // 2: ROUGE in the official order (response as target); undefined BLEU left out of the summary.
+    version: 2,
     about: "BLEU, ROUGE, METEOR, BERTScore per row against a reference, with mean/std per group and overall",
     role: Role::Transform,
     arity: Arity::Exactly(1),
@@ -93,8 +107,10 @@ struct Options {
     bertscore_output: Option<String>,
     bertscore_sessions: Option<usize>,
     bertscore_max_length: Option<usize>,
+    bertscore_pair_batch: usize,
     ort_dylib: Option<String>,
     label: Option<String>,
+    rouge_target: String,
 }
 
 struct Metrics {
@@ -142,6 +158,7 @@ impl Metrics {
         cfg.output = self.opts.bertscore_output.clone();
         cfg.sessions = self.opts.bertscore_sessions;
         cfg.max_length = self.opts.bertscore_max_length;
+        cfg.pair_batch = self.opts.bertscore_pair_batch;
         cfg.ort_dylib = crate::embed::fastembed::find_onnxruntime(self.opts.ort_dylib.as_deref(), root);
         Some(cfg)
     }
@@ -241,7 +258,9 @@ impl Stage for Metrics {
 
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
         let bert = self.bertscore(&ctx.root);
-        let mut scorer = Scorer::new(&self.opts.metrics, &self.wordnet_dir(&ctx.root), bert.as_ref())?;
+        let target = RougeTarget::parse(&self.opts.rouge_target).unwrap_or_default();
+        let mut scorer =
+            Scorer::new(&self.opts.metrics, &self.wordnet_dir(&ctx.root), bert.as_ref())?.with_rouge_target(target);
         if let Some(dir) = &self.opts.punkt_dir {
             scorer = scorer.with_punkt(&ctx.root.join(dir))?;
         }
@@ -313,7 +332,7 @@ impl Stage for Metrics {
                 }
                 let rows = &scores[first..first + n];
                 for k in 0..columns.len() {
-                    arrays.push(Arc::new(Float64Array::from_iter_values(rows.iter().map(|s| s[k]))));
+                    arrays.push(Arc::new(Float64Array::from_iter_values(rows.iter().map(|s| per_sample(s[k])))));
                 }
                 out.write(&RecordBatch::try_new(schema.clone(), arrays)?)?;
                 progress.inc(n as u64);
