@@ -9,10 +9,18 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 use support::eval_fixtures::wordnet_installed;
-use support::{Project, parquet_rows};
+use support::{Project, Run, parquet_rows};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/eval").join(name)
+}
+
+/// `synth score --input INPUT --metrics METRICS --out OUT EXTRA...` in `p`.
+fn synth_score(p: &Project, input: &Path, metrics: &str, out: &Path, extra: &[&str]) -> Run {
+    let mut args =
+        vec!["score", "--input", input.to_str().unwrap(), "--metrics", metrics, "--out", out.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    p.synth(&args)
 }
 
 fn expected(name: &str) -> BTreeMap<String, serde_json::Map<String, Value>> {
@@ -33,9 +41,7 @@ fn score_matches_the_reference_values() {
     let metrics = if with_meteor { "bleu,rouge,meteor" } else { "bleu,rouge" };
     let out = p.path().join("scores.parquet");
     let input = fixture("pairs.jsonl");
-    let r = p
-        .synth(&["score", "--input", input.to_str().unwrap(), "--metrics", metrics, "--out", out.to_str().unwrap()])
-        .ok();
+    let r = synth_score(&p, &input, metrics, &out, &[]).ok();
     let summary: Value = serde_json::from_str(r.stdout.trim()).unwrap();
     let rows = parquet_rows(&out);
     let br = expected("bleu_rouge.expected.jsonl");
@@ -82,9 +88,8 @@ fn score_reports_bad_input_with_file_line_and_field() {
     let out = p.path().join("o.jsonl");
     let failures = p.path().join("o.failures.parquet");
     let input = p.path().join("pairs.jsonl");
-    let args = ["score", "--input", input.to_str().unwrap(), "--metrics", "bleu", "--out", out.to_str().unwrap()];
     // By default the good rows are scored and every bad one is kept with its reason.
-    let r = p.synth(&args).ok();
+    let r = synth_score(&p, &input, "bleu", &out, &[]).ok();
     assert!(r.stderr.contains("3 row(s)") && r.stderr.contains("pairs.jsonl:2: no field \"response\""), "{}", r.stderr);
     let summary: Value = serde_json::from_str(r.stdout.trim()).unwrap();
     assert_eq!((summary["rows"].as_u64(), summary["failed"].as_u64()), (Some(1), Some(3)), "{summary}");
@@ -98,22 +103,18 @@ fn score_reports_bad_input_with_file_line_and_field() {
     assert_eq!(bad[0]["record"].as_str(), Some("not json"));
     // --strict stops at the first one and writes nothing.
     std::fs::remove_file(&out).unwrap();
-    let mut strict = args.to_vec();
-    strict.push("--strict");
-    let r = p.synth(&strict).code(2);
+    let r = synth_score(&p, &input, "bleu", &out, &["--strict"]).code(2);
     assert!(r.stderr.contains("pairs.jsonl:2: no field \"response\""), "{}", r.stderr);
     assert!(!out.exists(), "nothing written with --strict");
     // A clean input removes the earlier failures file.
     p.write("pairs.jsonl", "{\"response\": \"a\", \"reference\": \"b\"}\n");
-    p.synth(&args).ok();
+    synth_score(&p, &input, "bleu", &out, &[]).ok();
     assert!(!failures.exists(), "stale failures file removed");
     // Only bad rows: an error that points at the failures.
     p.write("pairs.jsonl", "[1]\n");
-    let r = p.synth(&args).code(2);
+    let r = synth_score(&p, &input, "bleu", &out, &[]).code(2);
     assert!(r.stderr.contains("none of its 1 rows could be scored"), "{}", r.stderr);
-    let r = p
-        .synth(&["score", "--input", input.to_str().unwrap(), "--metrics", "blue", "--out", out.to_str().unwrap()])
-        .code(2);
+    let r = synth_score(&p, &input, "blue", &out, &[]).code(2);
     assert!(r.stderr.contains("unknown metric \"blue\""), "{}", r.stderr);
 }
 
@@ -126,9 +127,7 @@ fn rouge_target_option_switches_the_lsum_order() {
     let br = expected("bleu_rouge.expected.jsonl");
     for (target, key) in [("response", "rougeLsum"), ("reference", "rougeLsum_target_reference")] {
         let out = p.path().join(format!("{target}.parquet"));
-        let mut args = vec!["score", "--input", input.to_str().unwrap(), "--metrics", "rouge"];
-        args.extend(["--rouge-target", target, "--out", out.to_str().unwrap()]);
-        p.synth(&args).ok();
+        synth_score(&p, &input, "rouge", &out, &["--rouge-target", target]).ok();
         let rows = parquet_rows(&out);
         let mut differs = 0;
         for row in &rows {
@@ -151,20 +150,9 @@ fn score_names_a_missing_parquet_column() {
     p.write("pairs.jsonl", "{\"response\": \"a b\", \"reference\": \"a b\"}\n");
     let scores = p.path().join("s.parquet");
     let input = p.path().join("pairs.jsonl");
-    p.synth(&["score", "--input", input.to_str().unwrap(), "--metrics", "bleu", "--out", scores.to_str().unwrap()])
-        .ok();
+    synth_score(&p, &input, "bleu", &scores, &[]).ok();
     // The scores file has no "response" column: scoring it must say so.
-    let r = p
-        .synth(&[
-            "score",
-            "--input",
-            scores.to_str().unwrap(),
-            "--metrics",
-            "bleu",
-            "--out",
-            p.path().join("t.jsonl").to_str().unwrap(),
-        ])
-        .code(2);
+    let r = synth_score(&p, &scores, "bleu", &p.path().join("t.jsonl"), &[]).code(2);
     assert!(r.stderr.contains("s.parquet: no column \"response\" (columns: id"), "{}", r.stderr);
 }
 
@@ -309,11 +297,7 @@ fn punkt_model_changes_meteor_tokenization_only_where_it_should() {
     }
     let input = p.path().join("pairs.jsonl");
     let score = |extra: &[&str]| -> f64 {
-        let out = p.path().join("s.jsonl");
-        let mut args =
-            vec!["score", "--input", input.to_str().unwrap(), "--metrics", "meteor", "--out", out.to_str().unwrap()];
-        args.extend_from_slice(extra);
-        let r = p.synth(&args).ok();
+        let r = synth_score(&p, &input, "meteor", &p.path().join("s.jsonl"), extra).ok();
         let v: Value = serde_json::from_str(r.stdout.trim()).unwrap();
         v["summary"]["overall"]["meteor"]["mean"].as_f64().unwrap()
     };
@@ -323,19 +307,7 @@ fn punkt_model_changes_meteor_tokenization_only_where_it_should() {
     assert!(untrained > 0.0 && trained > 0.0);
     assert_ne!(untrained, trained, "\"Dr.\" is split differently with the abbreviation known");
     std::fs::remove_file(punkt.join("ortho_context.tab")).unwrap();
-    let out = p.path().join("s.jsonl");
-    let r = p
-        .synth(&[
-            "score",
-            "--input",
-            input.to_str().unwrap(),
-            "--metrics",
-            "meteor",
-            "--out",
-            out.to_str().unwrap(),
-            "--punkt-dir",
-            punkt.to_str().unwrap(),
-        ])
-        .code(2);
+    let r =
+        synth_score(&p, &input, "meteor", &p.path().join("s.jsonl"), &["--punkt-dir", punkt.to_str().unwrap()]).code(2);
     assert!(r.stderr.contains("ortho_context.tab"), "{}", r.stderr);
 }
