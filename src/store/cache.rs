@@ -138,6 +138,18 @@ struct Journaled {
     usage: Use,
 }
 
+/// The `R` record of a response (the borrowed form of [`Journaled`]).
+fn response_line(row: &ResponseRow, usage: &Use) -> String {
+    #[derive(Serialize)]
+    struct Line<'a> {
+        #[serde(flatten)]
+        row: &'a ResponseRow,
+        #[serde(rename = "use")]
+        usage: &'a Use,
+    }
+    format!("R\t{}\n", serde_json::to_string(&Line { row, usage }).expect("serializable"))
+}
+
 enum Cmd {
     PutResponse(ResponseRow, Use, oneshot::Sender<Result<()>>),
     PutVectors(String, Vec<(String, Vec<f32>)>, Use, oneshot::Sender<Result<()>>),
@@ -192,9 +204,10 @@ struct Journal {
 }
 
 impl Journal {
-    /// Write a journal holding `open` and nothing else.
-    fn create(path: PathBuf, open: IndexMap<String, String>) -> Result<Journal> {
-        let text: String = open.iter().map(|(k, s)| format!("S\t{k}\t{s}\n")).collect();
+    /// Write a journal holding `open` and the `R` records in `kept`, nothing else.
+    fn create(path: PathBuf, open: IndexMap<String, String>, kept: &str) -> Result<Journal> {
+        let mut text: String = open.iter().map(|(k, s)| format!("S\t{k}\t{s}\n")).collect();
+        text.push_str(kept);
         super::atomic::write_atomic(&path, text.as_bytes())?;
         let file = std::fs::OpenOptions::new()
             .append(true)
@@ -210,10 +223,11 @@ impl Journal {
         Ok(())
     }
 
-    /// Rewrite the file with only the open requests (atomically).
-    fn rewrite(&mut self) -> Result<()> {
+    /// Rewrite the file with only the open requests and the `R` records in `kept`
+    /// (atomically).
+    fn rewrite(&mut self, kept: &str) -> Result<()> {
         let (limit, live) = (self.limit, self.live);
-        *self = Journal::create(self.path.clone(), std::mem::take(&mut self.open))?;
+        *self = Journal::create(self.path.clone(), std::mem::take(&mut self.open), kept)?;
         (self.limit, self.live) = (limit, live);
         Ok(())
     }
@@ -317,16 +331,15 @@ impl Cache {
     pub async fn put_response(&self, row: ResponseRow, usage: &Use) -> Result<()> {
         let (done, wait) = oneshot::channel();
         {
-            let entry = Journaled { row, usage: usage.clone() };
-            let line = format!("R\t{}\n", serde_json::to_string(&entry).expect("serializable"));
+            let line = response_line(&row, usage);
             // The journal lock is held until the command is queued: compaction (which
             // takes the same lock) never drops a response the database does not hold.
             let mut j = self.journal.lock().expect("journal");
             j.append(&line)?;
-            let settled = j.settle_one(&entry.row.key);
+            let settled = j.settle_one(&row.key);
             let mut q = self.shared.queue.lock().expect("cache queue");
             q.settled |= settled;
-            enqueue(&mut q, Cmd::PutResponse(entry.row, entry.usage, done), &self.shared.cond)?;
+            enqueue(&mut q, Cmd::PutResponse(row, usage.clone(), done), &self.shared.cond)?;
         }
         wait.await.map_err(|_| anyhow!("the cache writer stopped"))?
     }
@@ -505,7 +518,7 @@ fn recover(journal: &Path, conn: &mut Connection) -> Result<Replay> {
 /// Returns the new journal and how many responses were replayed.
 fn settle(path: &Path, conn: &mut Connection) -> Result<(Journal, usize)> {
     let replay = recover(path, conn)?;
-    let journal = Journal::create(path.to_path_buf(), replay.in_flight.into_iter().collect())?;
+    let journal = Journal::create(path.to_path_buf(), replay.in_flight.into_iter().collect(), "")?;
     Ok((journal, replay.recovered))
 }
 
@@ -540,6 +553,7 @@ fn writer_loop(
     // oldest of them was queued.
     let mut waiting: Vec<oneshot::Sender<Result<()>>> = Vec::new();
     let mut deadline: Option<Instant> = None;
+    let mut commit_failed = false;
     loop {
         let (batch, closing) = {
             let mut q = shared.queue.lock().expect("cache queue");
@@ -575,6 +589,7 @@ fn writer_loop(
                 let mut c = conn.lock().expect("cache connection");
                 apply(&mut c, &batch, &counts).map_err(|e| format!("writing {}: {e:#}", path.display()))
             };
+            commit_failed |= result.is_err();
             for cmd in batch {
                 let done = match cmd {
                     Cmd::PutResponse(_, _, d) | Cmd::PutVectors(_, _, _, d) | Cmd::Flush(d) => d,
@@ -599,10 +614,17 @@ fn writer_loop(
                 Some(f) => f.sync_data().map_err(|e| format!("syncing {}: {e}", wal_path.display())),
                 None => Ok(()),
             };
+            // Compacted before the acknowledgements: a caller that saw its response
+            // stored never finds the journal past its limit by more than what was
+            // appended since.
+            // After a failed commit the journal alone holds those responses: it is
+            // left whole for the next run to replay.
+            if synced.is_ok() && !commit_failed {
+                compact_journal(&journal, &shared);
+            }
             for done in waiting.drain(..) {
                 let _ = done.send(synced.clone().map_err(|e| anyhow!(e)));
             }
-            compact_journal(&journal, &shared);
         }
         if waiting.is_empty() {
             deadline = None;
@@ -613,18 +635,25 @@ fn writer_loop(
     }
 }
 
-/// Rewrite a journal grown past its limit, once every response it holds is committed
-/// (none queued: `put_response` queues under the journal lock).
+/// Rewrite a journal grown past its limit, after a commit and its fsync: it keeps the
+/// requests still open and the responses queued but not yet committed (the journal
+/// and queue locks are both held, and `put_response` appends and queues under the
+/// journal lock, so no response is in the file that is neither committed nor queued).
 fn compact_journal(journal: &Mutex<Journal>, shared: &Shared) {
     let mut j = journal.lock().expect("journal");
     if j.bytes < j.limit {
         return;
     }
     let q = shared.queue.lock().expect("cache queue");
-    if q.cmds.iter().any(|c| matches!(c, Cmd::PutResponse(..))) {
-        return; // next time
-    }
-    if let Err(e) = j.rewrite() {
+    let kept: String = q
+        .cmds
+        .iter()
+        .filter_map(|c| match c {
+            Cmd::PutResponse(row, usage, _) => Some(response_line(row, usage)),
+            _ => None,
+        })
+        .collect();
+    if let Err(e) = j.rewrite(&kept) {
         tracing::warn!("compacting the request journal: {e:#}");
     }
     drop(q);
@@ -973,5 +1002,40 @@ mod tests {
             assert!(cache.get_response(&format!("k{n}"), &u).unwrap().is_some(), "k{n}");
         }
         assert_eq!(cache.in_flight().unwrap(), vec![("open".to_string(), "s".to_string())]);
+    }
+
+    /// Compaction keeps the responses queued but not yet committed: a kill right
+    /// after it still replays them.
+    #[test]
+    fn compaction_keeps_queued_responses() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(JOURNAL_FILE);
+        let open: IndexMap<String, String> = [("o".to_string(), "s".to_string())].into_iter().collect();
+        let mut j = Journal::create(path.clone(), open, "").unwrap();
+        j.limit = 1;
+        let u = Use { stage: "s".into(), fingerprint: "f".into() };
+        j.append(&response_line(&row("committed"), &u)).unwrap();
+        j.append(&response_line(&row("queued"), &u)).unwrap();
+        let (done, _wait) = oneshot::channel();
+        let queue = Queue { cmds: vec![Cmd::PutResponse(row("queued"), u.clone(), done)], ..Queue::default() };
+        let shared = Shared { queue: Mutex::new(queue), cond: std::sync::Condvar::new() };
+        let journal = Mutex::new(j);
+        compact_journal(&journal, &shared);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with("S\to\ts\nR\t"), "{text}");
+        assert_eq!(text.lines().count(), 2, "{text}");
+        let mut conn = Connection::open(dir.path().join(CACHE_FILE)).unwrap();
+        conn.execute_batch(SCHEMA).unwrap();
+        let replay = recover(&path, &mut conn).unwrap();
+        assert_eq!(replay.recovered, 1);
+        let keys: Vec<String> = conn
+            .prepare("SELECT key FROM responses")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(|k| k.unwrap())
+            .collect();
+        assert_eq!(keys, ["queued"]);
+        assert_eq!(replay.in_flight, [("o".to_string(), "s".to_string())]);
     }
 }
