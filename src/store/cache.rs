@@ -10,7 +10,9 @@
 //! in flight when the process stopped (the next run sends it again, nothing else).
 //! Opening the cache replays journaled responses missing from the database, then
 //! rewrites the journal with only the requests still in flight; a long run compacts
-//! it the same way once it passes 64 MiB.
+//! it past 64 MiB after a commit and its fsync, before acknowledging them, keeping the
+//! requests in flight and the responses queued but not yet committed (never after a
+//! failed commit: the journal then holds the only copy).
 //!
 //! One writer thread applies writes in windows: the first command queued opens a
 //! window that stays open while requests that could join it are still waiting for
@@ -333,7 +335,8 @@ impl Cache {
         {
             let line = response_line(&row, usage);
             // The journal lock is held until the command is queued: compaction (which
-            // takes the same lock) never drops a response the database does not hold.
+            // takes the same lock) keeps every queued response, so it never drops one
+            // the database does not hold.
             let mut j = self.journal.lock().expect("journal");
             j.append(&line)?;
             let settled = j.settle_one(&row.key);
