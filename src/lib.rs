@@ -2,23 +2,23 @@
 //! stages; stages form a DAG through their `inputs`; every stage output is
 //! materialized as Parquet, fingerprinted and reused when nothing changed.
 //!
-//! Layout (see ARCHITECTURE.md for the invariants):
-//! - [`config`]: TOML → checked [`config::Pipeline`] with `path:line:col` diagnostics.
-//! - [`dag`]: the graph, fingerprints and the scheduler that runs stages.
-//! - [`stages`]: the `Stage` trait and one file per stage kind.
-//! - [`store`]: crash-safe files, Parquet, failures, state records, the manifest.
-//! - [`data`]: records as Arrow batches and their JSON view.
-//! - [`template`]: minijinja templates and expressions over record columns.
-//! - [`hub`]: Hugging Face Hub downloads (hf-hub).
-//! - [`llm`]: chat providers, rate control, retries, parsers, the cached call path.
-//! - [`embed`]: embedders (hashing, fastembed, OpenAI-compatible endpoints).
-//! - [`rolemrc`]: the RoleMRC answer formats and planner.
-//! - [`eval`]: reference metrics (BLEU, ROUGE, METEOR) equal to the official code.
-//! - [`secrets`]: API keys kept out of every log and artifact.
-//! - [`progress`]: progress bars and log lines.
-//! - [`retrieval`]: exact (AVX-512) and HNSW max/min inner-product search.
-//! - [`bench`]: `synth bench` measurements.
-//! - [`cli`]: the command line.
+//! Layers, lowest first (ARCHITECTURE.md, "Layers"; `tests/tidy.rs` enforces them: a
+//! module uses only modules of its own layer or below):
+//! - L0 leaves: [`data`] (records as Arrow batches, their JSON view), [`rng`],
+//!   [`secrets`] (keys kept out of every artifact, redaction), [`template`] (minijinja),
+//!   [`progress`], [`config`] (spanned TOML, diagnostics, option schemas, declarations),
+//!   [`store`] (crash-safe files, Parquet, failures, state, the summary protocol, the
+//!   response cache), [`eval`] (reference metric ports), [`retrieval`] (exact and HNSW
+//!   max/min inner-product search), [`onnx`] (ONNX Runtime), [`hub`] (hf-hub).
+//! - L1 capabilities: [`llm`] (providers, rate control, retries, parsers, the offline
+//!   stand-in), [`embed`] (hashing, fastembed, OpenAI-compatible embedders).
+//! - L2 run services: [`services`] (what a run shares: providers, embedders, cache,
+//!   network runtime, the cached call path).
+//! - L3 stage API and L4 kinds: [`stages`] (the `Stage` trait, contexts, `exec`; one file
+//!   per engine kind), [`methods`] (one folder per benchmark method).
+//! - L5 compile and run: [`pipeline`] (TOML → checked pipeline), [`dag`] (graph,
+//!   fingerprints, the runner), [`registry`] (engine kinds + every method's).
+//! - L6 front ends: [`cli`], [`bench`].
 
 pub mod bench;
 pub mod cli;
@@ -29,11 +29,15 @@ pub mod embed;
 pub mod eval;
 pub mod hub;
 pub mod llm;
+pub mod methods;
+pub mod onnx;
+pub mod pipeline;
 pub mod progress;
+pub mod registry;
 pub mod retrieval;
 pub mod rng;
-pub mod rolemrc;
 pub mod secrets;
+pub mod services;
 pub mod stages;
 pub mod store;
 pub mod template;

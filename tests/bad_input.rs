@@ -1,7 +1,7 @@
 //! Bad input: each case gets one clear message naming what and where, nothing
 //! partial is left looking complete, and completed work is kept.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 

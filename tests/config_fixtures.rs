@@ -3,7 +3,7 @@
 //! A first line `# args: ...` adds command-line arguments. Set UPDATE_EXPECT=1 to
 //! rewrite the expectations after an intended change (then review the diff).
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 

@@ -3,7 +3,7 @@
 //! committed before the kill are not redone; nothing partial is left looking
 //! complete. Ctrl-C (SIGINT) stops cleanly with exit 130 and a resume hint.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

@@ -2,7 +2,7 @@
 //! selection flags, determinism, record failures and the failure ratio, the
 //! manifest, and the inspect / stats / graph / list commands.
 
-mod support;
+use crate::support;
 
 use support::{Project, assert_same_outputs, manifest, parquet_rows, people_jsonl, statuses};
 

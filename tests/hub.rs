@@ -3,7 +3,7 @@
 //! download, and runs keep working when the hub is gone), config/split file
 //! selection, and a clear error for a repository that does not exist.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

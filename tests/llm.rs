@@ -5,7 +5,7 @@
 //! left unchanged by a config change come from the cache, the circuit breaker
 //! gives up instead of burning retries, and the API key appears in no artifact.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

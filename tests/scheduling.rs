@@ -12,8 +12,8 @@ use arrow::array::{RecordBatch, StringArray};
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use synth::config::diag::Diagnostics;
-use synth::config::{LoadOptions, load};
 use synth::dag::runner::{RunError, RunOptions, run};
+use synth::pipeline::{LoadOptions, load};
 use synth::progress::{Mode, ProgressHub};
 use synth::stages::{Arity, BuildCtx, Cancelled, KindInfo, PlanCtx, Role, RunCtx, Stage};
 use tokio_util::sync::CancellationToken;
@@ -92,12 +92,14 @@ static BARRIER_KIND: KindInfo = KindInfo {
     arity: Arity::AtLeast(0),
     options: &[],
     uses_seed: false,
+    summary: false,
+    example: "",
     build: build_barrier,
 };
 static PLAIN_KIND: KindInfo = KindInfo { name: "test_plain", build: build_plain, ..BARRIER_KIND };
 static WAIT_KIND: KindInfo = KindInfo { name: "test_wait", build: build_wait, ..BARRIER_KIND };
 
-fn pipeline(dir: &std::path::Path, text: &str) -> Arc<synth::config::Pipeline> {
+fn pipeline(dir: &std::path::Path, text: &str) -> Arc<synth::pipeline::Pipeline> {
     let path = dir.join("p.toml");
     std::fs::write(&path, text).unwrap();
     let opts = LoadOptions { extra_kinds: vec![&BARRIER_KIND, &PLAIN_KIND, &WAIT_KIND], ..Default::default() };

@@ -2,7 +2,7 @@
 //! no GPU) put where the default command expects the reference trainer
 //! (`pipelines/trainers/trl_train.py`), so the default command line is exercised too.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 

@@ -11,8 +11,8 @@ use arrow::array::{Float64Array, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{LoadOptions, load};
 use crate::dag::runner::{RunOptions, run};
+use crate::pipeline::{LoadOptions, load};
 use crate::progress::{Mode, ProgressHub};
 
 /// Peak resident set size of this process in MiB (Linux VmHWM).
@@ -179,8 +179,10 @@ fn defaults_of(specs: &[crate::config::options::OptionSpec]) -> serde_json::Map<
 pub fn llm(args: &LlmBench) -> Result<serde_json::Value> {
     use futures::StreamExt;
 
-    use crate::llm::services::{Decl, OPENAI, Services};
+    use crate::config::decl::Decl;
+    use crate::llm::provider::OPENAI;
     use crate::llm::{CallCtx, ChatRequest, Message};
+    use crate::services::Services;
 
     let dir = tempdir()?;
     let mut options = defaults_of(OPENAI.options);
@@ -195,7 +197,13 @@ pub fn llm(args: &LlmBench) -> Result<serde_json::Value> {
         options.insert("requests_per_minute".into(), rpm.into());
     }
     let decl = Decl { name: "bench".into(), kind: "openai".into(), options: serde_json::Value::Object(options) };
-    let services = Services::new(&dir, &dir, [("bench".to_string(), decl)].into(), Default::default());
+    let services = Services::new(
+        &dir,
+        &dir,
+        [("bench".to_string(), decl)].into(),
+        Default::default(),
+        crate::registry::Registry::builtin().shapes.clone(),
+    );
     // The same runtimes `synth run` uses: the engine's, and the network runtime that
     // network-bound stages (an `llm` stage on an `openai` provider) run on.
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -221,7 +229,7 @@ pub fn llm(args: &LlmBench) -> Result<serde_json::Value> {
                 .map(|i| {
                     let req = ChatRequest {
                         messages: vec![Message::new(
-                            "user",
+                            crate::llm::Role::User,
                             format!("Benchmark request {i} ({nonce:x}): reply with one short sentence."),
                         )],
                         params: Default::default(),

@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use super::{EXIT_OK, GraphArgs, GraphFormat};
-use crate::config::Pipeline;
+use crate::pipeline::Pipeline;
 use crate::stages::Role;
 
 pub fn run(args: &GraphArgs) -> i32 {

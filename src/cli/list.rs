@@ -1,9 +1,11 @@
-//! `synth list`: every stage kind with its options and defaults, plus the options
-//! common to all stages and those of the `[pipeline]` table.
+//! `synth list`: every stage kind with its options and defaults — the engine's kinds,
+//! then each method's — plus the options common to all stages, those of the
+//! `[pipeline]` table, and the provider, embedder and parser kinds.
 
 use super::EXIT_OK;
 use crate::config::options::describe_specs;
-use crate::stages::{Arity, COMMON_OPTIONS, KINDS, Role};
+use crate::registry::Registry;
+use crate::stages::{Arity, COMMON_OPTIONS, KindInfo, Role};
 
 pub fn run() -> i32 {
     print!("{}", render());
@@ -13,27 +15,22 @@ pub fn run() -> i32 {
 pub fn render() -> String {
     let mut out = String::new();
     out.push_str("[pipeline] options:\n");
-    describe_specs(crate::config::pipeline_options(), "    ", &mut out);
+    describe_specs(crate::pipeline::pipeline_options(), "    ", &mut out);
     out.push_str("\noptions of every stage:\n");
     describe_specs(COMMON_OPTIONS, "    ", &mut out);
-    out.push_str("\nstage kinds:\n");
-    for k in KINDS {
-        let role = match k.role {
-            Role::Source => "source",
-            Role::Transform => "transform",
-            Role::Sink => "sink",
-        };
-        let arity = match k.arity {
-            Arity::None => "no inputs".to_string(),
-            Arity::Exactly(1) => "1 input".to_string(),
-            Arity::Exactly(n) => format!("{n} inputs"),
-            Arity::AtLeast(n) => format!("{n}+ inputs"),
-        };
-        out.push_str(&format!("\n  {} ({role}, {arity}, v{}): {}\n", k.name, k.version, k.about));
-        describe_specs(k.options, "    ", &mut out);
+    let registry = Registry::builtin();
+    out.push_str("\nengine stage kinds:\n");
+    for k in registry.kinds.iter().filter(|k| registry.method_of(k.name).is_none()) {
+        describe_kind(k, &mut out);
+    }
+    for m in &registry.methods {
+        out.push_str(&format!("\nstage kinds of the method {} ({}):\n", m.name, m.about));
+        for k in m.kinds {
+            describe_kind(k, &mut out);
+        }
     }
     out.push_str("\nprovider kinds ([providers.NAME] kind = ...):\n");
-    for k in crate::llm::services::PROVIDER_KINDS {
+    for k in crate::llm::provider::PROVIDER_KINDS {
         out.push_str(&format!("\n  {}: {}\n", k.name, k.about));
         describe_specs(k.options, "    ", &mut out);
     }
@@ -43,9 +40,25 @@ pub fn render() -> String {
         describe_specs(k.options, "    ", &mut out);
     }
     out.push_str("\nparsers (llm stages: parser = ..., parser_options = { ... }):\n");
-    for k in crate::llm::parse::kinds() {
+    for k in &registry.parsers {
         out.push_str(&format!("\n  {}: {}\n", k.name, k.about));
         describe_specs(k.options, "    ", &mut out);
     }
     out
+}
+
+fn describe_kind(k: &KindInfo, out: &mut String) {
+    let role = match k.role {
+        Role::Source => "source",
+        Role::Transform => "transform",
+        Role::Sink => "sink",
+    };
+    let arity = match k.arity {
+        Arity::None => "no inputs".to_string(),
+        Arity::Exactly(1) => "1 input".to_string(),
+        Arity::Exactly(n) => format!("{n} inputs"),
+        Arity::AtLeast(n) => format!("{n}+ inputs"),
+    };
+    out.push_str(&format!("\n  {} ({role}, {arity}, v{}): {}\n", k.name, k.version, k.about));
+    describe_specs(k.options, "    ", out);
 }

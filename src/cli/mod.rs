@@ -164,8 +164,8 @@ pub struct PipelineArgs {
 }
 
 impl PipelineArgs {
-    pub fn load_options(&self) -> crate::config::LoadOptions {
-        crate::config::LoadOptions {
+    pub fn load_options(&self) -> crate::pipeline::LoadOptions {
+        crate::pipeline::LoadOptions {
             profile: match (self.offline, &self.profile) {
                 (true, Some(p)) => Some(format!("offline,{p}")),
                 (true, None) => Some("offline".into()),
@@ -395,8 +395,8 @@ pub fn report_diagnostics(diags: &crate::config::diag::Diagnostics) -> bool {
 }
 
 /// Load a pipeline or print why not.
-pub fn load_or_report(args: &PipelineArgs) -> Result<crate::config::Pipeline, i32> {
-    let (pipeline, diags) = crate::config::load(&args.pipeline, &args.load_options());
+pub fn load_or_report(args: &PipelineArgs) -> Result<crate::pipeline::Pipeline, i32> {
+    let (pipeline, diags) = crate::pipeline::load(&args.pipeline, &args.load_options());
     report_diagnostics(&diags);
     match pipeline {
         Some(p) if !diags.has_errors() => Ok(p),

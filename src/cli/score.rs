@@ -18,7 +18,7 @@ use crate::eval::bertscore::BertScoreConfig;
 use crate::eval::rouge::RougeTarget;
 use crate::eval::score::{OVERALL, Scorer, per_sample, summarize};
 use crate::store::atomic::{create_tmp, finish_file};
-use crate::store::failures::{Failure, write_failures};
+use crate::store::failures::{Failure, FailureKind, write_failures};
 use crate::store::parquet::{ParquetOut, read_all};
 
 pub fn run(args: &ScoreArgs) -> i32 {
@@ -66,11 +66,11 @@ fn read_pairs(args: &ScoreArgs) -> Result<(Vec<Pair>, Vec<Failure>)> {
     let path = &args.input;
     let mut out = Vec::new();
     let mut failed = Vec::new();
-    let mut bad = |id: String, kind: &str, message: String, record: Option<String>| -> Result<()> {
+    let mut bad = |id: String, kind: FailureKind, message: String, record: Option<String>| -> Result<()> {
         if args.strict {
             bail!("{message}");
         }
-        failed.push(Failure { id, kind: kind.to_string(), message, record });
+        failed.push(Failure { id, kind, message, record });
         Ok(())
     };
     if path.extension().is_some_and(|e| e == "parquet") {
@@ -91,7 +91,7 @@ fn read_pairs(args: &ScoreArgs) -> Result<(Vec<Pair>, Vec<Failure>)> {
                     Ok(p) => out.push(p),
                     Err(e) => bad(
                         row_id(&row, n),
-                        "schema",
+                        FailureKind::Schema,
                         format!("{}: row {n}: {e}", path.display()),
                         Some(Value::Object(row).to_string()),
                     )?,
@@ -111,7 +111,7 @@ fn read_pairs(args: &ScoreArgs) -> Result<(Vec<Pair>, Vec<Failure>)> {
             n += 1;
             let at = format!("{}:{n}", path.display());
             let Ok(line) = std::str::from_utf8(&buf) else {
-                bad(format!("line-{n}"), "parse", format!("{at}: not UTF-8 text"), None)?;
+                bad(format!("line-{n}"), FailureKind::Parse, format!("{at}: not UTF-8 text"), None)?;
                 continue;
             };
             if line.trim().is_empty() {
@@ -121,9 +121,11 @@ fn read_pairs(args: &ScoreArgs) -> Result<(Vec<Pair>, Vec<Failure>)> {
             match serde_json::from_str::<serde_json::Map<String, Value>>(line) {
                 Ok(row) => match pair(&row, n, args) {
                     Ok(p) => out.push(p),
-                    Err(e) => bad(row_id(&row, n), "schema", format!("{at}: {e}"), record)?,
+                    Err(e) => bad(row_id(&row, n), FailureKind::Schema, format!("{at}: {e}"), record)?,
                 },
-                Err(e) => bad(format!("line-{n}"), "parse", format!("{at}: not a JSON object: {e}"), record)?,
+                Err(e) => {
+                    bad(format!("line-{n}"), FailureKind::Parse, format!("{at}: not a JSON object: {e}"), record)?
+                }
             }
         }
     }

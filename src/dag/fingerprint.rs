@@ -5,8 +5,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::config::StageDecl;
 use crate::config::options::fingerprint_view;
+use crate::pipeline::StageDecl;
 use crate::stages::{COMMON_OPTIONS, Role};
 use crate::store::state::FingerprintParts;
 

@@ -16,9 +16,9 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::fingerprint::{combine, config_part, explain};
-use crate::config::Pipeline;
-use crate::llm::services::Services;
+use crate::pipeline::Pipeline;
 use crate::progress::ProgressHub;
+use crate::services::Services;
 use crate::stages::{Cancelled, Input, PrepareCtx, Prepared, Role, RunCtx, failures_path, output_path};
 use crate::store::atomic::clean_debris;
 use crate::store::failures::write_failures;
@@ -26,7 +26,7 @@ use crate::store::filehash::FileHasher;
 use crate::store::parquet::{FINGERPRINT_KEY, read_footer};
 use crate::store::state::{
     FingerprintParts, INTERNAL_DIR, Manifest, ManifestStage, OutputRecord, PipelineInfo, RunStatus, StageReport,
-    StageState, StageStatus, now_rfc3339, redact, relative_to,
+    StageState, StageStatus, now_rfc3339, relative_to,
 };
 
 #[derive(Debug, Clone, Default)]
@@ -172,7 +172,8 @@ pub async fn run(
         manifest.save(&out_dir).map_err(fail)?;
     }
     let hasher = Arc::new(Mutex::new(if opts.dry_run { FileHasher::ephemeral() } else { FileHasher::load(&out_dir) }));
-    let services = Services::new(&out_dir, &p.root, p.providers.clone(), p.embedders.clone());
+    let services =
+        Services::new(&out_dir, &p.root, p.providers.clone(), p.embedders.clone(), p.registry.shapes.clone());
 
     let mut nodes: Vec<Node> = (0..n).map(|i| if modes[i].is_none() { Node::Skipped } else { Node::Pending }).collect();
     for (i, node) in nodes.iter().enumerate() {
@@ -468,7 +469,7 @@ fn new_manifest(p: &Pipeline, previous: &Option<Manifest>) -> Manifest {
         started_at: now_rfc3339(),
         finished_at: None,
         error: None,
-        config: redact(&p.resolved),
+        config: crate::secrets::redact(&p.resolved),
         stages,
         totals: Default::default(),
     }
@@ -637,7 +638,7 @@ impl StageJob {
 /// Check the failure ratio, then commit: failures, outputs, state record.
 fn finish_stage(
     out_dir: &Path,
-    decl: &crate::config::StageDecl,
+    decl: &crate::pipeline::StageDecl,
     fp: &str,
     parts: FingerprintParts,
     mut ctx: RunCtx,

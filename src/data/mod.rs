@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+pub mod chat;
+
 use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::error::ArrowError;

@@ -12,9 +12,10 @@ use std::sync::Arc;
 use anyhow::{Result, bail};
 use async_trait::async_trait;
 
+use crate::config::decl::{Decl, ProviderKind};
 use crate::config::options::{NUMBER, OptionSpec, POSITIVE, Ty, UINT};
 use crate::llm::CallCtx;
-use crate::llm::services::{Decl, ProviderKind, Services};
+use crate::llm::rate::RateRegistry;
 
 /// Turns texts into vectors.
 #[async_trait]
@@ -40,14 +41,7 @@ pub trait Fitter: Send {
     fn finish(self: Box<Self>) -> Arc<dyn Embedder>;
 }
 
-pub fn l2_normalize(v: &mut [f32]) {
-    let norm = v.iter().map(|x| (*x as f64) * (*x as f64)).sum::<f64>().sqrt();
-    if norm > 0.0 {
-        for x in v.iter_mut() {
-            *x = (*x as f64 / norm) as f32;
-        }
-    }
-}
+pub use crate::retrieval::l2_normalize;
 
 const HASHING_OPTIONS: &[OptionSpec] = &[
     OptionSpec::default("dim", POSITIVE, "384", "vector dimension"),
@@ -124,11 +118,11 @@ pub static OPENAI: ProviderKind = ProviderKind {
 pub static EMBEDDER_KINDS: &[&ProviderKind] = &[&HASHING, &FASTEMBED, &OPENAI];
 
 /// Build an embedder from its declaration.
-pub fn build(decl: &Decl, services: &Services) -> Result<Arc<dyn Embedder>> {
+pub fn build(decl: &Decl, root: &std::path::Path, rates: &RateRegistry) -> Result<Arc<dyn Embedder>> {
     match decl.kind.as_str() {
         "hashing" => Ok(Arc::new(hashing::Hashing::from_options(&decl.options)?)),
-        "fastembed" => Ok(Arc::new(fastembed::FastEmbed::from_options(&decl.name, &decl.options, services.root())?)),
-        "openai" => Ok(Arc::new(openai::OpenAiEmbedder::from_options(&decl.name, &decl.options, services)?)),
+        "fastembed" => Ok(Arc::new(fastembed::FastEmbed::from_options(&decl.name, &decl.options, root)?)),
+        "openai" => Ok(Arc::new(openai::OpenAiEmbedder::from_options(&decl.name, &decl.options, rates)?)),
         other => bail!("embedder \"{}\": unknown kind \"{other}\"", decl.name),
     }
 }
@@ -145,7 +139,7 @@ pub fn identity(decl: &Decl) -> Result<serde_json::Value> {
     }
     if decl.kind == "openai" {
         let o: openai::Options = serde_json::from_value(decl.options.clone())?;
-        let r = crate::llm::services::resolve_endpoint(
+        let r = crate::llm::endpoint::resolve_endpoint(
             &decl.name,
             &o.base_url,
             &o.base_url_env,

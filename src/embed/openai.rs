@@ -10,10 +10,10 @@ use async_trait::async_trait;
 use serde::Deserialize;
 
 use super::{Embedder, l2_normalize};
+use crate::llm::endpoint::resolve_endpoint;
 use crate::llm::openai::{Endpoint, OpenAiEmbed};
 use crate::llm::pricing::{Price, default_price};
-use crate::llm::rate::{RateConfig, RateControl};
-use crate::llm::services::{Services, resolve_endpoint};
+use crate::llm::rate::{RateConfig, RateControl, RateRegistry};
 use crate::llm::{CallCtx, ChatResponse, LlmError, Usage};
 
 #[derive(Debug, Clone, Deserialize)]
@@ -44,7 +44,7 @@ pub struct OpenAiEmbedder {
 }
 
 impl OpenAiEmbedder {
-    pub fn from_options(name: &str, v: &serde_json::Value, services: &Services) -> Result<OpenAiEmbedder> {
+    pub fn from_options(name: &str, v: &serde_json::Value, rates: &RateRegistry) -> Result<OpenAiEmbedder> {
         let o: Options = serde_json::from_value(v.clone())?;
         let r = resolve_endpoint(name, &o.base_url, &o.base_url_env, &o.model, &o.model_env, &o.api_key_env)?;
         let api_key = crate::secrets::key_from_env(&o.api_key_env);
@@ -63,7 +63,7 @@ impl OpenAiEmbedder {
             ..Default::default()
         };
         let key_hash = blake3::hash(api_key.unwrap_or_default().as_bytes()).to_hex().to_string();
-        let rate = services.embed_rate(&format!("embed|{}|{}|{key_hash}", r.base_url, r.model), name, cfg);
+        let rate = rates.get(&format!("embed|{}|{}|{key_hash}", r.base_url, r.model), name, cfg);
         Ok(OpenAiEmbedder {
             id: format!("openai:{}:{}:dim={}", crate::secrets::scrub(&r.base_url), r.model, o.dim),
             dim: o.dim,

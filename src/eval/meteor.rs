@@ -1,4 +1,4 @@
-//! METEOR as the RoleMRC evaluation computes it: HF `evaluate`'s "meteor" metric, which for
+//! METEOR as reference evaluation scripts compute it: HF `evaluate`'s "meteor" metric, which for
 //! one reference string is NLTK's
 //! `single_meteor_score(word_tokenize(reference), word_tokenize(response), alpha=0.9,
 //! beta=3, gamma=0.5)` (= `meteor_score([reference_tokens], response_tokens)` with NLTK's

@@ -1,5 +1,5 @@
-//! Evaluation of generated answers against references, as the RoleMRC authors'
-//! evaluation code computes it: BLEU (HF `evaluate` "bleu"), ROUGE (Google's
+//! Reference metric ports, equal to the Python implementations evaluation scripts
+//! call (checked against them by the parity tests): BLEU (HF `evaluate` "bleu"), ROUGE (Google's
 //! `rouge_score`), METEOR (NLTK with WordNet 3.0), BERTScore (`bert_score` with an ONNX
 //! encoder). Each metric is one module; all but BERTScore are a pure function per
 //! (response, reference) pair, BERTScore scores a list of pairs with one loaded model.

@@ -1,7 +1,8 @@
 //! ROUGE-1, ROUGE-2, ROUGE-L and ROUGE-Lsum F-measures as Google's `rouge_score` computes
 //! them with `RougeScorer(["rouge1", "rouge2", "rougeL", "rougeLsum"], use_stemmer=True)`
-//! and, as the official RoleMRC `evaluation.py` calls it, `score(response, reference)`:
-//! the response is rouge_score's *target* and the reference its *prediction*. The
+//! called either way round. [`RougeTarget::Response`] is `score(response, reference)`, as
+//! some official evaluation scripts call it: the response is rouge_score's *target* and the
+//! reference its *prediction*. The
 //! F-measures of ROUGE-1/2/L do not depend on that order; ROUGE-Lsum's does when a text
 //! has several lines (its union LCS walks the target's lines), so
 //! [`RougeTarget::Reference`] gives rouge_score's documented order
@@ -31,7 +32,7 @@ pub struct Rouge {
 /// Which text is rouge_score's `target` (only ROUGE-Lsum depends on it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RougeTarget {
-    /// `score(response, reference)`, as the official RoleMRC evaluation calls it.
+    /// `score(response, reference)`, as some official evaluation scripts call it.
     #[default]
     Response,
     /// `score(target=reference, prediction=response)`, rouge_score's documented order.

@@ -180,6 +180,20 @@ pub struct Summary {
     pub std: f64,
 }
 
+/// A score column's heading in reports (the metric's usual name).
+pub fn heading(column: &str) -> &str {
+    match column {
+        "bleu" => "BLEU",
+        "rouge1" => "ROUGE-1",
+        "rouge2" => "ROUGE-2",
+        "rougeL" => "ROUGE-L",
+        "rougeLsum" => "ROUGE-Lsum",
+        "meteor" => "METEOR",
+        "bertscore_f1" => "BERTScore F1",
+        other => other,
+    }
+}
+
 /// The group every row also belongs to.
 pub const OVERALL: &str = "overall";
 

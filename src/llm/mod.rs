@@ -6,30 +6,31 @@
 //! **Invariant:** the only modules that do network I/O are `llm/openai.rs`,
 //! `embed/openai.rs`, `embed/fastembed.rs` (model download) and `hub.rs`.
 
+pub mod endpoint;
 pub mod net;
 pub mod offline;
 pub mod openai;
 pub mod parse;
 pub mod pricing;
+pub mod provider;
 pub mod rate;
-pub mod services;
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-pub use services::{CallCtx, Services};
+pub use crate::data::chat::Role;
 
 /// One chat message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Message {
-    pub role: String,
+    pub role: Role,
     pub content: String,
 }
 
 impl Message {
-    pub fn new(role: &str, content: impl Into<String>) -> Message {
-        Message { role: role.to_string(), content: content.into() }
+    pub fn new(role: Role, content: impl Into<String>) -> Message {
+        Message { role, content: content.into() }
     }
 }
 
@@ -195,4 +196,20 @@ pub trait ChatBackend: Send + Sync {
 /// Rough token count of a text (4 characters per token, as OpenAI's rule of thumb).
 pub fn estimate_tokens(text: &str) -> u64 {
     (text.chars().count() as u64).div_ceil(4).max(1)
+}
+
+/// Who is calling, for accounting and cache tagging.
+#[derive(Clone)]
+pub struct CallCtx {
+    pub stage: String,
+    pub fingerprint: String,
+    pub progress: std::sync::Arc<crate::progress::StageProgress>,
+}
+
+/// A finished chat call.
+#[derive(Debug, Clone)]
+pub struct Completed {
+    pub response: ChatResponse,
+    pub cached: bool,
+    pub retries: u32,
 }

@@ -1,10 +1,13 @@
 //! The `offline` provider: a deterministic stand-in for an LLM that needs no
-//! network, for demos, dry runs and CI. It answers in the *shape* the stage's
-//! parser expects — a 7-section role profile with narrated speech examples, a
-//! 10–15 line `**User**:` / `**Name**:` dialogue, a stylized answer with an
-//! optional narration in parentheses, a `Score: 0/1` judgement, a JSON object —
-//! built from the prompt's own content with a RNG seeded by the prompt. Its
-//! output is marked model `offline`; it is not training data.
+//! network, for demos, dry runs and CI. It answers in the *shape* the stage's parser
+//! expects (`ChatRequest::expect`, e.g. `score` or `json:a,b`), built from the
+//! prompt's own content with a RNG seeded by the prompt. The engine's shapes are
+//! here (`score`: a `Score: 0/1` judgement; `json`: a JSON object with the named
+//! fields; anything else: a short paragraph); a method registers the shapes of its
+//! own parsers ([`OfflineShape`], found through the registry). Its output is marked
+//! model `offline`; it is not training data.
+
+use std::sync::Arc;
 
 use rand::{Rng, RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -13,10 +16,46 @@ use super::{ChatBackend, ChatRequest, ChatResponse, GenParams, LlmError, Usage, 
 
 pub const MODEL: &str = "offline";
 
+/// What a shape generator sees.
+pub struct ShapeInput<'a> {
+    /// Every message's content, joined by newlines.
+    pub prompt: &'a str,
+    /// What follows `name:` in the expected shape (`a,b` of `json:a,b`), else empty.
+    pub args: &'a str,
+    /// The provider's probability that a judge answers 1 (`score_one`).
+    pub score_one: f64,
+}
+
+/// An answer shape the offline provider can imitate: the name a parser's
+/// [`super::parse::Parser::expect`] returns (before any `:`), and its generator.
+pub struct OfflineShape {
+    pub name: &'static str,
+    pub generate: fn(&ShapeInput<'_>, &mut ChaCha8Rng) -> String,
+}
+
+impl std::fmt::Debug for OfflineShape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "OfflineShape({})", self.name)
+    }
+}
+
+/// The engine's shapes (those of the generic `text`, `json` and `score` parsers).
+pub static SHAPES: &[&OfflineShape] = &[&SCORE, &JSON];
+
+pub static SCORE: OfflineShape = OfflineShape {
+    name: "score",
+    generate: |input, rng| format!("Score: {}", u8::from(rng.random_bool(input.score_one.clamp(0.0, 1.0)))),
+};
+
+pub static JSON: OfflineShape =
+    OfflineShape { name: "json", generate: |input, rng| json_object(input.prompt, input.args, rng) };
+
 pub struct Offline {
     pub seed: u64,
     /// Probability that a judge answers 1.
     pub score_one: f64,
+    /// The shapes it knows (the engine's and every method's); an unknown shape gets a paragraph.
+    pub shapes: Arc<[&'static OfflineShape]>,
 }
 
 #[async_trait::async_trait]
@@ -44,81 +83,15 @@ impl Offline {
         h.update(&params.seed.unwrap_or(0).to_le_bytes());
         let mut rng = ChaCha8Rng::from_seed(*h.finalize().as_bytes());
         let prompt = req.messages.iter().map(|m| m.content.as_str()).collect::<Vec<_>>().join("\n");
-        let expect = req.expect.split(':').next().unwrap_or("");
-        match expect {
-            "profile" => profile(&prompt, &mut rng),
-            "dialogue" => dialogue(&prompt, &mut rng),
-            "stylized" => stylized(&prompt, &mut rng),
-            "score" => format!("Score: {}", u8::from(rng.random_bool(self.score_one.clamp(0.0, 1.0)))),
-            "json" => json_object(&prompt, req.expect.split_once(':').map(|(_, f)| f).unwrap_or(""), &mut rng),
-            _ => paragraph(&content_words(&prompt), &mut rng, 3),
+        let (name, args) = req.expect.split_once(':').unwrap_or((req.expect.as_str(), ""));
+        match self.shapes.iter().find(|s| s.name == name) {
+            Some(shape) => (shape.generate)(&ShapeInput { prompt: &prompt, args, score_one: self.score_one }, &mut rng),
+            None => paragraph(&content_words(&prompt), &mut rng, 3),
         }
     }
 }
 
-const FIRST: &[&str] = &[
-    "Amara", "Bastian", "Chiara", "Dmitri", "Elena", "Farid", "Greta", "Hiro", "Ines", "Jonah", "Kalani", "Lucia",
-    "Mateo", "Nadia", "Oren", "Priya", "Quentin", "Rosa", "Soren", "Tamsin", "Uma", "Viktor", "Wren", "Ximena",
-    "Yusuf", "Zora", "Evan", "Thorin", "Jessica", "Aiden",
-];
-const LAST: &[&str] = &[
-    "Ashgrove",
-    "Brightwater",
-    "Calloway",
-    "Delacroix",
-    "Everhart",
-    "Fairweather",
-    "Goldleaf",
-    "Hollowell",
-    "Ironwood",
-    "Jansen",
-    "Kestrel",
-    "Lindqvist",
-    "Marlowe",
-    "Northcott",
-    "Okafor",
-    "Pennington",
-    "Quill",
-    "Ravensworth",
-    "Stonebridge",
-    "Thornbury",
-];
-const TRAITS: &[(&str, &str)] = &[
-    ("Curious", "always asking one more question before drawing a conclusion"),
-    ("Patient", "willing to explain things twice, and a third time with a drawing"),
-    ("Meticulous", "keeps careful notes and double-checks every detail"),
-    ("Warm", "makes newcomers feel at home within minutes"),
-    ("Stubborn", "rarely lets go of a problem before it is solved"),
-    ("Playful", "slips a joke into even the most serious explanation"),
-    ("Resilient", "treats setbacks as material for the next attempt"),
-    ("Candid", "says plainly what they know and what they do not"),
-];
-const STYLES: &[&str] = &[
-    "warm and unhurried",
-    "brisk and precise",
-    "playful and vivid",
-    "calm and measured",
-    "enthusiastic and expressive",
-];
-const HABITS: &[&str] = &[
-    "using homely metaphors",
-    "ending advice with a short question",
-    "counting points off on their fingers",
-    "referring to old notebooks",
-    "pausing to sketch ideas in the air",
-];
-const GESTURES: &[&str] = &[
-    "leans forward with a thoughtful frown",
-    "smiles and taps the table twice",
-    "glances at an old notebook",
-    "rubs their chin, eyes narrowing",
-    "gestures broadly toward the window",
-    "laughs softly and shakes their head",
-    "pauses, then nods slowly",
-];
-const FAR_TOPICS: &[&str] =
-    &["quantum chemistry", "tax law", "neurosurgery", "aircraft engineering", "maritime law", "astrophysics"];
-const STOP: &[&str] = &[
+pub const STOP: &[&str] = &[
     "about",
     "above",
     "after",
@@ -166,7 +139,7 @@ const STOP: &[&str] = &[
 ];
 
 /// Distinct lower-case content words of a text, in order of appearance.
-fn content_words(text: &str) -> Vec<String> {
+pub fn content_words(text: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for w in text.split(|c: char| !c.is_alphanumeric() && c != '-') {
         let w = w.trim_matches('-').to_lowercase();
@@ -184,7 +157,7 @@ fn content_words(text: &str) -> Vec<String> {
     out
 }
 
-fn title(w: &str) -> String {
+pub fn title(w: &str) -> String {
     let mut c = w.chars();
     match c.next() {
         Some(f) => f.to_uppercase().collect::<String>() + c.as_str(),
@@ -192,15 +165,15 @@ fn title(w: &str) -> String {
     }
 }
 
-fn pick<'a, R: Rng>(rng: &mut R, items: &'a [&'a str]) -> &'a str {
+pub fn pick<'a, R: Rng>(rng: &mut R, items: &'a [&'a str]) -> &'a str {
     items[rng.random_range(0..items.len())]
 }
 
-fn pick_word<R: Rng>(rng: &mut R, words: &[String]) -> String {
+pub fn pick_word<R: Rng>(rng: &mut R, words: &[String]) -> String {
     words[rng.random_range(0..words.len())].clone()
 }
 
-fn paragraph<R: Rng>(words: &[String], rng: &mut R, sentences: usize) -> String {
+pub fn paragraph<R: Rng>(words: &[String], rng: &mut R, sentences: usize) -> String {
     (0..sentences)
         .map(|_| {
             let a = pick_word(rng, words);
@@ -212,7 +185,7 @@ fn paragraph<R: Rng>(words: &[String], rng: &mut R, sentences: usize) -> String 
 }
 
 /// Text between the last `start` marker and the next `end` marker after it.
-fn between<'a>(text: &'a str, start: &str, end: &str) -> Option<&'a str> {
+pub fn between<'a>(text: &'a str, start: &str, end: &str) -> Option<&'a str> {
     let s = text.rfind(start)? + start.len();
     let rest = &text[s..];
     let e = rest.find(end).unwrap_or(rest.len());
@@ -220,7 +193,7 @@ fn between<'a>(text: &'a str, start: &str, end: &str) -> Option<&'a str> {
 }
 
 /// The first fenced block (```) after `marker`.
-fn block_after<'a>(text: &'a str, marker: &str) -> Option<&'a str> {
+pub fn block_after<'a>(text: &'a str, marker: &str) -> Option<&'a str> {
     let s = text.find(marker)? + marker.len();
     let rest = &text[s..];
     let open = rest.find("```")? + 3;
@@ -228,237 +201,6 @@ fn block_after<'a>(text: &'a str, marker: &str) -> Option<&'a str> {
     let inner = inner.strip_prefix('\n').unwrap_or(inner);
     let close = inner.find("```")?;
     Some(inner[..close].trim())
-}
-
-/// The role name from a standardized profile (the line after the first heading).
-pub fn role_name_in(text: &str) -> Option<String> {
-    let after = text.split("####Role Name and Brief Description").nth(1)?;
-    let line = after.lines().map(str::trim).find(|l| !l.is_empty())?;
-    let name = line.split([',', '(']).next()?.trim().trim_matches('*').trim();
-    (!name.is_empty()).then(|| name.to_string())
-}
-
-fn profile<R: Rng>(prompt: &str, rng: &mut R) -> String {
-    let persona = between(prompt, "[The task role-play setting entered by the user]", "[The rewritten")
-        .filter(|p| !p.is_empty() && !p.contains("{persona}"))
-        .unwrap_or_else(|| prompt.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("a helpful person"))
-        .to_string();
-    let words = content_words(&persona);
-    let name = format!("{} {}", pick(rng, FIRST), pick(rng, LAST));
-    let first = name.split(' ').next().unwrap_or(&name).to_string();
-    let focus: Vec<String> = words.iter().take(3).map(|w| title(w)).collect();
-    let epithet = format!("the {}", focus.iter().take(2).cloned().collect::<Vec<_>>().join(" "));
-    let persona_clause = persona.trim().trim_end_matches('.').to_string();
-    let mut out = String::new();
-    out.push_str("####Role Name and Brief Description\n");
-    out.push_str(&format!("{name}, {epithet}\n"));
-    out.push_str(&format!(
-        "{name} is {}. Known for a {} way of working, {first} turns everyday questions about {} into practical advice.\n",
-        lower_first(&persona_clause),
-        pick(rng, STYLES),
-        words.first().cloned().unwrap_or_default()
-    ));
-    out.push_str("####Specific Abilities and Skills\n");
-    let n_skills = rng.random_range(3..=5);
-    for i in 0..n_skills {
-        let w = words.get(i).cloned().unwrap_or_else(|| pick_word(rng, &words));
-        out.push_str(&format!(
-            "{}. {} Expertise: {first} knows the ins and outs of {w} and explains them clearly.\n",
-            i + 1,
-            title(&w)
-        ));
-    }
-    out.push_str("####Speech Style\n");
-    out.push_str(&format!(
-        "{first} speaks in a {} manner, often {}. {first} mixes plain words with the occasional term of the trade.\n",
-        pick(rng, STYLES),
-        pick(rng, HABITS)
-    ));
-    out.push_str("####Personality Characteristics\n");
-    let n_traits = rng.random_range(3..=5);
-    let start = rng.random_range(0..TRAITS.len());
-    for i in 0..n_traits {
-        let (t, d) = TRAITS[(start + i) % TRAITS.len()];
-        out.push_str(&format!("{}. {t}: {first} is {d}.\n", i + 1));
-    }
-    out.push_str("####Past Experience and Background\n");
-    out.push_str(&format!(
-        "1. {first} spent years learning about {} from people who did it for a living.\n",
-        pick_word(rng, &words)
-    ));
-    out.push_str(&format!(
-        "2. {first} once turned a failed project about {} into a local success story.\n",
-        pick_word(rng, &words)
-    ));
-    out.push_str("####Ability and Knowledge Boundaries\n");
-    out.push_str(&format!(
-        "While {first} is knowledgeable about {}, that expertise does not extend to {} or {}; {first} will say so when a question goes there.\n",
-        focus.join(", ").to_lowercase(),
-        pick(rng, FAR_TOPICS),
-        pick(rng, FAR_TOPICS)
-    ));
-    out.push_str("####Speech Examples\n");
-    let n_examples = rng.random_range(3..=4);
-    for i in 0..n_examples {
-        let w = pick_word(rng, &words);
-        out.push_str(&format!(
-            "{}. {}: \"({first} {}) Let me tell you about {w}. It is simpler than it looks, once you see how the pieces fit.\"\n",
-            i + 1,
-            title(&w),
-            pick(rng, GESTURES)
-        ));
-    }
-    out
-}
-
-fn lower_first(s: &str) -> String {
-    let s = s.trim();
-    let s = s.strip_prefix("A ").map(|r| format!("a {r}")).or_else(|| s.strip_prefix("An ").map(|r| format!("an {r}")));
-    s.unwrap_or_default()
-}
-
-fn narration_allowed(prompt: &str) -> bool {
-    let p = prompt.to_lowercase();
-    !(p.contains("do not add any narration") || p.contains("without narration") || p.contains("no narration"))
-}
-
-fn dialogue<R: Rng>(prompt: &str, rng: &mut R) -> String {
-    let profile_text = block_after(prompt, "<Role Profile>").unwrap_or(prompt);
-    let name = role_name_in(profile_text).unwrap_or_else(|| "Role".to_string());
-    let first = name.split(' ').next().unwrap_or(&name).to_string();
-    let lower = prompt.to_lowercase();
-    let role_first =
-        lower.contains("start with the role") || (!lower.contains("start with the user") && rng.random_bool(0.5));
-    let narration = narration_allowed(prompt);
-    let passages = block_after(prompt, "<Passages>");
-    let mut words = content_words(passages.unwrap_or(profile_text));
-    if words.len() < 3 {
-        words.extend(content_words(profile_text));
-    }
-    let n = rng.random_range(10..=15);
-    let mut lines = Vec::with_capacity(n);
-    for i in 0..n {
-        let role_turn = (i % 2 == 0) == role_first;
-        let w = pick_word(rng, &words);
-        if role_turn {
-            let source = if passages.is_some() && rng.random_bool(0.4) {
-                format!("As mentioned in the passage [{}], ", rng.random_range(1..=3))
-            } else {
-                String::new()
-            };
-            let nar = if narration && rng.random_bool(0.5) {
-                format!("({first} {}) ", pick(rng, GESTURES))
-            } else {
-                String::new()
-            };
-            lines.push(format!(
-                "**{name}**: {nar}{source}{} is something I could talk about all day; the trick is to start small.",
-                title(&w)
-            ));
-        } else {
-            let text = match rng.random_range(0..3) {
-                0 => format!("What would you do first about {w}?"),
-                1 => format!("I tried something with {w} last year and it went badly."),
-                _ => format!("That makes sense. How does {w} fit in?"),
-            };
-            lines.push(format!("**User**: {text}"));
-        }
-    }
-    lines.join("\n")
-}
-
-fn stylized<R: Rng>(prompt: &str, rng: &mut R) -> String {
-    let profile_text = block_after(prompt, "<Role Profile>").unwrap_or(prompt);
-    let name = role_name_in(profile_text).unwrap_or_else(|| "The role".to_string());
-    let first = name.split(' ').next().unwrap_or(&name).to_string();
-    let answer = block_after(prompt, "<Naive Answer>")
-        .or_else(|| block_after(prompt, "<Role's Answer>"))
-        .or_else(|| block_after(prompt, "<Role’s Answer>"))
-        .unwrap_or("I would rather not guess.")
-        .to_string();
-    // A ruled rewrite keeps the role's narration and applies the format rule.
-    if let Some(rule) = block_after(prompt, "<New System Format Requirement>") {
-        let (narr, body) = split_narration(&answer);
-        let body = apply_rule(rule, body, prompt, rng);
-        return match narr {
-            Some(n) => format!("{n} {body}"),
-            None => body,
-        };
-    }
-    let (_, body) = split_narration(&answer);
-    let interjection = ["Well, ", "Ah, ", "You know, ", "Right, ", ""][rng.random_range(0..5)];
-    let body = format!("{interjection}{}", lower_if(body, !interjection.is_empty()));
-    if narration_allowed(prompt) { format!("({first} {}) {body}", pick(rng, GESTURES)) } else { body }
-}
-
-fn lower_if(s: &str, yes: bool) -> String {
-    if !yes {
-        return s.to_string();
-    }
-    let mut c = s.chars();
-    match c.next() {
-        Some(f) if !s.starts_with("I ") && !s.starts_with("I'") && !s.starts_with("I’") => {
-            f.to_lowercase().collect::<String>() + c.as_str()
-        }
-        _ => s.to_string(),
-    }
-}
-
-/// `(narration) text` → (Some("(narration)"), "text").
-pub fn split_narration(text: &str) -> (Option<&str>, &str) {
-    let t = text.trim();
-    if t.starts_with('(')
-        && let Some(end) = t.find(')')
-    {
-        return (Some(&t[..=end]), t[end + 1..].trim());
-    }
-    (None, t)
-}
-
-/// Apply a Figure 10 formatting / output rule to an answer, roughly.
-fn apply_rule<R: Rng>(rule: &str, body: &str, prompt: &str, rng: &mut R) -> String {
-    let r = rule.to_lowercase();
-    if r.contains("[ai]") {
-        format!("[AI] {body} [/AI]")
-    } else if r.contains("capitalize the first letter") {
-        body.split(' ').map(title).collect::<Vec<_>>().join(" ")
-    } else if r.contains("never use punctuation") {
-        body.chars().filter(|c| !c.is_ascii_punctuation()).collect()
-    } else if r.contains("exclamation mark") {
-        format!("{}!", body.trim_end_matches(['.', '!', '?']))
-    } else if r.contains("repeat the question") {
-        let q = block_after(prompt, "<Question>").unwrap_or("Your question");
-        format!("{q} {body}")
-    } else if r.contains("emoji") {
-        format!("{body} 🙂")
-    } else if r.contains("three bullet points") || r.contains("list format") {
-        let parts: Vec<&str> = body.split(". ").filter(|s| !s.trim().is_empty()).collect();
-        let n = if r.contains("three") { 3 } else { parts.len().clamp(2, 5) };
-        (0..n)
-            .map(|i| format!("- {}", parts.get(i).copied().unwrap_or(body).trim_end_matches('.')))
-            .collect::<Vec<_>>()
-            .join("\n")
-    } else if r.contains("less than 5 words") {
-        body.split_whitespace().take(4).collect::<Vec<_>>().join(" ")
-    } else if r.contains("more than 50 words") {
-        let mut s = body.to_string();
-        while s.split_whitespace().count() <= 50 {
-            s.push_str(" And that, in short, is how I see it.");
-        }
-        s
-    } else if r.contains("'…'") || r.contains("’…’") || r.contains("...") {
-        body.replace(". ", "… ")
-    } else if r.contains("did you know") {
-        format!("{body} Did you know? {}", paragraph(&content_words(prompt), rng, 1))
-    } else if r.contains("quote") || r.contains("motto") {
-        format!("{body} As the saying goes, \"well begun is half done.\"")
-    } else if r.contains("different language") {
-        format!("I am answering in Spanish. {body}")
-    } else if r.contains("poem") || r.contains("riddle") {
-        body.split(", ").collect::<Vec<_>>().join(",\n")
-    } else {
-        body.to_string()
-    }
 }
 
 fn json_object<R: Rng>(prompt: &str, fields: &str, rng: &mut R) -> String {
@@ -480,7 +222,7 @@ mod tests {
 
     fn req(expect: &str, prompt: &str) -> ChatRequest {
         ChatRequest {
-            messages: vec![Message::new("user", prompt)],
+            messages: vec![Message::new(crate::llm::Role::User, prompt)],
             params: Default::default(),
             sample: 0,
             expect: expect.into(),
@@ -489,54 +231,23 @@ mod tests {
 
     #[test]
     fn deterministic_and_shaped() {
-        let o = Offline { seed: 1, score_one: 0.5 };
-        let p = "[The task role-play setting entered by the user]\nA local business owner interested in economic trends\n[The rewritten task role-play setting by you]";
-        let a = o.generate(&req("profile", p), &Default::default());
-        assert_eq!(a, o.generate(&req("profile", p), &Default::default()));
-        for h in [
-            "####Role Name and Brief Description",
-            "####Specific Abilities and Skills",
-            "####Speech Style",
-            "####Personality Characteristics",
-            "####Past Experience and Background",
-            "####Ability and Knowledge Boundaries",
-            "####Speech Examples",
-        ] {
-            assert!(a.contains(h), "{h} missing:\n{a}");
-        }
-        assert!(a.contains("a local business owner interested in economic trends"), "{a}");
-        let name = role_name_in(&a).unwrap();
-
-        let d = o.generate(
-            &req("dialogue", &format!("<Role Profile>\n```\n{a}\n```\nThe dialogue MUST start with the user's turn.")),
-            &Default::default(),
-        );
-        let lines: Vec<&str> = d.lines().collect();
-        assert!((10..=15).contains(&lines.len()), "{d}");
-        assert!(lines[0].starts_with("**User**: "), "{d}");
-        assert!(lines[1].starts_with(&format!("**{name}**: ")), "{d}");
-
-        let s = o.generate(
-            &req(
-                "stylized",
-                &format!("<Role Profile>\n```\n{a}\n```\n<Naive Answer>\n```\nParis is the capital.\n```\n"),
-            ),
-            &Default::default(),
-        );
-        assert!(s.starts_with('(') && s.contains("aris is the capital."), "{s}");
-        let s = o.generate(
-            &req(
-                "stylized",
-                &format!("<Role Profile>\n```\n{a}\n```\n<Naive Answer>\n```\nParis.\n```\nDo NOT add any narration."),
-            ),
-            &Default::default(),
-        );
-        assert!(!s.starts_with('('), "{s}");
-
+        let o = Offline { seed: 1, score_one: 0.5, shapes: SHAPES.into() };
         let sc = o.generate(&req("score", "... Score:"), &Default::default());
         assert!(sc == "Score: 0" || sc == "Score: 1");
+        assert_eq!(sc, o.generate(&req("score", "... Score:"), &Default::default()));
         let j: serde_json::Value =
             serde_json::from_str(&o.generate(&req("json:title,summary", "x"), &Default::default())).unwrap();
         assert!(j["title"].is_string() && j["summary"].is_string());
+        // A shape nobody registered gets a paragraph built from the prompt's words.
+        let p = o.generate(&req("profile", "gardening tomatoes"), &Default::default());
+        assert!(p.contains("matters here because of"), "{p}");
+    }
+
+    #[test]
+    fn score_one_is_honoured() {
+        let o = Offline { seed: 1, score_one: 1.0, shapes: SHAPES.into() };
+        for i in 0..20 {
+            assert_eq!(o.generate(&req("score", &format!("q{i}")), &Default::default()), "Score: 1");
+        }
     }
 }

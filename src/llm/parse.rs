@@ -30,21 +30,32 @@ pub struct ParserKind {
     pub build: fn(&Value) -> Result<Box<dyn Parser>, String>,
 }
 
-/// Every parser, in the order `synth list` shows them.
-pub fn kinds() -> Vec<&'static ParserKind> {
-    let mut all: Vec<&'static ParserKind> = vec![&TEXT, &JSON, &SCORE];
-    all.extend(crate::rolemrc::parsers::KINDS.iter().copied());
-    all
+impl std::fmt::Debug for ParserKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ParserKind({})", self.name)
+    }
 }
 
-pub fn kind(name: &str) -> Option<&'static ParserKind> {
-    kinds().into_iter().find(|k| k.name == name)
+/// The engine's parsers; a method registers its own ([`crate::methods`], found
+/// through the registry).
+pub static GENERIC: &[&ParserKind] = &[&TEXT, &JSON, &SCORE];
+
+/// The parser called `name` among `kinds`.
+pub fn find(kinds: &[&'static ParserKind], name: &str) -> Option<&'static ParserKind> {
+    kinds.iter().copied().find(|k| k.name == name)
 }
 
-/// Build a parser from its name and options (checked against its option schema).
-pub fn build(name: &str, options: &Value) -> Result<Box<dyn Parser>, String> {
-    let k = kind(name).ok_or_else(|| format!("unknown parser \"{name}\""))?;
-    (k.build)(options)
+/// Parser options with their declared defaults filled in.
+pub fn with_defaults(specs: &[OptionSpec], given: &Value) -> Value {
+    let mut obj = given.as_object().cloned().unwrap_or_default();
+    for s in specs {
+        if !obj.contains_key(s.name)
+            && let Some(d) = s.default_json()
+        {
+            obj.insert(s.name.to_string(), d);
+        }
+    }
+    Value::Object(obj)
 }
 
 fn options<T: for<'de> Deserialize<'de> + Default>(v: &Value) -> Result<T, String> {
@@ -228,7 +239,7 @@ struct ScoreParser {
     values: Vec<i64>,
 }
 
-/// The integer after an optional `Score:` prefix, as the RoleMRC judge reads it.
+/// The integer after an optional `Score:` prefix (a judge's `Score: 1`).
 pub fn parse_score(text: &str) -> Option<i64> {
     let t = text.trim();
     let t = t.strip_prefix("Score:").or_else(|| t.strip_prefix("score:")).unwrap_or(t).trim();
@@ -254,6 +265,10 @@ impl Parser for ScoreParser {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn build(name: &str, options: &Value) -> Result<Box<dyn Parser>, String> {
+        (find(GENERIC, name).expect("engine parser").build)(options)
+    }
 
     #[test]
     fn generic_parsers() {

@@ -533,3 +533,36 @@ mod tests {
         assert_eq!(rc.stats.sent.load(Ordering::Relaxed), 7);
     }
 }
+
+/// One rate controller per endpoint identity (kind, base URL, model, key hash), shared
+/// by every provider and embedder of a run that points there.
+#[derive(Default)]
+pub struct RateRegistry {
+    rates: std::sync::Mutex<std::collections::HashMap<String, Arc<RateControl>>>,
+}
+
+impl RateRegistry {
+    /// The controller for `key`, made with `cfg` on first use; a later user with other
+    /// limits shares the first one's (and is warned).
+    pub fn get(&self, key: &str, name: &str, cfg: RateConfig) -> Arc<RateControl> {
+        let mut rates = self.rates.lock().expect("rates");
+        if let Some(r) = rates.get(key) {
+            if r.cfg != cfg {
+                tracing::warn!(
+                    "provider \"{name}\" shares its endpoint, model and key with \"{}\": using the limits of \"{}\"",
+                    r.name,
+                    r.name
+                );
+            }
+            return r.clone();
+        }
+        let r = RateControl::new(name, cfg);
+        rates.insert(key.to_string(), r.clone());
+        r
+    }
+
+    /// Every controller made so far (for benchmarks and logs).
+    pub fn all(&self) -> Vec<Arc<RateControl>> {
+        self.rates.lock().expect("rates").values().cloned().collect()
+    }
+}

@@ -393,9 +393,19 @@ pub fn random_unit_vectors(n: usize, dim: usize, seed: u64) -> Vec<f32> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let mut v: Vec<f32> = (0..n * dim).map(|_| rng.random_range(-1.0f32..1.0)).collect();
     for row in v.chunks_exact_mut(dim) {
-        crate::embed::l2_normalize(row);
+        l2_normalize(row);
     }
     v
+}
+
+/// Scale a vector to unit length (inner product = cosine); a zero vector stays zero.
+pub fn l2_normalize(v: &mut [f32]) {
+    let norm = v.iter().map(|x| (*x as f64) * (*x as f64)).sum::<f64>().sqrt();
+    if norm > 0.0 {
+        for x in v.iter_mut() {
+            *x = (*x as f64 / norm) as f32;
+        }
+    }
 }
 
 #[cfg(test)]

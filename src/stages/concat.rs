@@ -35,6 +35,8 @@ pub static KIND: KindInfo = KindInfo {
     arity: Arity::AtLeast(1),
     options: OPTIONS,
     uses_seed: false,
+    summary: false,
+    example: "",
     build,
 };
 

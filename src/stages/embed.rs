@@ -19,6 +19,7 @@ use crate::data::{self, Row};
 use crate::embed::Embedder;
 use crate::llm::CallCtx;
 use crate::store::cache::Use;
+use crate::store::failures::FailureKind;
 use crate::store::parquet::stream_batches;
 use crate::template::Templates;
 
@@ -38,6 +39,8 @@ pub static KIND: KindInfo = KindInfo {
     arity: Arity::Exactly(1),
     options: OPTIONS,
     uses_seed: false,
+    summary: false,
+    example: "embedder = \"e\"\ncolumn = \"text\"",
     build,
 };
 
@@ -81,7 +84,7 @@ pub fn vector_type(dim: usize) -> DataType {
 }
 
 /// The dimension an embedder declaration promises (for planning).
-fn declared_dim(decl: &crate::llm::services::Decl) -> Option<usize> {
+fn declared_dim(decl: &crate::config::decl::Decl) -> Option<usize> {
     decl.options.get("dim").and_then(|v| v.as_u64()).map(|d| d as usize).or_else(|| {
         let model = decl.options.get("model").and_then(|v| v.as_str())?;
         crate::embed::fastembed::named_dim(model)
@@ -183,7 +186,12 @@ impl Stage for Embed {
                 match self.text_of(&row) {
                     Ok(t) => texts.push(t),
                     Err(e) => {
-                        ctx.fail(data::ids(&batch).value(i), "template", e, serde_json::to_string(&row).ok());
+                        ctx.fail(
+                            data::ids(&batch).value(i),
+                            FailureKind::Template,
+                            e,
+                            serde_json::to_string(&row).ok(),
+                        );
                         *keep_row = false;
                     }
                 }

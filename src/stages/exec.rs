@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 
 use super::{Cancelled, RunCtx};
 use crate::data::{self, Row};
+use crate::store::failures::FailureKind;
 use crate::store::failures::FailureLog;
 use crate::store::parquet::{ParquetOut, open_reader, stream_batches};
 
@@ -67,7 +68,7 @@ where
 /// Why one record failed, for the failure table.
 #[derive(Debug, Clone)]
 pub struct RowError {
-    pub kind: String,
+    pub kind: FailureKind,
     pub message: String,
     /// Not the record's fault (bad API key, unknown model): stop the stage at once
     /// with this one message instead of failing every record the same way.
@@ -75,8 +76,8 @@ pub struct RowError {
 }
 
 impl RowError {
-    pub fn new(kind: &str, message: impl Into<String>) -> RowError {
-        RowError { kind: kind.to_string(), message: message.into(), fatal: false }
+    pub fn new(kind: FailureKind, message: impl Into<String>) -> RowError {
+        RowError { kind, message: message.into(), fatal: false }
     }
 }
 
@@ -176,7 +177,7 @@ where
                 // journaled and come back from the cache or are re-sent next run.
                 bail!("{}", e.message);
             }
-            Err(e) => ctx.fail(&id, &e.kind, e.message, record),
+            Err(e) => ctx.fail(&id, e.kind, e.message, record),
         }
         if n_pending >= ROW_BATCH {
             flush_rows(ctx, &schema, &writer, std::mem::take(&mut pending)).await?;
@@ -220,7 +221,7 @@ async fn flush_rows(
                     })
                     .expect("row index within groups");
                 let (id, record, _) = groups.remove(idx);
-                ctx.fail(&id, "schema", format!("output does not fit the stage schema: {e}"), record);
+                ctx.fail(&id, FailureKind::Schema, format!("output does not fit the stage schema: {e}"), record);
             }
         }
     }

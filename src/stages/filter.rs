@@ -14,6 +14,7 @@ use super::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data;
+use crate::store::failures::FailureKind;
 use crate::template::{Templates, truthy};
 
 const OPTIONS: &[OptionSpec] = &[OptionSpec::required(
@@ -30,6 +31,8 @@ pub static KIND: KindInfo = KindInfo {
     arity: Arity::Exactly(1),
     options: OPTIONS,
     uses_seed: false,
+    summary: false,
+    example: "where = \"true\"",
     build,
 };
 
@@ -75,7 +78,7 @@ impl Stage for Filter {
                     match templates.eval("where", &row) {
                         Ok(v) => Some(truthy(&v)),
                         Err(e) => {
-                            failures.record(ids.value(i), "expression", e, serde_json::to_string(&row).ok());
+                            failures.record(ids.value(i), FailureKind::Expression, e, serde_json::to_string(&row).ok());
                             Some(false)
                         }
                     }

@@ -1,7 +1,7 @@
 //! `generate`: answer every row's conversation (a test `question`, a list of
 //! {role, content}) with a model behind an OpenAI-compatible endpoint — typically vLLM
-//! serving a fine-tuned checkpoint — as the official RoleMRC evaluation does:
-//! temperature 0 and 256 new tokens by default, the answer kept as the model wrote it
+//! serving a fine-tuned checkpoint: greedy (temperature 0) and 256 new tokens unless
+//! set (a method's pipelines pin their own values), the answer kept as the model wrote it
 //! (column `response`), cached and rate-limited like every LLM stage. One stage per
 //! candidate model; a `report` compares them. This is the `llm` kind with those presets.
 
@@ -16,8 +16,8 @@ use crate::config::options::{OptionSpec, POSITIVE, Ty};
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::required("provider", Ty::Str, "name of a [providers.NAME] table (the model under test)"),
     OptionSpec::default("messages", Ty::Str, "\"question\"", "column with the conversation to answer"),
-    OptionSpec::default("temperature", Ty::Float(0.0, 2.0), "0.0", "sampling temperature (official: 0)"),
-    OptionSpec::default("max_tokens", POSITIVE, "256", "new tokens per answer (official: 256)"),
+    OptionSpec::default("temperature", Ty::Float(0.0, 2.0), "0.0", "sampling temperature"),
+    OptionSpec::default("max_tokens", POSITIVE, "256", "new tokens per answer"),
     llm::TOP_P,
     llm::SEED,
     llm::STOP,
@@ -34,6 +34,8 @@ pub static KIND: KindInfo = KindInfo {
     arity: Arity::Exactly(1),
     options: OPTIONS,
     uses_seed: false,
+    summary: false,
+    example: "provider = \"p\"",
     build,
 };
 

@@ -1,6 +1,6 @@
 //! `jsonl` sink: export an input as JSON Lines, one object per record with keys in
-//! column order; nested lists and structs become JSON arrays and objects (this is
-//! how the official RoleMRC layouts are written). Paths are relative to the output
+//! column order; nested lists and structs become JSON arrays and objects (how
+//! official dataset layouts such as `{"conversations": [...]}` are written). Paths are relative to the output
 //! directory.
 
 use std::io::{BufWriter, Write};
@@ -17,6 +17,7 @@ use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data;
 use crate::store::atomic::{create_tmp, finish_file};
+use crate::store::failures::FailureKind;
 use crate::store::parquet::open_reader;
 
 const OPTIONS: &[OptionSpec] = &[
@@ -34,6 +35,8 @@ pub static KIND: KindInfo = KindInfo {
     arity: Arity::Exactly(1),
     options: OPTIONS,
     uses_seed: false,
+    summary: false,
+    example: "path = \"out.jsonl\"",
     build,
 };
 
@@ -99,7 +102,7 @@ impl Stage for JsonlSink {
                         }
                     }
                     if let Some(msg) = bad {
-                        failures.record(ids.value(i), "export", msg, None);
+                        failures.record(ids.value(i), FailureKind::Export, msg, None);
                         continue;
                     }
                     serde_json::to_writer(&mut w, &row)?;

@@ -20,9 +20,11 @@ use super::exec::{RowError, map_rows};
 use super::{Arity, BuildCtx, KindInfo, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, POSITIVE, RATIO, Ty};
+use crate::data::chat::Role as ChatRole;
 use crate::data::{self, Row};
 use crate::llm::parse::{self, Parser};
 use crate::llm::{CallCtx, ChatRequest, GenParams, Message};
+use crate::store::failures::FailureKind;
 use crate::template::Templates;
 
 const OPTIONS: &[OptionSpec] = &[
@@ -76,6 +78,8 @@ pub static KIND: KindInfo = KindInfo {
     arity: Arity::Exactly(1),
     options: OPTIONS,
     uses_seed: false,
+    summary: false,
+    example: "provider = \"p\"\nmessages = \"question\"",
     build,
 };
 
@@ -170,8 +174,8 @@ pub(super) fn build_with(opts: Options, ctx: &BuildCtx<'_>, diags: &mut Diagnost
         ctx.error(diags, "reask", format!("bad template: {e}"));
         ok = false;
     }
-    let Some(kind) = parse::kind(&opts.parser) else {
-        let names: Vec<&str> = parse::kinds().iter().map(|k| k.name).collect();
+    let Some(kind) = parse::find(ctx.parsers, &opts.parser) else {
+        let names: Vec<&str> = ctx.parsers.iter().map(|k| k.name).collect();
         let hint = crate::config::diag::did_you_mean(&opts.parser, names.iter().copied()).unwrap_or_default();
         ctx.error(diags, "parser", format!("unknown parser \"{}\"{hint} (parsers: {})", opts.parser, names.join(", ")));
         return None;
@@ -192,7 +196,7 @@ pub(super) fn build_with(opts: Options, ctx: &BuildCtx<'_>, diags: &mut Diagnost
             }
         }
     }
-    let parser = match (kind.build)(&with_defaults(kind.options, &parser_options)) {
+    let parser = match (kind.build)(&parse::with_defaults(kind.options, &parser_options)) {
         Ok(p) => p,
         Err(e) => {
             ctx.error(diags, "parser_options", e);
@@ -216,37 +220,24 @@ pub(super) fn build_with(opts: Options, ctx: &BuildCtx<'_>, diags: &mut Diagnost
 /// A conversation column as chat messages (roles lowercased: the official layout's
 /// `System` / `User` / `Assistant` become `system` / `user` / `assistant`).
 fn conversation(row: &Row, column: &str) -> std::result::Result<Vec<Message>, RowError> {
-    let bad = |m: String| RowError::new("input", m);
+    let bad = |m: String| RowError::new(FailureKind::Input, m);
     let list = row
         .get(column)
         .and_then(Value::as_array)
         .ok_or_else(|| bad(format!("column \"{column}\" is not a list of messages")))?;
     let mut out = Vec::with_capacity(list.len());
     for (i, m) in list.iter().enumerate() {
-        let role = m.get("role").and_then(Value::as_str).map(str::to_lowercase);
+        let role = m.get("role").and_then(Value::as_str).and_then(ChatRole::parse);
         let content = m.get("content").and_then(Value::as_str);
-        match (role.as_deref(), content) {
-            (Some(r @ ("system" | "user" | "assistant")), Some(c)) => out.push(Message::new(r, c)),
+        match (role, content) {
+            (Some(r), Some(c)) => out.push(Message::new(r, c)),
             _ => return Err(bad(format!("{column}[{i}]: a message needs role system/user/assistant and content"))),
         }
     }
-    if out.last().is_none_or(|m| m.role == "assistant") {
+    if out.last().is_none_or(|m| m.role == ChatRole::Assistant) {
         return Err(bad(format!("column \"{column}\" must end with a system or user message")));
     }
     Ok(out)
-}
-
-/// Parser options with their declared defaults filled in.
-fn with_defaults(specs: &[OptionSpec], given: &Value) -> Value {
-    let mut obj = given.as_object().cloned().unwrap_or_default();
-    for s in specs {
-        if !obj.contains_key(s.name)
-            && let Some(d) = s.default_json()
-        {
-            obj.insert(s.name.to_string(), d);
-        }
-    }
-    Value::Object(obj)
 }
 
 impl Llm {
@@ -320,7 +311,7 @@ impl Stage for Llm {
         }
     }
 
-    fn network_bound(&self, services: &crate::llm::Services) -> bool {
+    fn network_bound(&self, services: &crate::services::Services) -> bool {
         services.provider_networked(&self.opts.provider)
     }
 
@@ -358,15 +349,15 @@ impl Stage for Llm {
                     let system = this
                         .templates
                         .render("system", &row)
-                        .map_err(|e| RowError::new("template", format!("system: {e}")))?;
-                    messages.push(Message::new("system", system));
+                        .map_err(|e| RowError::new(FailureKind::Template, format!("system: {e}")))?;
+                    messages.push(Message::new(ChatRole::System, system));
                 }
                 if this.opts.messages.is_none() {
                     let user = this
                         .templates
                         .render("prompt", &row)
-                        .map_err(|e| RowError::new("template", format!("prompt: {e}")))?;
-                    messages.push(Message::new("user", user));
+                        .map_err(|e| RowError::new(FailureKind::Template, format!("prompt: {e}")))?;
+                    messages.push(Message::new(ChatRole::User, user));
                 }
                 let id = row.get(data::ID).and_then(Value::as_str).unwrap_or_default().to_string();
                 let mut out_rows = Vec::new();
@@ -382,7 +373,7 @@ impl Stage for Llm {
                             expect: expect.clone(),
                         };
                         let completed = services.chat(&provider, req, &call).await.map_err(|e| RowError {
-                            kind: "llm".into(),
+                            kind: FailureKind::Llm,
                             message: e.to_string(),
                             fatal: e.kind.fatal(),
                         })?;
@@ -397,14 +388,14 @@ impl Stage for Llm {
                                 let ctx = minijinja::context! { error => reason };
                                 let reask =
                                     this.templates.render_value("reask", ctx).unwrap_or_else(|_| last_error.clone());
-                                convo.push(Message::new("assistant", text));
-                                convo.push(Message::new("user", reask));
+                                convo.push(Message::new(ChatRole::Assistant, text));
+                                convo.push(Message::new(ChatRole::User, reask));
                             }
                         }
                     }
                     let Some((fields, completed, attempts)) = done else {
                         return Err(RowError::new(
-                            "validation",
+                            FailureKind::Validation,
                             format!("no usable answer after {} attempt(s): {last_error}", this.opts.max_attempts),
                         ));
                     };

@@ -17,6 +17,7 @@ use super::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, ID, Row};
+use crate::store::failures::FailureKind;
 use crate::template::Templates;
 
 const OPTIONS: &[OptionSpec] = &[
@@ -39,6 +40,8 @@ pub static KIND: KindInfo = KindInfo {
     arity: Arity::Exactly(1),
     options: OPTIONS,
     uses_seed: false,
+    summary: false,
+    example: "rename = { a = \"b\" }",
     build,
 };
 
@@ -264,7 +267,7 @@ impl Stage for MapStage {
                 }
                 match error {
                     Some(e) => {
-                        failures.record(ids.value(i), "template", e, serde_json::to_string(&row).ok());
+                        failures.record(ids.value(i), FailureKind::Template, e, serde_json::to_string(&row).ok());
                         *keep_row = false;
                     }
                     None => {

@@ -1,14 +1,15 @@
 //! `metrics`: reference-based scores of every (response, reference) row — BLEU,
-//! ROUGE-1/2/L/Lsum, METEOR and BERTScore F1, computed as the official RoleMRC
-//! evaluation does (see `eval`) — and their mean and population std per group (e.g.
-//! task) and overall, written beside the output as `<stage>.summary.parquet`.
+//! ROUGE-1/2/L/Lsum, METEOR and BERTScore F1, equal to the Python implementations
+//! (see `eval`) — and their mean and population std per group (e.g. task) and
+//! overall, written beside the output as `<stage>.summary.parquet` (the summary
+//! protocol, `store::summary`: table `metrics`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow};
-use arrow::array::{Array, ArrayRef, Float64Array, RecordBatch, StringArray, UInt64Array};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::array::{Array, ArrayRef, Float64Array, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use rayon::prelude::*;
 use serde::Deserialize;
@@ -19,8 +20,9 @@ use crate::config::options::{OptionSpec, Ty};
 use crate::data;
 use crate::eval::bertscore::BertScoreConfig;
 use crate::eval::rouge::RougeTarget;
-use crate::eval::score::{DEFAULT_WORDNET, Scorer, per_sample, summarize};
+use crate::eval::score::{DEFAULT_WORDNET, Scorer, heading, per_sample, summarize};
 use crate::store::parquet::open_reader;
+use crate::store::summary::{self, SummaryRow};
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default("response", Ty::Str, "\"response\"", "column with the model's answer"),
@@ -73,25 +75,36 @@ const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default(
         "rouge_target",
         Ty::Enum(&["response", "reference"]),
-        "\"response\"",
-        "rouge_score's target: the response, as the official evaluation.py calls score(response, reference), or the reference (rouge_score's documented order); only ROUGE-Lsum of multi-line texts differs",
+        "\"reference\"",
+        "rouge_score's target: the reference (rouge_score's documented order) or the response (score(response, reference), as some official evaluation scripts call it); only ROUGE-Lsum of multi-line texts differs",
     ),
     OptionSpec::optional(
         "label",
         Ty::Str,
         "name of what is scored (a model), in the summary; default: the input's name",
     ),
+    OptionSpec::default("table", Ty::Str, "\"metrics\"", "report table of the summary rows"),
+    OptionSpec::default(
+        "title",
+        Ty::Str,
+        "\"Reference-based metrics (means over the test set)\"",
+        "heading of that table in the report",
+    ),
 ];
 
 pub static KIND: KindInfo = KindInfo {
     name: "metrics",
     // 2: ROUGE in the official order (response as target); undefined BLEU left out of the summary.
-    version: 2,
+    // 3: the summary protocol (store/summary.rs: label, table, title, group, metric, heading, n, value,
+    //    std, invalid); rouge_target defaults to "reference" (a method's pipelines pin their order).
+    version: 3,
     about: "BLEU, ROUGE, METEOR, BERTScore per row against a reference, with mean/std per group and overall",
     role: Role::Transform,
     arity: Arity::Exactly(1),
     options: OPTIONS,
     uses_seed: false,
+    summary: true,
+    example: "",
     build,
 };
 
@@ -110,6 +123,8 @@ struct Options {
     bertscore_pair_batch: usize,
     ort_dylib: Option<String>,
     label: Option<String>,
+    table: String,
+    title: String,
     rouge_target: String,
 }
 
@@ -159,7 +174,7 @@ impl Metrics {
         cfg.sessions = self.opts.bertscore_sessions;
         cfg.max_length = self.opts.bertscore_max_length;
         cfg.pair_batch = self.opts.bertscore_pair_batch;
-        cfg.ort_dylib = crate::embed::fastembed::find_onnxruntime(self.opts.ort_dylib.as_deref(), root);
+        cfg.ort_dylib = crate::onnx::find_onnxruntime(self.opts.ort_dylib.as_deref(), root);
         Some(cfg)
     }
 
@@ -189,17 +204,6 @@ fn read_pairs(path: &std::path::Path, response: &str, reference: &str) -> Result
         out.extend((0..batch.num_rows()).map(|i| (value(&resp, i), value(&refs, i))));
     }
     Ok(out)
-}
-
-fn summary_schema() -> SchemaRef {
-    Arc::new(Schema::new(vec![
-        Field::new("label", DataType::Utf8, false),
-        Field::new("group", DataType::Utf8, false),
-        Field::new("metric", DataType::Utf8, false),
-        Field::new("n", DataType::UInt64, false),
-        Field::new("mean", DataType::Float64, false),
-        Field::new("std", DataType::Float64, false),
-    ]))
 }
 
 #[async_trait]
@@ -346,19 +350,22 @@ impl Stage for Metrics {
 
         let label = self.opts.label.clone().unwrap_or_else(|| ctx.inputs[0].name.clone());
         let summary = summarize(&self.columns, &groups, &scores);
-        let n = summary.len();
-        let batch = RecordBatch::try_new(
-            summary_schema(),
-            vec![
-                Arc::new(StringArray::from(vec![label.as_str(); n])),
-                Arc::new(StringArray::from_iter_values(summary.iter().map(|s| s.group.as_str()))),
-                Arc::new(StringArray::from_iter_values(summary.iter().map(|s| s.metric.as_str()))),
-                Arc::new(UInt64Array::from_iter_values(summary.iter().map(|s| s.n))),
-                Arc::new(Float64Array::from_iter_values(summary.iter().map(|s| s.mean))),
-                Arc::new(Float64Array::from_iter_values(summary.iter().map(|s| s.std))),
-            ],
-        )?;
-        ctx.write_side_parquet(&format!("{}.summary.parquet", ctx.name), &batch)?;
+        let rows: Vec<SummaryRow> = summary
+            .iter()
+            .map(|s| SummaryRow {
+                label: label.clone(),
+                table: self.opts.table.clone(),
+                title: self.opts.title.clone(),
+                group: s.group.clone(),
+                metric: s.metric.clone(),
+                heading: heading(&s.metric).to_string(),
+                n: s.n,
+                value: s.mean,
+                std: Some(s.std),
+                invalid: 0,
+            })
+            .collect();
+        ctx.write_side_parquet(&summary::file_name(&ctx.name), &summary::to_batch(&rows)?)?;
         ctx.set_output(out)
     }
 }

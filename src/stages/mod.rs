@@ -16,16 +16,16 @@ use async_trait::async_trait;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::decl::Decl;
 use crate::config::diag::{Diagnostics, stage_subject};
 use crate::config::options::{OptionSpans, OptionSpec};
-use crate::llm::services::{Decl, Services};
 use crate::progress::StageProgress;
+use crate::services::Services;
 use crate::store::atomic::PendingFile;
 use crate::store::failures::FailureLog;
 use crate::store::parquet::{FINGERPRINT_KEY, Footer, ParquetOut, STAGE_KEY};
 use crate::store::state::StageReport;
 
-pub mod chat_format;
 pub mod concat;
 pub mod embed;
 pub mod exec;
@@ -33,22 +33,20 @@ pub mod filter;
 pub mod generate;
 pub mod join;
 pub mod jsonl;
+pub mod judge_plan;
+pub mod judge_score;
 pub mod llm;
 pub mod map;
 pub mod metrics;
 pub mod parquet;
 pub mod report;
 pub mod retrieve;
-pub mod rolemrc_assemble;
-pub mod rolemrc_card;
-pub mod rolemrc_judge_plan;
-pub mod rolemrc_judge_score;
-pub mod rolemrc_plan;
 pub mod sample;
 pub mod source;
 pub mod train;
 
-/// Every stage kind synth knows, in the order `synth list` shows them.
+/// The engine's stage kinds, in the order `synth list` shows them (a method's kinds
+/// are listed by the method, `crate::methods`; the registry joins both).
 pub static KINDS: &[&KindInfo] = &[
     &source::KIND,
     &sample::KIND,
@@ -60,22 +58,14 @@ pub static KINDS: &[&KindInfo] = &[
     &generate::KIND,
     &embed::KIND,
     &retrieve::KIND,
-    &rolemrc_plan::KIND,
-    &rolemrc_assemble::KIND,
-    &rolemrc_card::KIND,
-    &rolemrc_judge_plan::KIND,
-    &rolemrc_judge_score::KIND,
-    &chat_format::KIND,
+    &judge_plan::KIND,
+    &judge_score::KIND,
     &metrics::KIND,
     &report::KIND,
     &train::KIND,
     &parquet::KIND,
     &jsonl::KIND,
 ];
-
-pub fn kind(name: &str) -> Option<&'static KindInfo> {
-    KINDS.iter().copied().find(|k| k.name == name)
-}
 
 /// What a stage kind is in the graph.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,6 +97,14 @@ pub struct KindInfo {
     pub options: &'static [OptionSpec],
     /// Whether the output depends on the pipeline seed.
     pub uses_seed: bool,
+    /// Whether it writes `<stage>.summary.parquet` (the summary protocol, `store::summary`),
+    /// which `report` reads.
+    pub summary: bool,
+    /// The stage's options in their simplest valid form (TOML lines of its table, without
+    /// `kind` and `inputs`; paths relative to the repository root). The conformance test
+    /// validates it for every registered kind, with `inputs` of unknown columns, a
+    /// provider `p` and an embedder `e`.
+    pub example: &'static str,
     pub build: fn(&BuildCtx<'_>, &mut Diagnostics) -> Option<Box<dyn Stage>>,
 }
 
@@ -147,7 +145,7 @@ pub trait Stage: Send + Sync {
 
     /// Whether the stage's work is waiting on a network provider (then the runner runs
     /// it on the network runtime, `llm/net.rs`, where its calls need no hand-over).
-    fn network_bound(&self, _services: &crate::llm::Services) -> bool {
+    fn network_bound(&self, _services: &Services) -> bool {
         false
     }
 }
@@ -158,6 +156,8 @@ pub struct BuildCtx<'a> {
     pub options: &'a serde_json::Value,
     pub spans: &'a OptionSpans,
     pub root: &'a Path,
+    /// Every parser `llm` stages may name (the engine's and every method's).
+    pub parsers: &'a [&'static crate::llm::parse::ParserKind],
 }
 
 impl BuildCtx<'_> {
@@ -199,6 +199,8 @@ fn strip_common(options: &serde_json::Value) -> serde_json::Value {
 pub struct PlanInput {
     pub name: String,
     pub schema: Option<SchemaRef>,
+    /// The input's kind (`None` when its kind is unknown, after an error).
+    pub kind: Option<&'static KindInfo>,
 }
 
 /// Plan phase context.
@@ -386,7 +388,13 @@ impl RunCtx {
         Ok(rows)
     }
 
-    pub fn fail(&self, id: &str, kind: &str, message: impl Into<String>, record: Option<String>) {
+    pub fn fail(
+        &self,
+        id: &str,
+        kind: crate::store::failures::FailureKind,
+        message: impl Into<String>,
+        record: Option<String>,
+    ) {
         let message = crate::secrets::scrub(&message.into());
         self.failures.record(id, kind, message, record.map(|r| crate::secrets::scrub(&r)));
         self.progress.failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

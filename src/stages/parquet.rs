@@ -34,6 +34,8 @@ pub static KIND: KindInfo = KindInfo {
     arity: Arity::Exactly(1),
     options: OPTIONS,
     uses_seed: false,
+    summary: false,
+    example: "path = \"out.parquet\"",
     build,
 };
 

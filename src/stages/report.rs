@@ -1,47 +1,57 @@
-//! `report` sink: one evaluation report from the summaries of `metrics` stages
-//! (Table 3 layout: models × BLEU, ROUGE-1/2/L/Lsum, METEOR) and `rolemrc_judge_score`
-//! stages (Table 9 layout: models × the 5 judge dimensions): a Markdown file, an SVG
-//! radar chart of the judge dimensions per model (as Figure 4), and the same numbers as
-//! Parquet. Each input's summary is the `<input>.summary.parquet` it wrote beside its
-//! output in the same run.
+//! `report` sink: one evaluation report from the summaries of its inputs (the summary
+//! protocol, `store::summary`: every evaluation kind writes `<stage>.summary.parquet`
+//! beside its output in the same run). One Markdown table per summary `table` (in
+//! first-seen order, headed by its `title`): models × metrics, metric columns in
+//! first-seen order with their headings, the `overall` group; a breakdown table per
+//! other group when there is one. An SVG radar chart per table named in `charts`
+//! (values clamped to 0..1), and the same numbers as Parquet. The report knows no
+//! method or metric: what it shows is what the summaries say.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use anyhow::{Context, Result, bail};
-use arrow::array::{AsArray, Float64Array, RecordBatch, StringArray};
-use arrow::datatypes::{DataType, Field, Float64Type, Schema, SchemaRef};
+use anyhow::{Result, bail};
+use arrow::array::{Float64Array, RecordBatch, StringArray, UInt64Array};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 
-use super::rolemrc_judge_plan::DIMENSIONS;
 use super::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::store::atomic::{create_tmp, finish_file};
-use crate::store::parquet::read_all;
+use crate::store::summary::{self, OVERALL, SummaryRow};
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default("path", Ty::OutPath, "\"report.md\"", "Markdown report, relative to the output directory"),
-    OptionSpec::default("chart", Ty::OutPath, "\"judge.svg\"", "SVG radar chart of the judge dimensions"),
+    OptionSpec::default(
+        "chart",
+        Ty::OutPath,
+        "\"judge.svg\"",
+        "SVG radar chart of the first table in `charts` (a further one is <stem>-<table>.svg)",
+    ),
+    OptionSpec::default("charts", Ty::StrList, "[\"judge\"]", "summary tables drawn as radar charts"),
     OptionSpec::default(
         "table",
         Ty::OutPath,
         "\"report.parquet\"",
-        "the numbers as Parquet (label, table, metric, value)",
+        "the numbers as Parquet (label, table, group, metric, n, value)",
     ),
     OptionSpec::default("title", Ty::Str, "\"Evaluation report\"", "first heading"),
 ];
 
 pub static KIND: KindInfo = KindInfo {
     name: "report",
-    version: 1,
-    about: "evaluation report: Table 3 (reference metrics) and Table 9 (judge) layouts, SVG radar chart, Parquet",
+    // 2: driven by the summary protocol (any table; report.parquet gains group and n).
+    version: 2,
+    about: "evaluation report from the inputs' summaries: one Markdown table per summary table, SVG radar charts, Parquet",
     role: Role::Sink,
     arity: Arity::AtLeast(1),
     options: OPTIONS,
     uses_seed: false,
+    summary: false,
+    example: "",
     build,
 };
 
@@ -49,6 +59,7 @@ pub static KIND: KindInfo = KindInfo {
 struct Options {
     path: String,
     chart: String,
+    charts: Vec<String>,
     table: String,
     title: String,
 }
@@ -61,53 +72,28 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
     Some(Box::new(Report { opts: ctx.parse(diags)? }))
 }
 
-use crate::eval::score::OVERALL;
-
-/// Table 3 columns: (summary metric, heading).
-const METRIC_COLUMNS: &[(&str, &str)] = &[
-    ("bleu", "BLEU"),
-    ("rouge1", "ROUGE-1"),
-    ("rouge2", "ROUGE-2"),
-    ("rougeL", "ROUGE-L"),
-    ("rougeLsum", "ROUGE-Lsum"),
-    ("meteor", "METEOR"),
-    ("bertscore_f1", "BERTScore F1"),
-];
-
-fn dimension_heading(d: &str) -> &str {
-    match d {
-        "knowledge_range" => "Knowledge Range",
-        "style_compliance" => "Style Compliance",
-        "nested_instruction" => "Nested Instruction",
-        "multi_turn_instruction" => "Multi-turn Instruction",
-        "instruction_priority" => "Instruction Priority",
-        other => other,
-    }
+/// One report table: its title, metric columns (id, heading) and label → group → metric → value.
+#[derive(Default)]
+struct Table {
+    title: String,
+    metrics: Vec<(String, String)>,
+    labels: Vec<String>,
+    values: BTreeMap<(String, String, String), (f64, u64)>,
+    groups: Vec<String>,
 }
 
-/// label → metric → value, in first-seen label order.
-type Table = Vec<(String, BTreeMap<String, f64>)>;
-
-fn entry<'t>(t: &'t mut Table, label: &str) -> &'t mut BTreeMap<String, f64> {
-    if let Some(i) = t.iter().position(|(l, _)| l == label) {
-        return &mut t[i].1;
-    }
-    t.push((label.to_string(), BTreeMap::new()));
-    &mut t.last_mut().expect("just pushed").1
-}
-
-/// A radar chart (one axis per dimension, 0..1) with one polygon per model.
-pub fn radar_svg(models: &Table) -> String {
+/// A radar chart (one axis per metric, 0..1) with one polygon per label.
+fn radar_svg(axes: &[(String, String)], labels: &[String], value: impl Fn(&str, &str) -> Option<f64>) -> String {
     const W: f64 = 640.0;
     const R: f64 = 200.0;
     let (cx, cy) = (W / 2.0, 280.0);
     let colors = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
-    let n = DIMENSIONS.len();
+    let n = axes.len().max(1);
     let point = |k: usize, v: f64| {
         let a = -std::f64::consts::FRAC_PI_2 + 2.0 * std::f64::consts::PI * k as f64 / n as f64;
         (cx + R * v * a.cos(), cy + R * v * a.sin())
     };
-    let height = 560.0 + 22.0 * models.len() as f64;
+    let height = 560.0 + 22.0 * labels.len() as f64;
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{height}\" viewBox=\"0 0 {W} {height}\" font-family=\"sans-serif\" font-size=\"13\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
     );
@@ -115,18 +101,18 @@ pub fn radar_svg(models: &Table) -> String {
         let pts: Vec<String> = (0..n).map(|k| point(k, ring)).map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
         let _ = writeln!(s, "<polygon points=\"{}\" fill=\"none\" stroke=\"#ccc\"/>", pts.join(" "));
     }
-    for (k, d) in DIMENSIONS.iter().enumerate() {
+    for (k, (_, heading)) in axes.iter().enumerate() {
         let (x, y) = point(k, 1.0);
         let (lx, ly) = point(k, 1.12);
         let _ = writeln!(s, "<line x1=\"{cx}\" y1=\"{cy}\" x2=\"{x:.1}\" y2=\"{y:.1}\" stroke=\"#ccc\"/>");
-        let _ = writeln!(s, "<text x=\"{lx:.1}\" y=\"{ly:.1}\" text-anchor=\"middle\">{}</text>", dimension_heading(d));
+        let _ = writeln!(s, "<text x=\"{lx:.1}\" y=\"{ly:.1}\" text-anchor=\"middle\">{}</text>", xml_escape(heading));
     }
-    for (i, (label, values)) in models.iter().enumerate() {
+    for (i, label) in labels.iter().enumerate() {
         let color = colors[i % colors.len()];
-        let pts: Vec<String> = DIMENSIONS
+        let pts: Vec<String> = axes
             .iter()
             .enumerate()
-            .map(|(k, d)| point(k, values.get(*d).copied().unwrap_or(0.0).clamp(0.0, 1.0)))
+            .map(|(k, (m, _))| point(k, value(label, m).unwrap_or(0.0).clamp(0.0, 1.0)))
             .map(|(x, y)| format!("{x:.1},{y:.1}"))
             .collect();
         let _ = writeln!(
@@ -150,113 +136,145 @@ fn table_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
         Field::new("label", DataType::Utf8, false),
         Field::new("table", DataType::Utf8, false),
+        Field::new("group", DataType::Utf8, false),
         Field::new("metric", DataType::Utf8, false),
+        Field::new("n", DataType::UInt64, false),
         Field::new("value", DataType::Float64, false),
     ]))
+}
+
+/// Group summary rows into tables, refusing one number from two inputs.
+fn tables(inputs: &[(String, Vec<SummaryRow>)]) -> Result<Vec<(String, Table)>> {
+    let mut out: Vec<(String, Table)> = Vec::new();
+    // Which input gave each (table, label, group, metric): inputs with the same label merge
+    // into one row (e.g. BERTScore in its own metrics stage), but one number from two
+    // inputs would silently keep the last.
+    let mut origin: BTreeMap<(String, String, String, String), String> = BTreeMap::new();
+    for (input, rows) in inputs {
+        for r in rows {
+            let key = (r.table.clone(), r.label.clone(), r.group.clone(), r.metric.clone());
+            match origin.insert(key, input.clone()) {
+                Some(other) if &other != input => bail!(
+                    "inputs \"{other}\" and \"{input}\" both report {} for the model labelled \"{}\": give each candidate its own `label`",
+                    r.metric,
+                    r.label
+                ),
+                _ => {}
+            }
+            let i = match out.iter().position(|(t, _)| t == &r.table) {
+                Some(i) => i,
+                None => {
+                    out.push((r.table.clone(), Table { title: r.title.clone(), ..Default::default() }));
+                    out.len() - 1
+                }
+            };
+            let t = &mut out[i].1;
+            if !t.metrics.iter().any(|(m, _)| m == &r.metric) {
+                t.metrics.push((r.metric.clone(), r.heading.clone()));
+            }
+            if !t.labels.contains(&r.label) {
+                t.labels.push(r.label.clone());
+            }
+            if r.group != OVERALL && !t.groups.contains(&r.group) {
+                t.groups.push(r.group.clone());
+            }
+            t.values.insert((r.label.clone(), r.group.clone(), r.metric.clone()), (r.value, r.n));
+        }
+    }
+    Ok(out)
 }
 
 #[async_trait]
 impl Stage for Report {
     fn plan(&self, ctx: &mut PlanCtx<'_>) -> Option<SchemaRef> {
-        for i in 0..ctx.inputs.len() {
-            if let Some(s) = ctx.input_schema(i)
-                && s.field_with_name("dimension").is_err()
-                && !METRIC_COLUMNS.iter().any(|(c, _)| s.field_with_name(c).is_ok())
-            {
-                let name = ctx.inputs[i].name.clone();
-                ctx.error("inputs", format!("input \"{name}\" is neither a metrics nor a rolemrc_judge_score stage"));
-            }
+        let bad: Vec<(String, &str)> =
+            ctx.inputs.iter().filter_map(|i| i.kind.filter(|k| !k.summary).map(|k| (i.name.clone(), k.name))).collect();
+        for (name, kind) in bad {
+            ctx.error(
+                "inputs",
+                format!("input \"{name}\" ({kind}) writes no summary: report reads evaluation stages (metrics, judge_score, ...)"),
+            );
         }
         None
     }
 
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
-        let (mut metrics, mut judge): (Table, Table) = (Vec::new(), Vec::new());
-        // Which input gave each (table, label, metric): inputs with the same label merge
-        // into one row (e.g. BERTScore in its own metrics stage), but one number from two
-        // inputs would silently keep the last.
-        let mut origin: BTreeMap<(bool, String, String), String> = BTreeMap::new();
-        let mut claim = |judge: bool, label: &str, metric: &str, input: &str| -> Result<()> {
-            match origin.insert((judge, label.to_string(), metric.to_string()), input.to_string()) {
-                Some(other) if other != input => bail!(
-                    "inputs \"{other}\" and \"{input}\" both report {metric} for the model labelled \"{label}\": give each candidate its own `label`"
-                ),
-                _ => Ok(()),
-            }
-        };
+        let mut inputs = Vec::new();
         for input in &ctx.inputs {
-            let path = ctx.out_dir.join(format!("{}.summary.parquet", input.name));
+            let path = ctx.out_dir.join(summary::file_name(&input.name));
             if !path.exists() {
-                bail!("input \"{}\" has no summary ({} is missing)", input.name, path.display());
+                bail!(
+                    "input \"{}\" has no summary ({} is missing): report reads evaluation stages (metrics, judge_score, ...)",
+                    input.name,
+                    path.display()
+                );
             }
-            let (schema, batches) = read_all(&path).with_context(|| format!("reading {}", path.display()))?;
-            let judge_summary = schema.field_with_name("dimension").is_ok();
-            for b in &batches {
-                let s = |n: &str| b.column_by_name(n).expect("summary column").as_string::<i32>().clone();
-                let label = s("label");
-                if judge_summary {
-                    let (dim, acc) = (
-                        s("dimension"),
-                        b.column_by_name("accuracy").expect("accuracy").as_primitive::<Float64Type>().clone(),
-                    );
-                    for i in 0..b.num_rows() {
-                        claim(true, label.value(i), dim.value(i), &input.name)?;
-                        entry(&mut judge, label.value(i)).insert(dim.value(i).to_string(), acc.value(i));
-                    }
-                } else {
-                    let (group, metric) = (s("group"), s("metric"));
-                    let mean = b.column_by_name("mean").expect("mean").as_primitive::<Float64Type>().clone();
-                    for i in 0..b.num_rows() {
-                        if group.value(i) == OVERALL {
-                            claim(false, label.value(i), metric.value(i), &input.name)?;
-                            entry(&mut metrics, label.value(i)).insert(metric.value(i).to_string(), mean.value(i));
-                        }
-                    }
-                }
-            }
+            inputs.push((input.name.clone(), summary::read(&path)?));
         }
+        let tables = tables(&inputs)?;
 
         let mut md = String::new();
         writeln!(md, "# {}\n", self.opts.title)?;
-        let mut rows: Vec<(String, &str, String, f64)> = Vec::new();
-        if !metrics.is_empty() {
-            let cols: Vec<&(&str, &str)> =
-                METRIC_COLUMNS.iter().filter(|(c, _)| metrics.iter().any(|(_, m)| m.contains_key(*c))).collect();
-            writeln!(md, "## Reference-based metrics (Table 3 layout; means over the test set)\n")?;
-            writeln!(md, "| Model | {} |", cols.iter().map(|(_, h)| *h).collect::<Vec<_>>().join(" | "))?;
-            writeln!(md, "|---|{}", "---:|".repeat(cols.len()))?;
-            for (label, m) in &metrics {
-                let cells: Vec<String> = cols
+        let mut rows: Vec<(String, String, String, String, u64, f64)> = Vec::new();
+        let cell = |v: Option<&(f64, u64)>| v.map(|(v, _)| format!("{v:.4}")).unwrap_or_else(|| "–".into());
+        let mut charts = 0;
+        for (name, t) in &tables {
+            writeln!(md, "## {}\n", t.title)?;
+            writeln!(md, "| Model | {} |", t.metrics.iter().map(|(_, h)| h.as_str()).collect::<Vec<_>>().join(" | "))?;
+            writeln!(md, "|---|{}", "---:|".repeat(t.metrics.len()))?;
+            for label in &t.labels {
+                let cells: Vec<String> = t
+                    .metrics
                     .iter()
-                    .map(|(c, _)| m.get(*c).map(|v| format!("{v:.4}")).unwrap_or_else(|| "–".into()))
+                    .map(|(m, _)| cell(t.values.get(&(label.clone(), OVERALL.to_string(), m.clone()))))
                     .collect();
                 writeln!(md, "| {label} | {} |", cells.join(" | "))?;
-                rows.extend(m.iter().map(|(k, v)| (label.clone(), "metrics", k.clone(), *v)));
             }
             writeln!(md)?;
-        }
-        if !judge.is_empty() {
-            writeln!(md, "## LLM-as-judge (Table 9 layout; accuracy per dimension)\n")?;
-            writeln!(
-                md,
-                "| Model | {} |",
-                DIMENSIONS.iter().map(|d| dimension_heading(d)).collect::<Vec<_>>().join(" | ")
-            )?;
-            writeln!(md, "|---|{}", "---:|".repeat(DIMENSIONS.len()))?;
-            for (label, m) in &judge {
-                let cells: Vec<String> = DIMENSIONS
-                    .iter()
-                    .map(|d| m.get(*d).map(|v| format!("{v:.4}")).unwrap_or_else(|| "–".into()))
-                    .collect();
-                writeln!(md, "| {label} | {} |", cells.join(" | "))?;
-                rows.extend(m.iter().map(|(k, v)| (label.clone(), "judge", k.clone(), *v)));
+            if !t.groups.is_empty() {
+                writeln!(md, "### {} by group\n", t.title)?;
+                writeln!(
+                    md,
+                    "| Model | Group | {} |",
+                    t.metrics.iter().map(|(_, h)| h.as_str()).collect::<Vec<_>>().join(" | ")
+                )?;
+                writeln!(md, "|---|---|{}", "---:|".repeat(t.metrics.len()))?;
+                for label in &t.labels {
+                    for g in &t.groups {
+                        let cells: Vec<String> = t
+                            .metrics
+                            .iter()
+                            .map(|(m, _)| cell(t.values.get(&(label.clone(), g.clone(), m.clone()))))
+                            .collect();
+                        if cells.iter().all(|c| c == "–") {
+                            continue;
+                        }
+                        writeln!(md, "| {label} | {g} | {} |", cells.join(" | "))?;
+                    }
+                }
+                writeln!(md)?;
             }
-            writeln!(md, "\n![judge dimensions per model]({})\n", self.opts.chart)?;
-            let svg = radar_svg(&judge);
-            let (mut f, pending) = create_tmp(&ctx.out_dir.join(&self.opts.chart))?;
-            std::io::Write::write_all(&mut f, svg.as_bytes())?;
-            finish_file(f, &pending)?;
-            ctx.add_artifact(pending, None);
+            for ((label, group, metric), (value, n)) in &t.values {
+                rows.push((label.clone(), name.clone(), group.clone(), metric.clone(), *n, *value));
+            }
+            if self.opts.charts.iter().any(|c| c == name) {
+                let file = if charts == 0 {
+                    self.opts.chart.clone()
+                } else {
+                    let p = std::path::Path::new(&self.opts.chart);
+                    let stem = p.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
+                    p.with_file_name(format!("{stem}-{name}.svg")).to_string_lossy().to_string()
+                };
+                charts += 1;
+                writeln!(md, "![{} per model]({file})\n", t.title)?;
+                let svg = radar_svg(&t.metrics, &t.labels, |label, m| {
+                    t.values.get(&(label.to_string(), OVERALL.to_string(), m.to_string())).map(|v| v.0)
+                });
+                let (mut f, pending) = create_tmp(&ctx.out_dir.join(&file))?;
+                std::io::Write::write_all(&mut f, svg.as_bytes())?;
+                finish_file(f, &pending)?;
+                ctx.add_artifact(pending, None);
+            }
         }
         let (mut f, pending) = create_tmp(&ctx.out_dir.join(&self.opts.path))?;
         std::io::Write::write_all(&mut f, md.as_bytes())?;
@@ -267,13 +285,15 @@ impl Stage for Report {
             table_schema(),
             vec![
                 Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.0.as_str()))),
-                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.1))),
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.1.as_str()))),
                 Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.2.as_str()))),
-                Arc::new(Float64Array::from_iter_values(rows.iter().map(|r| r.3))),
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.3.as_str()))),
+                Arc::new(UInt64Array::from_iter_values(rows.iter().map(|r| r.4))),
+                Arc::new(Float64Array::from_iter_values(rows.iter().map(|r| r.5))),
             ],
         )?;
         let n = ctx.write_side_parquet(&self.opts.table.clone(), &batch)?;
-        ctx.report.rows_in = (metrics.len() + judge.len()) as u64;
+        ctx.report.rows_in = tables.iter().map(|(_, t)| t.labels.len() as u64).sum();
         ctx.report.rows_out = n;
         Ok(())
     }

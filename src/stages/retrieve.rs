@@ -65,6 +65,8 @@ pub static KIND: KindInfo = KindInfo {
     arity: Arity::Exactly(2),
     options: OPTIONS,
     uses_seed: false,
+    summary: false,
+    example: "",
     build,
 };
 

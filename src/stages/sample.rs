@@ -33,6 +33,8 @@ pub static KIND: KindInfo = KindInfo {
     arity: Arity::Exactly(1),
     options: OPTIONS,
     uses_seed: true,
+    summary: false,
+    example: "n = 2",
     build,
 };
 

@@ -24,6 +24,7 @@ use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty, UINT, expand_glob};
 use crate::data::{self, ID, Row};
 use crate::hub::HubSpec;
+use crate::store::failures::FailureKind;
 use crate::store::parquet::ParquetOut;
 
 const HF_OPTIONS: &[OptionSpec] = &[
@@ -67,6 +68,8 @@ pub static KIND: KindInfo = KindInfo {
     arity: Arity::None,
     options: OPTIONS,
     uses_seed: false,
+    summary: false,
+    example: "path = \"pipelines/data/personas.jsonl\"",
     build,
 };
 
@@ -361,7 +364,7 @@ impl Emitter {
 
     fn fail(&mut self, message: String, record: Option<String>) {
         let id = self.ordinal_id(self.ordinal);
-        self.failures.record(id, "parse", message, record);
+        self.failures.record(id, FailureKind::Parse, message, record);
         self.progress.failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.ordinal += 1;
     }
@@ -402,7 +405,7 @@ impl Emitter {
                             let id = self.ordinal_id(*ord);
                             self.failures.record(
                                 id,
-                                "parse",
+                                FailureKind::Parse,
                                 format!("{}: record has no value in id column \"{col}\"", file.display()),
                                 None,
                             );
@@ -675,7 +678,7 @@ impl Source {
                 Err((i, e)) => {
                     let id = w.ordinal_id(ords[i]);
                     let record = serde_json::to_string(&rows[i]).ok();
-                    w.failures.record(id, "schema", format!("{}:{}: {e}", file.display(), lines[i]), record);
+                    w.failures.record(id, FailureKind::Schema, format!("{}:{}: {e}", file.display(), lines[i]), record);
                     w.progress.failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     rows.remove(i);
                     ords.remove(i);

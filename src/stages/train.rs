@@ -40,12 +40,14 @@ use tokio::sync::mpsc;
 use super::{Arity, BuildCtx, Cancelled, KindInfo, PlanCtx, Role, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, POSITIVE, RATIO, Ty};
+use crate::data::chat;
 use crate::store::atomic::{create_tmp, finish_file};
+use crate::store::failures::FailureKind;
 use crate::store::parquet::open_reader;
 use crate::store::state::relative_to;
 use crate::template::Templates;
 
-/// Table 8 of the RoleMRC paper.
+/// Training hyperparameters and their defaults (a method's pipelines pin their own).
 const HYPERPARAMETERS: &[OptionSpec] = &[
     OptionSpec::default("sft_lr", Ty::Float(0.0, f64::INFINITY), "1e-5", "SFT learning rate"),
     OptionSpec::default("dpo_lr", Ty::Float(0.0, f64::INFINITY), "2e-5", "DPO learning rate"),
@@ -73,7 +75,7 @@ const OPTIONS: &[OptionSpec] = &[
         "hyperparameters",
         Ty::Struct(HYPERPARAMETERS),
         r#"{ sft_lr = 1e-5, dpo_lr = 2e-5, beta = 0.1, batch_size = 8, grad_acc = 2, epochs = 1, warmup_ratio = 0.04, scheduler = "cosine", bf16 = true }"#,
-        "training hyperparameters (defaults: RoleMRC Table 8)",
+        "training hyperparameters (pipelines pin their own; defaults as listed)",
     ),
     OptionSpec::optional("env", Ty::Map(&Ty::Str), "extra environment variables for the trainer"),
     OptionSpec::optional("timeout_minutes", Ty::Float(0.0, f64::INFINITY), "stop the trainer after this long")
@@ -88,6 +90,8 @@ pub static KIND: KindInfo = KindInfo {
     arity: Arity::Exactly(2),
     options: OPTIONS,
     uses_seed: false,
+    summary: false,
+    example: "base_model = \"base\"",
     build,
 };
 
@@ -211,12 +215,7 @@ fn output_schema() -> SchemaRef {
 
 /// TRL role names: lowercase `system` / `user` / `assistant`.
 fn trl_role(role: &str) -> Option<&'static str> {
-    match role.to_ascii_lowercase().as_str() {
-        "system" => Some("system"),
-        "user" => Some("user"),
-        "assistant" => Some("assistant"),
-        _ => None,
-    }
+    chat::Role::parse(role).map(chat::Role::as_str)
 }
 
 /// A list of `{role, content}` messages with TRL role names.
@@ -493,7 +492,7 @@ impl Stage for Train {
         })
         .await??;
         for (id, e) in sft_failed.iter().chain(&dpo_failed) {
-            ctx.fail(id, "bad_record", e.clone(), None);
+            ctx.fail(id, FailureKind::BadRecord, e.clone(), None);
         }
         ctx.report.rows_in = ctx.inputs[0].num_rows + ctx.inputs[1].num_rows;
         if sft_rows == 0 && dpo_rows == 0 {

@@ -12,11 +12,76 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use super::atomic::PendingFile;
 use super::parquet::ParquetOut;
 
+/// The `kind` column of every `*.failures.parquet`: why a record failed. The strings
+/// ([`FailureKind::as_str`]) are a user-visible contract, documented in the README.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FailureKind {
+    /// A source line or value that cannot be read (not JSON, not UTF-8, a bad CSV row).
+    Parse,
+    /// A record that does not fit the columns (a value of the wrong type, a missing column).
+    Schema,
+    /// A template or prompt that does not render for this record.
+    Template,
+    /// A filter or map expression that fails on this record.
+    Expression,
+    /// A record an LLM stage cannot use as input (e.g. not a message list).
+    Input,
+    /// The provider call failed (after the retries of the rate layer).
+    Llm,
+    /// Every answer failed its parser (after `max_attempts`).
+    Validation,
+    /// A record that misses a part another stage should have produced.
+    Incomplete,
+    /// A record a sink cannot write in its layout.
+    Export,
+    /// A record that cannot be converted (wrong shape for the kind).
+    BadRecord,
+    /// A row for which a judge query cannot be planned (no task entry, prompt does not render).
+    JudgePlan,
+}
+
+impl FailureKind {
+    pub const ALL: &[FailureKind] = &[
+        FailureKind::Parse,
+        FailureKind::Schema,
+        FailureKind::Template,
+        FailureKind::Expression,
+        FailureKind::Input,
+        FailureKind::Llm,
+        FailureKind::Validation,
+        FailureKind::Incomplete,
+        FailureKind::Export,
+        FailureKind::BadRecord,
+        FailureKind::JudgePlan,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureKind::Parse => "parse",
+            FailureKind::Schema => "schema",
+            FailureKind::Template => "template",
+            FailureKind::Expression => "expression",
+            FailureKind::Input => "input",
+            FailureKind::Llm => "llm",
+            FailureKind::Validation => "validation",
+            FailureKind::Incomplete => "incomplete",
+            FailureKind::Export => "export",
+            FailureKind::BadRecord => "bad_record",
+            FailureKind::JudgePlan => "judge_plan",
+        }
+    }
+}
+
+impl std::fmt::Display for FailureKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Failure {
     pub id: String,
-    /// Short machine-readable kind: `parse`, `schema`, `template`, `llm`, `validation`...
-    pub kind: String,
+    pub kind: FailureKind,
     pub message: String,
     /// The input record (JSON) or raw line, when there is one.
     pub record: Option<String>,
@@ -33,8 +98,8 @@ impl FailureLog {
         self.inner.lock().expect("failure log poisoned").push(failure);
     }
 
-    pub fn record(&self, id: impl Into<String>, kind: &str, message: impl Into<String>, record: Option<String>) {
-        self.push(Failure { id: id.into(), kind: kind.to_string(), message: message.into(), record });
+    pub fn record(&self, id: impl Into<String>, kind: FailureKind, message: impl Into<String>, record: Option<String>) {
+        self.push(Failure { id: id.into(), kind, message: message.into(), record });
     }
 
     pub fn len(&self) -> usize {
@@ -65,7 +130,9 @@ pub fn failures_schema() -> SchemaRef {
 
 /// Write failures (sorted by id for determinism) to a pending Parquet file.
 pub fn write_failures(dest: &Path, mut failures: Vec<Failure>, meta: Vec<(String, String)>) -> Result<PendingFile> {
-    failures.sort_by(|a, b| a.id.cmp(&b.id).then_with(|| a.kind.cmp(&b.kind)).then_with(|| a.message.cmp(&b.message)));
+    failures.sort_by(|a, b| {
+        a.id.cmp(&b.id).then_with(|| a.kind.as_str().cmp(b.kind.as_str())).then_with(|| a.message.cmp(&b.message))
+    });
     let schema = failures_schema();
     let mut out = ParquetOut::create(dest, schema.clone(), meta, false)?;
     for chunk in failures.chunks(8192) {

@@ -9,3 +9,4 @@ pub mod filehash;
 pub mod idcheck;
 pub mod parquet;
 pub mod state;
+pub mod summary;

@@ -1,7 +1,7 @@
 //! What a run leaves behind besides data: the per-stage state record written after a
 //! stage's outputs are committed (`_synth/state/<stage>.json`, the proof that the
 //! outputs match a fingerprint), the run manifest (`manifest.json`), and secret
-//! redaction for anything that ends up in them.
+//! redaction (`crate::secrets::redact`) for anything that ends up in them.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -219,89 +219,4 @@ impl Manifest {
 /// Now as an RFC 3339 timestamp (UTC, seconds).
 pub fn now_rfc3339() -> String {
     humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
-}
-
-/// Whether a config key names a secret value.
-fn is_secret_key(key: &str) -> bool {
-    let k = key.to_lowercase();
-    if k.ends_with("_env") || k.ends_with("_var") {
-        return false; // names an environment variable, holds no secret
-    }
-    k == "token"
-        || k.ends_with("_token")
-        || k == "authorization"
-        || ["api_key", "apikey", "secret", "password", "bearer"].iter().any(|m| k.contains(m))
-}
-
-/// Replace values that are, or look like, secrets with `"***"`. Keys that only *name*
-/// an environment variable (`api_key_env`) are kept: they hold no secret.
-pub fn redact(value: &serde_json::Value) -> serde_json::Value {
-    use serde_json::Value as J;
-    match value {
-        J::Object(map) => J::Object(
-            map.iter()
-                .map(|(k, v)| {
-                    let v = if is_secret_key(k) && !v.is_null() && !v.is_boolean() && !v.is_number() {
-                        J::String("***".into())
-                    } else {
-                        redact(v)
-                    };
-                    (k.clone(), v)
-                })
-                .collect(),
-        ),
-        J::Array(items) => J::Array(items.iter().map(redact).collect()),
-        J::String(s) => J::String(redact_text(s)),
-        other => other.clone(),
-    }
-}
-
-/// Replace secret-looking tokens inside free text (`sk-...`, `hf_...`, `Bearer x`).
-pub fn redact_text(s: &str) -> String {
-    if !s.contains("sk-") && !s.contains("hf_") && !s.to_lowercase().contains("bearer") {
-        return s.to_string();
-    }
-    let mut out = String::with_capacity(s.len());
-    let mut bearer = false;
-    for (i, token) in s.split(' ').enumerate() {
-        if i > 0 {
-            out.push(' ');
-        }
-        if bearer || looks_like_secret(token) {
-            out.push_str("***");
-        } else {
-            out.push_str(token);
-        }
-        bearer = token.eq_ignore_ascii_case("bearer");
-    }
-    out
-}
-
-/// Common API key shapes (OpenAI `sk-`, Hugging Face `hf_`, bearer tokens).
-pub fn looks_like_secret(s: &str) -> bool {
-    let s = s.trim();
-    if s.to_lowercase().starts_with("bearer ") {
-        return true;
-    }
-    (s.starts_with("sk-") || s.starts_with("hf_")) && s.len() >= 12 && !s.contains(char::is_whitespace)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn redaction() {
-        let v = json!({"providers": {"gpt": {"api_key_env": "OPENAI_API_KEY", "api_key": "abc", "model": "gpt-4o",
-            "headers": {"Authorization": "Bearer x"}, "note": "sk-abcdefghijklmnop"}}});
-        let r = redact(&v);
-        assert_eq!(r["providers"]["gpt"]["api_key_env"], "OPENAI_API_KEY");
-        assert_eq!(r["providers"]["gpt"]["api_key"], "***");
-        assert_eq!(r["providers"]["gpt"]["model"], "gpt-4o");
-        assert_eq!(r["providers"]["gpt"]["headers"]["Authorization"], "***");
-        assert_eq!(r["providers"]["gpt"]["note"], "***");
-        assert_eq!(redact_text("key sk-abcdefghijklmnop here"), "key *** here");
-        assert_eq!(redact_text("Authorization: Bearer abc"), "Authorization: Bearer ***");
-    }
 }

@@ -26,7 +26,7 @@ pub fn minilm_dir() -> Option<PathBuf> {
 /// need it wherever the model is present).
 pub fn onnxruntime() -> PathBuf {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    synth::embed::fastembed::find_onnxruntime(None, &root)
+    synth::onnx::find_onnxruntime(None, &root)
         .filter(|p| p.exists())
         .expect("ONNX Runtime is missing: run .ci/setup (the README's test command .ci/test does)")
 }

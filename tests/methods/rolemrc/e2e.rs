@@ -4,7 +4,7 @@
 //! re-runs, retrieval invariants; and the real loaders on the real samples in
 //! `../shared/data` and `../shared/models` when present.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -407,7 +407,7 @@ fn offline_mix_adds_the_mix_in_sources() {
 fn demo_profile_runs_against_an_openai_compatible_server() {
     use support::openai_server::{self, Behaviour};
     use synth::llm::offline::Offline;
-    use synth::llm::{ChatRequest, GenParams, Message};
+    use synth::llm::{ChatRequest, GenParams, Message, Role};
 
     const KEY: &str = "sk-demo-test-4f9a1c77e0b2d3";
     let responder = |body: &Value| -> String {
@@ -415,7 +415,7 @@ fn demo_profile_runs_against_an_openai_compatible_server() {
             .as_array()
             .unwrap()
             .iter()
-            .map(|m| Message::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+            .map(|m| Message::new(Role::parse(m["role"].as_str().unwrap()).unwrap(), m["content"].as_str().unwrap()))
             .collect();
         let first = &messages[0].content;
         let expect = if first.starts_with("You are a prompt optimizer") {
@@ -428,7 +428,8 @@ fn demo_profile_runs_against_an_openai_compatible_server() {
             panic!("unexpected prompt: {}", first.chars().take(80).collect::<String>())
         };
         let req = ChatRequest { messages, params: GenParams::default(), sample: 0, expect: expect.into() };
-        Offline { seed: 11, score_one: 0.5 }.generate(&req, &GenParams::default())
+        Offline { seed: 11, score_one: 0.5, shapes: synth::registry::Registry::builtin().shapes.clone() }
+            .generate(&req, &GenParams::default())
     };
     let server = openai_server::start(Behaviour {
         api_key: Some(KEY.into()),

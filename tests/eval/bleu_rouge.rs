@@ -12,7 +12,7 @@ use std::process::Command;
 use support::eval_fixtures::{Pair, fixtures, pairs, read_jsonl};
 use synth::eval::{bleu, porter, rouge};
 
-mod support;
+use crate::support;
 
 const TOLERANCE: f64 = 1e-6;
 const METRICS: [&str; 5] = ["bleu", "rouge1", "rouge2", "rougeL", "rougeLsum"];

@@ -13,10 +13,10 @@ use arrow::datatypes::{Float64Type, Int64Type, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 
-use super::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
-use crate::rolemrc::plan::CATEGORIES;
+use crate::methods::rolemrc::plan::CATEGORIES;
+use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
 use crate::store::atomic::{create_tmp, finish_file};
 use crate::store::parquet::read_all;
 
@@ -33,6 +33,8 @@ pub static KIND: KindInfo = KindInfo {
     arity: Arity::Exactly(1),
     options: OPTIONS,
     uses_seed: true,
+    summary: false,
+    example: "",
     build,
 };
 

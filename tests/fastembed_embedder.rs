@@ -4,7 +4,7 @@
 //! an `embed` stage uses it; a named model downloads through a fake hub on
 //! 127.0.0.1 (fastembed reads HF_ENDPOINT). ONNX Runtime comes from `.ci/setup`.
 
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -13,7 +13,7 @@
 //! bert_score values) covers the official model's architecture everywhere. ONNX Runtime
 //! comes from `.ci/setup`.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -22,12 +22,14 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::exec::{Ids, map_batches};
-use super::rolemrc_assemble::output_schema;
-use super::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use super::assemble::output_schema;
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
+use crate::data::chat;
 use crate::data::{self, Row};
+use crate::stages::exec::{Ids, map_batches};
+use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use crate::store::failures::FailureKind;
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::required("category", Ty::Str, "category of the rows (e.g. \"RoleBench\"); also their task label"),
@@ -49,12 +51,15 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "chat_format",
-    version: 1,
+    // 2: failure kind spelled `bad_record` (the FailureKind vocabulary), was `bad record`.
+    version: 2,
     about: "convert chat / preference datasets into the RoleMRC sample layout (mix-in sources)",
     role: Role::Transform,
     arity: Arity::Exactly(1),
     options: OPTIONS,
     uses_seed: false,
+    summary: false,
+    example: "category = \"mix\"\nmessages = \"messages\"",
     build,
 };
 
@@ -103,12 +108,7 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
 
 /// The official role name of a source role.
 fn role_of(role: &str) -> Option<&'static str> {
-    match role.to_ascii_lowercase().as_str() {
-        "system" => Some("System"),
-        "user" | "human" | "prompter" => Some("User"),
-        "assistant" | "gpt" | "bot" | "model" | "chatbot" => Some("Assistant"),
-        _ => None,
-    }
+    chat::Role::parse_loose(role).map(chat::Role::official)
 }
 
 fn msg(role: &str, content: &str) -> Value {
@@ -276,7 +276,9 @@ impl Stage for ChatFormat {
                 let row = data::row_json(batch, i);
                 match opts.convert(&row) {
                     Ok(r) => rows.push(r),
-                    Err(e) => failures.record(ids.value(i), "bad record", e, serde_json::to_string(&row).ok()),
+                    Err(e) => {
+                        failures.record(ids.value(i), FailureKind::BadRecord, e, serde_json::to_string(&row).ok())
+                    }
                 }
             }
             data::rows_to_batch(&out_schema, &rows).map_err(|(i, e)| anyhow!("row {i}: {e}"))

@@ -14,10 +14,11 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::OptionSpec;
 use crate::data::{self, Row};
+use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use crate::store::failures::FailureKind;
 use crate::store::parquet::read_all;
 
 const OPTIONS: &[OptionSpec] = &[];
@@ -30,6 +31,8 @@ pub static KIND: KindInfo = KindInfo {
     arity: Arity::AtLeast(2),
     options: OPTIONS,
     uses_seed: false,
+    summary: false,
+    example: "",
     build,
 };
 
@@ -44,7 +47,7 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
 }
 
 fn messages_type() -> DataType {
-    crate::rolemrc::parsers::turns_type()
+    crate::methods::rolemrc::parsers::turns_type()
 }
 
 /// Output schema of the assembled samples.
@@ -172,7 +175,7 @@ impl Stage for Assemble {
             instances += 1;
             match assemble(&requests[start..end], &answers) {
                 Ok(row) => rows.push(row),
-                Err(e) => ctx.fail(&instance, "incomplete", e, None),
+                Err(e) => ctx.fail(&instance, FailureKind::Incomplete, e, None),
             }
             ctx.progress.inc((end - start) as u64);
             start = end;

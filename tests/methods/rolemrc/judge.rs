@@ -4,7 +4,7 @@
 //! prompt rendering, one user message, temperature 0.7, max_tokens 4), the official score
 //! extraction, bad-response counts, accuracy per dimension and the priority compat switch.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -107,7 +107,15 @@ fn judge_scores_as_the_official_code() {
 
     let summary = parquet_rows(&dir.join("scores.summary.parquet"));
     let by_dim: BTreeMap<String, &serde_json::Map<String, Value>> =
-        summary.iter().map(|r| (r["dimension"].as_str().unwrap().to_string(), r)).collect();
+        summary.iter().map(|r| (r["metric"].as_str().unwrap().to_string(), r)).collect();
+    // The summary protocol: one table "judge", headings from dimensions.json, in its order.
+    let order: Vec<&str> = summary.iter().map(|r| r["metric"].as_str().unwrap()).collect();
+    assert_eq!(
+        order,
+        ["knowledge_range", "style_compliance", "nested_instruction", "multi_turn_instruction", "instruction_priority"]
+    );
+    assert!(summary.iter().all(|r| r["table"] == "judge" && r["group"] == "overall"));
+    assert_eq!(by_dim["multi_turn_instruction"]["heading"], "Multi-turn Instruction");
     let want = [
         ("knowledge_range", 1.0, false),
         ("style_compliance", 0.0, false),
@@ -118,8 +126,8 @@ fn judge_scores_as_the_official_code() {
     for (d, acc, all_bad) in want {
         let r = by_dim[d];
         assert_eq!(r["n"], expected[d], "{d}");
-        assert_eq!(r["accuracy"], acc, "{d}");
-        assert_eq!(r["bad"], if all_bad { expected[d] } else { 0 }, "{d}");
+        assert_eq!(r["value"], acc, "{d}");
+        assert_eq!(r["invalid"], if all_bad { expected[d] } else { 0 }, "{d}");
     }
     let scores = parquet_rows(&dir.join("scores.parquet"));
     assert_eq!(scores.len() as u64, total);
@@ -139,7 +147,7 @@ fn priority_twice_reproduces_the_official_double_count() {
     let (dir, _) = run_judge(&p, "j2", &["--set", "stages.queries.priority_twice=true"]);
     let expected = expected_counts(true);
     let summary = parquet_rows(&dir.join("scores.summary.parquet"));
-    let pr = summary.iter().find(|r| r["dimension"] == "instruction_priority").unwrap();
+    let pr = summary.iter().find(|r| r["metric"] == "instruction_priority").unwrap();
     assert_eq!(pr["n"], expected["instruction_priority"]);
     assert!(expected["instruction_priority"] > 0);
 }

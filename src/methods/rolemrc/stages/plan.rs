@@ -1,7 +1,7 @@
 //! `rolemrc_plan`: from the meta-pool (profiles with their most and least relevant
 //! triplets) and the seed-script and rule files, decide every RoleMRC sample —
 //! category, type, variant, profile, triplet, seed, rule, split — and emit one row
-//! per LLM request that produces it (`crate::rolemrc::plan`). Counts per category
+//! per LLM request that produces it (`crate::methods::rolemrc::plan`). Counts per category
 //! are options; the defaults reproduce Table 2 and the official test mix. The
 //! role's system prompt and the MRC user turn are rendered here from template files.
 
@@ -15,11 +15,11 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, Row};
-use crate::rolemrc::plan::{self, Counts, Planner, Profile, TestCounts, Triplet};
+use crate::methods::rolemrc::plan::{self, Counts, Planner, Profile, TestCounts, Triplet};
+use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
 use crate::template::Templates;
 
 const OPTIONS: &[OptionSpec] = &[
@@ -59,6 +59,8 @@ pub static KIND: KindInfo = KindInfo {
     arity: Arity::Exactly(1),
     options: OPTIONS,
     uses_seed: true,
+    summary: false,
+    example: "system_template = \"pipelines/prompts/rolemrc/system.j2\"\nuser_template = \"pipelines/prompts/rolemrc/user_mrc.j2\"",
     build,
 };
 

@@ -21,7 +21,7 @@ use support::eval_fixtures::{Pair, fixtures, pairs, pairs_from, read_jsonl};
 use synth::eval::meteor::{self, PunktParams};
 use synth::eval::wordnet::WordNet;
 
-mod support;
+use crate::support;
 
 const TOLERANCE: f64 = 1e-6;
 

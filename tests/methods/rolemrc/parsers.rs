@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 use synth::data::Row;
-use synth::llm::parse;
-use synth::rolemrc::parsers::{parse_profile, split_narration};
+use synth::methods::rolemrc::parsers::{parse_profile, split_narration};
+use synth::registry::Registry;
 
 /// (fixture folder, parser, default parser options).
 const SUITES: [(&str, &str, &str); 3] = [
@@ -64,7 +64,7 @@ fn run_case(parser: &str, default_options: &str, case: &Path) -> (Result<Row, St
         None => Row::new(),
         Some(other) => panic!("{}: the record must be an object, found {other}", case.display()),
     };
-    let p = parse::build(parser, &options).unwrap_or_else(|e| panic!("{}: {e}", case.display()));
+    let p = Registry::builtin().build_parser(parser, &options).unwrap_or_else(|e| panic!("{}: {e}", case.display()));
     let result = p.parse(&read(case), &record);
     let shown = match &result {
         Ok(row) => format!("{}\n", serde_json::to_string_pretty(row).unwrap()),
@@ -144,7 +144,7 @@ fn stylized_fixtures() {
 
 // ------------------------------------------------ hand-written checks, independent of .expected
 
-fn profile_fixture(name: &str) -> Result<synth::rolemrc::parsers::Profile, String> {
+fn profile_fixture(name: &str) -> Result<synth::methods::rolemrc::parsers::Profile, String> {
     parse_profile(&read(&dir("profiles").join(format!("{name}.txt"))), 1)
 }
 
@@ -241,7 +241,7 @@ fn rendered_profiles_parse_back_to_the_same_profile() {
         assert_eq!(again, p, "{}", case.display());
         let bare = parse_profile(&p.render(false), 1).unwrap();
         assert!(bare.speech_examples.iter().all(|(_, n, _)| n.is_empty()), "{}", case.display());
-        let contents = |p: &synth::rolemrc::parsers::Profile| {
+        let contents = |p: &synth::methods::rolemrc::parsers::Profile| {
             p.speech_examples.iter().map(|(_, _, c)| c.clone()).collect::<Vec<_>>()
         };
         assert_eq!(contents(&bare), contents(&p), "{}", case.display());
@@ -322,7 +322,7 @@ fn record_columns_override_static_options() {
     let text = read(&dir("dialogues").join("ok_user_first_12.txt"));
     let record = |v: Value| v.as_object().unwrap().clone();
     let opts = json!({"first": "role", "narration": "reject", "first_column": "who", "narration_column": "narr"});
-    let p = parse::build("dialogue", &opts).unwrap();
+    let p = Registry::builtin().build_parser("dialogue", &opts).unwrap();
     // The static options alone reject this user-first dialogue with narration...
     assert!(p.parse(&text, &record(json!({"role_name": "Thorin Ironfoot"}))).is_err());
     assert!(p.parse(&text, &record(json!({"role_name": "Thorin Ironfoot", "who": "user"}))).is_err());
@@ -332,10 +332,12 @@ fn record_columns_override_static_options() {
     let ok = p.parse(&text, &record(json!({"role_name": "Thorin Ironfoot", "who": "any", "narr": false}))).unwrap();
     assert!(assistant_turns(&ok).iter().all(|c| !c.starts_with('(')));
     // Without the column options, the record's columns are ignored.
-    let plain = parse::build("dialogue", &json!({"first": "role"})).unwrap();
+    let plain = Registry::builtin().build_parser("dialogue", &json!({"first": "role"})).unwrap();
     assert!(plain.parse(&text, &record(json!({"role_name": "Thorin Ironfoot", "first": "user"}))).is_err());
 
-    let s = parse::build("stylized", &json!({"narration": "required", "narration_column": "n"})).unwrap();
+    let s = Registry::builtin()
+        .build_parser("stylized", &json!({"narration": "required", "narration_column": "n"}))
+        .unwrap();
     assert!(s.parse("Paris.", &record(json!({"n": null}))).is_err());
     assert_eq!(s.parse("Paris.", &record(json!({"n": true}))).unwrap()["reply"], "Paris.");
     let row = s.parse("(He grins) Paris.", &record(json!({"n": false}))).unwrap();
@@ -363,12 +365,12 @@ fn stylized_cleanup() {
 
 #[test]
 fn synth_list_shows_the_column_options() {
-    let names = |k: &str| parse::kind(k).unwrap().options.iter().map(|o| o.name).collect::<Vec<_>>();
+    let names = |k: &str| Registry::builtin().parser(k).unwrap().options.iter().map(|o| o.name).collect::<Vec<_>>();
     let d = names("dialogue");
     assert!(d.contains(&"first_column") && d.contains(&"narration_column"), "{d:?}");
     assert!(names("stylized").contains(&"narration_column"));
     for k in ["dialogue", "stylized"] {
-        for o in parse::kind(k).unwrap().options {
+        for o in Registry::builtin().parser(k).unwrap().options {
             assert!(!o.doc.is_empty(), "{k}.{}", o.name);
         }
     }

@@ -2,7 +2,7 @@
 //! the stored Python reference values (tests/fixtures/eval/*.expected.jsonl), the summary
 //! is the mean and population std, groups work, and bad input names file, line and field.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -174,11 +174,17 @@ fn metrics_stage_groups_by_task() {
     assert!(groups.contains("overall") && groups.len() > 10, "{groups:?}");
     let overall_bleu = summary.iter().find(|r| r["group"] == "overall" && r["metric"] == "bleu").unwrap();
     let mean = per_row.iter().map(|r| r["bleu"].as_f64().unwrap()).sum::<f64>() / 64.0;
-    assert!((overall_bleu["mean"].as_f64().unwrap() - mean).abs() < 1e-12);
+    assert!((overall_bleu["value"].as_f64().unwrap() - mean).abs() < 1e-12);
+    assert_eq!(overall_bleu["table"], "metrics");
+    assert_eq!(overall_bleu["heading"], "BLEU");
     assert_eq!(overall_bleu["label"], "candidate");
     let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
     assert!(md.contains("| Model | BLEU | ROUGE-1 | ROUGE-2 | ROUGE-L | ROUGE-Lsum | METEOR |"), "{md}");
     assert!(md.contains("| candidate | ") && md.contains("Table 9"), "{md}");
+    // The per-task breakdown of the grouped metrics, one row per task.
+    let by_group = md.split("### ").nth(1).expect("a breakdown table").split("\n## ").next().unwrap();
+    assert!(by_group.starts_with("Reference-based metrics (Table 3 layout; means over the test set) by group"), "{md}");
+    assert_eq!(by_group.matches("| candidate | ").count(), groups.len() - 1, "{md}");
 }
 
 /// Several candidates in one pipeline (`pipelines/rolemrc-compare.toml`): one report row per
@@ -195,14 +201,23 @@ fn one_report_compares_several_models() {
     args.extend(["--set", "stages.metrics_b.metrics=[\"bleu\", \"rouge\"]"]);
     p.synth(&args).ok();
     let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    // Blocks of the report (headings, tables): each label has a row in the Table 3 table,
+    // rows in the per-task breakdown and a row in the Table 9 table.
     for label in ["model A", "model B"] {
-        assert_eq!(md.matches(&format!("| {label} | ")).count(), 2, "a Table 3 and a Table 9 row for {label}: {md}");
+        let row = format!("| {label} | ");
+        let per_block: Vec<usize> = md.split("\n\n").map(|b| b.matches(&row).count()).filter(|n| *n > 0).collect();
+        // The Table 3 row, the breakdown (one row per task), the Table 9 row.
+        assert_eq!(per_block.len(), 3, "{label}: {md}");
+        assert_eq!((per_block[0], per_block[2]), (1, 1), "a Table 3 and a Table 9 row for {label}: {md}");
     }
     let svg = std::fs::read_to_string(dir.join("judge.svg")).unwrap();
     assert!(svg.contains(">model A<") && svg.contains(">model B<"), "{svg}");
     let table = parquet_rows(&dir.join("report.parquet"));
     let value = |label: &str, metric: &str| {
-        table.iter().find(|r| r["label"] == label && r["metric"] == metric).map(|r| r["value"].as_f64().unwrap())
+        table
+            .iter()
+            .find(|r| r["label"] == label && r["metric"] == metric && r["group"] == "overall")
+            .map(|r| r["value"].as_f64().unwrap())
     };
     // Each label's numbers are its own chain's: the per-row means of its metrics stage.
     for (label, stage) in [("model A", "metrics_a"), ("model B", "metrics_b")] {

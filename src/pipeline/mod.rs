@@ -1,4 +1,4 @@
-//! Loading a pipeline file into a checked [`Pipeline`]: parse with spans, apply the
+//! The compiler: loading a pipeline file into a checked [`Pipeline`]: parse with spans, apply the
 //! profile and `--set` overrides, check the `[pipeline]` table and every stage
 //! against its kind's option schema, build stages, check the graph (unknown inputs,
 //! arity, cycles, unused outputs) and plan columns in topological order.
@@ -11,12 +11,13 @@ use std::collections::BTreeMap;
 use arrow::datatypes::SchemaRef;
 use serde::Deserialize;
 
-use super::diag::{Diagnostics, did_you_mean, stage_subject};
-use super::node::{self, Node, SourceFile, Span, Table, Value};
-use super::options::{CheckCtx, OptionSpans, OptionSpec, RATIO, Ty, UINT, check_table};
+use crate::config::decl::{Decl, ProviderKind};
+use crate::config::diag::{Diagnostics, did_you_mean, stage_subject};
+use crate::config::node::{self, Node, SourceFile, Span, Table, Value};
+use crate::config::options::{CheckCtx, OptionSpans, OptionSpec, RATIO, Ty, UINT, check_table};
 use crate::dag::Graph;
-use crate::llm::services::{Decl, ProviderKind};
-use crate::stages::{self, Arity, BuildCtx, COMMON_OPTIONS, KindInfo, PlanCtx, PlanInput, Role, Stage};
+use crate::registry::Registry;
+use crate::stages::{Arity, BuildCtx, COMMON_OPTIONS, KindInfo, PlanCtx, PlanInput, Role, Stage};
 
 /// Top-level tables of a pipeline file.
 pub const TOP_LEVEL: &[&str] = &["pipeline", "stages", "providers", "embedders", "profiles"];
@@ -82,6 +83,8 @@ pub struct Pipeline {
     pub embedders: BTreeMap<String, Decl>,
     /// The resolved document (profile and overrides applied, `profiles` removed).
     pub resolved: serde_json::Value,
+    /// The kinds, parsers and offline shapes it was checked against.
+    pub registry: Arc<Registry>,
 }
 
 impl Pipeline {
@@ -148,8 +151,8 @@ pub fn load(path: &Path, opts: &LoadOptions) -> (Option<Pipeline>, Diagnostics) 
         apply_set(&mut root, set, &mut diags);
     }
 
-    let kinds: Vec<&'static KindInfo> = stages::KINDS.iter().copied().chain(opts.extra_kinds.iter().copied()).collect();
-    let pipeline = check(file.clone(), file_hash, root, opts.profile.clone(), &kinds, &mut diags);
+    let registry = Arc::new(Registry::builtin().with_kinds(&opts.extra_kinds));
+    let pipeline = check(file.clone(), file_hash, root, opts.profile.clone(), registry, &mut diags);
     diags.sort();
     if diags.has_errors() { (None, diags) } else { (pipeline, diags) }
 }
@@ -263,25 +266,7 @@ fn apply_set(root: &mut Table, set: &str, diags: &mut Diagnostics) {
     }
 }
 
-/// Lexically clean a path: drop `.` components and fold `dir/..` (no filesystem access).
-pub fn normalize(path: &Path) -> PathBuf {
-    use std::path::Component;
-    let mut out = PathBuf::new();
-    for c in path.components() {
-        match c {
-            Component::CurDir => {}
-            Component::ParentDir => {
-                if matches!(out.components().next_back(), Some(Component::Normal(_))) {
-                    out.pop();
-                } else {
-                    out.push("..");
-                }
-            }
-            other => out.push(other.as_os_str()),
-        }
-    }
-    if out.as_os_str().is_empty() { PathBuf::from(".") } else { out }
-}
+pub use crate::config::normalize;
 
 fn valid_name(name: &str) -> bool {
     !name.is_empty()
@@ -295,7 +280,7 @@ fn check(
     file_hash: String,
     root: Table,
     profile: Option<String>,
-    kinds: &[&'static KindInfo],
+    registry: Arc<Registry>,
     diags: &mut Diagnostics,
 ) -> Option<Pipeline> {
     let file_span = Span::file(&file, 0..0);
@@ -330,7 +315,7 @@ fn check(
     });
     let default_ratio = ptable.as_ref().map(|p| p.max_failure_ratio).unwrap_or(0.05);
 
-    let providers = check_decls(&root, "providers", "provider", crate::llm::services::PROVIDER_KINDS, &root_dir, diags);
+    let providers = check_decls(&root, "providers", "provider", crate::llm::provider::PROVIDER_KINDS, &root_dir, diags);
     let embedders = check_decls(&root, "embedders", "embedder", crate::embed::EMBEDDER_KINDS, &root_dir, diags);
 
     // [stages.NAME]
@@ -341,9 +326,15 @@ fn check(
             None => diags.error(&e.node.span, None, "\"stages\" must be a table of [stages.NAME] tables"),
             Some(stages) => {
                 for entry in &stages.entries {
-                    if let Some(raw) =
-                        check_stage(&entry.key, &entry.key_span, &entry.node, &root_dir, default_ratio, kinds, diags)
-                    {
+                    if let Some(raw) = check_stage(
+                        &entry.key,
+                        &entry.key_span,
+                        &entry.node,
+                        &root_dir,
+                        default_ratio,
+                        &registry,
+                        diags,
+                    ) {
                         raws.push(raw);
                     }
                 }
@@ -375,6 +366,7 @@ fn check(
         providers,
         embedders,
         resolved,
+        registry,
     })
 }
 
@@ -396,7 +388,7 @@ fn check_stage(
     node: &Node,
     root: &Path,
     default_ratio: f64,
-    kinds: &[&'static KindInfo],
+    registry: &Registry,
     diags: &mut Diagnostics,
 ) -> Option<RawStage> {
     let subject = stage_subject(name);
@@ -441,7 +433,8 @@ fn check_stage(
         diags.error(&kind_entry.node.span, Some(&subject), "\"kind\" must be a string");
         return Some(raw);
     };
-    let Some(kind) = kinds.iter().copied().find(|k| k.name == kind_name) else {
+    let kinds = &registry.kinds;
+    let Some(kind) = registry.kind(kind_name) else {
         let hint = did_you_mean(kind_name, kinds.iter().map(|k| k.name)).unwrap_or_default();
         let kinds = kinds.iter().map(|k| k.name).collect::<Vec<_>>().join(", ");
         diags.error(
@@ -461,7 +454,7 @@ fn check_stage(
         return Some(raw);
     }
     let max_failure_ratio = options.get("max_failure_ratio").and_then(|v| v.as_f64()).unwrap_or(default_ratio);
-    let build_ctx = BuildCtx { name, options: &options, spans: &spans, root };
+    let build_ctx = BuildCtx { name, options: &options, spans: &spans, root, parsers: &registry.parsers };
     let Some(stage) = (kind.build)(&build_ctx, diags) else { return Some(raw) };
     raw.decl = Some(StageDecl {
         name: name.to_string(),
@@ -575,6 +568,7 @@ fn plan(
             .map(|&k| PlanInput {
                 name: raws[k].name.clone(),
                 schema: raws[k].decl.as_ref().and_then(|d| d.planned_schema.clone()),
+                kind: raws[k].kind,
             })
             .collect();
         let d = raws[i].decl.as_ref().expect("checked");

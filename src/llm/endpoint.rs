@@ -1,0 +1,39 @@
+//! Where an OpenAI-compatible endpoint points: base URL and model resolved from a
+//! declaration's options and the environment (no key needed), shared by chat
+//! providers and embedders.
+
+use anyhow::{Result, anyhow, bail};
+
+pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
+
+/// Where an OpenAI-compatible provider points, resolved from config and environment.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub base_url: String,
+    pub model: String,
+    pub api_key_env: String,
+}
+
+/// Resolve base URL and model of an `openai` declaration (no key needed).
+pub fn resolve_endpoint(
+    name: &str,
+    base_url: &Option<String>,
+    base_url_env: &str,
+    model: &Option<String>,
+    model_env: &Option<String>,
+    api_key_env: &str,
+) -> Result<Resolved> {
+    let base_url = base_url
+        .clone()
+        .or_else(|| std::env::var(base_url_env).ok().filter(|v| !v.trim().is_empty()))
+        .unwrap_or_else(|| DEFAULT_BASE_URL.to_string());
+    let model = match (model, model_env) {
+        (Some(m), _) => m.clone(),
+        (None, Some(var)) => std::env::var(var)
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+            .ok_or_else(|| anyhow!("provider \"{name}\": no model: set the environment variable {var}"))?,
+        (None, None) => bail!("provider \"{name}\": no model: set `model` (or `model_env`)"),
+    };
+    Ok(Resolved { base_url: base_url.trim_end_matches('/').to_string(), model, api_key_env: api_key_env.to_string() })
+}

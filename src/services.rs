@@ -1,0 +1,259 @@
+//! The services one run shares, above the capabilities they combine: the provider
+//! and embedder declarations from `[providers.*]` / `[embedders.*]`, built lazily (so
+//! a run that never calls a provider never needs its key), one rate controller per
+//! (kind, base URL, model, key) shared by every stage, the cache database, the
+//! network runtime, and the call path: cache lookup → single-flight → journal →
+//! rate-limited call → durable store. A request identical to one already answered is
+//! never paid for again. Calls to network providers run that whole path on the
+//! network runtime (`llm/net.rs`); the offline provider runs on the caller's.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use anyhow::{Result, anyhow};
+
+use crate::config::decl::Decl;
+use crate::llm::net::NetRuntime;
+use crate::llm::offline::OfflineShape;
+use crate::llm::provider::{Provider, networked_kind};
+use crate::llm::rate::{RateControl, RateRegistry};
+use crate::llm::{CallCtx, ChatRequest, ChatResponse, Completed, ErrorKind, LlmError, estimate_tokens};
+use crate::store::cache::{Cache, ResponseRow, Use};
+
+type Flight = Arc<tokio::sync::OnceCell<Result<Completed, LlmError>>>;
+
+/// Shared services of one run.
+pub struct Services {
+    out_dir: PathBuf,
+    root: PathBuf,
+    providers: BTreeMap<String, Decl>,
+    embedders: BTreeMap<String, Decl>,
+    cache: Mutex<Option<Arc<Cache>>>,
+    built: Mutex<HashMap<String, Arc<Provider>>>,
+    rates: RateRegistry,
+    shapes: Arc<[&'static OfflineShape]>,
+    built_embedders: Mutex<HashMap<String, Arc<dyn crate::embed::Embedder>>>,
+    inflight: Mutex<HashMap<String, Flight>>,
+    warned_price: Mutex<std::collections::BTreeSet<String>>,
+    net: Mutex<Option<Arc<NetRuntime>>>,
+}
+
+impl Services {
+    /// `shapes`: what the offline provider imitates (the registry's: the engine's and every method's).
+    pub fn new(
+        out_dir: &Path,
+        root: &Path,
+        providers: BTreeMap<String, Decl>,
+        embedders: BTreeMap<String, Decl>,
+        shapes: Arc<[&'static OfflineShape]>,
+    ) -> Arc<Services> {
+        Arc::new(Services {
+            out_dir: out_dir.to_path_buf(),
+            root: root.to_path_buf(),
+            providers,
+            embedders,
+            cache: Mutex::new(None),
+            built: Mutex::new(HashMap::new()),
+            rates: RateRegistry::default(),
+            shapes,
+            built_embedders: Mutex::new(HashMap::new()),
+            inflight: Mutex::new(HashMap::new()),
+            warned_price: Mutex::new(Default::default()),
+            net: Mutex::new(None),
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The cache database of the output directory (opened on first use).
+    pub fn cache(&self) -> Result<Arc<Cache>> {
+        let mut c = self.cache.lock().expect("cache");
+        if let Some(cache) = c.as_ref() {
+            return Ok(cache.clone());
+        }
+        let cache = Arc::new(Cache::open(&self.out_dir.join(crate::store::state::INTERNAL_DIR))?);
+        if cache.recovered() > 0 {
+            tracing::info!(
+                "{} response(s) received before the previous run stopped were recovered from the journal",
+                cache.recovered()
+            );
+        }
+        let stale = cache.in_flight().unwrap_or_default();
+        if !stale.is_empty() {
+            tracing::warn!(
+                "{} request(s) were in flight when the previous run stopped; they are sent again, everything else comes from the cache",
+                stale.len()
+            );
+        }
+        *c = Some(cache.clone());
+        Ok(cache)
+    }
+
+    pub fn provider_decl(&self, name: &str) -> Result<&Decl> {
+        self.providers.get(name).ok_or_else(|| anyhow!("no provider \"{name}\" in [providers]"))
+    }
+
+    pub fn embedder_decl(&self, name: &str) -> Result<&Decl> {
+        self.embedders.get(name).ok_or_else(|| anyhow!("no embedder \"{name}\" in [embedders]"))
+    }
+    /// Build (once) and return a provider.
+    pub fn provider(&self, name: &str) -> Result<Arc<Provider>> {
+        if let Some(p) = self.built.lock().expect("built").get(name) {
+            return Ok(p.clone());
+        }
+        let decl = self.provider_decl(name)?.clone();
+        let provider = Arc::new(Provider::build(&decl, &self.rates, &self.shapes)?);
+        self.built.lock().expect("built").insert(name.to_string(), provider.clone());
+        Ok(provider)
+    }
+
+    /// What a provider's answers depend on, without building it (for fingerprints).
+    pub fn provider_identity(&self, name: &str) -> Result<serde_json::Value> {
+        Provider::identity(self.provider_decl(name)?)
+    }
+
+    /// The network runtime (started on first use).
+    pub fn net(&self) -> Result<Arc<NetRuntime>> {
+        let mut net = self.net.lock().expect("net");
+        if let Some(n) = net.as_ref() {
+            return Ok(n.clone());
+        }
+        let n = Arc::new(NetRuntime::start()?);
+        *net = Some(n.clone());
+        Ok(n)
+    }
+
+    /// Whether calls to this provider go over the network (an unknown name: no).
+    pub fn provider_networked(&self, name: &str) -> bool {
+        self.providers.get(name).is_some_and(|d| networked_kind(&d.kind))
+    }
+
+    /// One chat call through cache, single-flight, journal and rate control: on the
+    /// network runtime for network providers (inline when the caller already runs
+    /// there), here for the offline one.
+    pub async fn chat(
+        self: &Arc<Self>,
+        provider: &Arc<Provider>,
+        req: ChatRequest,
+        ctx: &CallCtx,
+    ) -> Result<Completed, LlmError> {
+        if !provider.networked() || crate::llm::net::on_net_thread() {
+            return self.chat_here(provider, req, ctx).await;
+        }
+        let net = self.net().map_err(|e| LlmError::new(ErrorKind::Unavailable, format!("{e:#}")))?;
+        let (this, provider, ctx) = (self.clone(), provider.clone(), ctx.clone());
+        net.run(async move { this.chat_here(&provider, req, &ctx).await })
+            .await
+            .unwrap_or_else(|e| Err(LlmError::new(ErrorKind::Unavailable, e.to_string())))
+    }
+
+    async fn chat_here(
+        &self,
+        provider: &Arc<Provider>,
+        req: ChatRequest,
+        ctx: &CallCtx,
+    ) -> Result<Completed, LlmError> {
+        let params = provider.params.overlay(&req.params);
+        let doc = Provider::request_doc(provider, &req, &params);
+        let doc_text = doc.to_string();
+        let key = blake3::hash(doc_text.as_bytes()).to_hex().to_string();
+        let cache = self.cache().map_err(|e| LlmError::new(ErrorKind::Unavailable, format!("{e:#}")))?;
+        let usage = Use { stage: ctx.stage.clone(), fingerprint: ctx.fingerprint.clone() };
+        match cache.get_response(&key, &usage) {
+            Ok(Some(hit)) => {
+                if let Ok(response) = serde_json::from_str::<ChatResponse>(&hit.response) {
+                    ctx.progress.cache_hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    return Ok(Completed { response, cached: true, retries: 0 });
+                }
+            }
+            Ok(None) => {}
+            Err(e) => return Err(LlmError::new(ErrorKind::Unavailable, format!("cache: {e:#}"))),
+        }
+        // Identical requests in flight at the same time are sent once.
+        let flight: Flight = self.inflight.lock().expect("inflight").entry(key.clone()).or_default().clone();
+        let result = flight
+            .get_or_init(|| async {
+                if let Err(e) = cache.journal_start(&key, &ctx.stage) {
+                    return Err(LlmError::new(ErrorKind::Unavailable, format!("cache journal: {e:#}")));
+                }
+                let estimate = req.messages.iter().map(|m| estimate_tokens(&m.content)).sum::<u64>()
+                    + params.max_tokens.unwrap_or(256) as u64;
+                let outcome = provider
+                    .rate
+                    .call(estimate, Some(&ctx.progress), || provider.backend.chat_once(&req, &params))
+                    .await;
+                match outcome {
+                    Ok((response, retries)) => {
+                        let (tin, tout) = (response.usage.prompt_tokens, response.usage.completion_tokens);
+                        let cost = self.cost(provider, tin, tout);
+                        let row = ResponseRow {
+                            key: key.clone(),
+                            provider: provider.kind.to_string(),
+                            base_url: crate::secrets::scrub(&provider.base_url),
+                            model: provider.model.clone(),
+                            request: crate::secrets::scrub(&doc_text),
+                            response: serde_json::to_string(&response).expect("serializable"),
+                            tokens_in: tin,
+                            tokens_out: tout,
+                            cost_usd: cost,
+                        };
+                        // Durable before the record counts as done.
+                        if let Err(e) = cache.put_response(row, &usage).await {
+                            return Err(LlmError::new(
+                                ErrorKind::Unavailable,
+                                format!("storing a paid response: {e:#}"),
+                            ));
+                        }
+                        let p = &ctx.progress;
+                        p.tokens_in.fetch_add(tin, std::sync::atomic::Ordering::Relaxed);
+                        p.tokens_out.fetch_add(tout, std::sync::atomic::Ordering::Relaxed);
+                        p.cost_micro_usd.fetch_add((cost * 1e6).round() as u64, std::sync::atomic::Ordering::Relaxed);
+                        Ok(Completed { response, cached: false, retries })
+                    }
+                    Err(e) => {
+                        cache.journal_end(&key);
+                        Err(e)
+                    }
+                }
+            })
+            .await
+            .clone();
+        self.inflight.lock().expect("inflight").remove(&key);
+        result
+    }
+
+    fn cost(&self, provider: &Provider, tin: u64, tout: u64) -> f64 {
+        match &provider.price {
+            Some(p) => p.cost(tin, tout),
+            None => {
+                if self.warned_price.lock().expect("warned").insert(provider.model.clone()) {
+                    tracing::warn!(
+                        "no price known for model \"{}\": cost is reported as 0 (set price_input_per_mtok / price_output_per_mtok on provider \"{}\")",
+                        provider.model,
+                        provider.name
+                    );
+                }
+                0.0
+            }
+        }
+    }
+
+    /// Build (once) and return an embedder.
+    pub fn embedder(&self, name: &str) -> Result<Arc<dyn crate::embed::Embedder>> {
+        if let Some(e) = self.built_embedders.lock().expect("embedders").get(name) {
+            return Ok(e.clone());
+        }
+        let decl = self.embedder_decl(name)?.clone();
+        let e = crate::embed::build(&decl, &self.root, &self.rates)?;
+        self.built_embedders.lock().expect("embedders").insert(name.to_string(), e.clone());
+        Ok(e)
+    }
+
+    /// Rate-control counters of every endpoint used so far (for benchmarks and logs).
+    pub fn rate_controls(&self) -> Vec<Arc<RateControl>> {
+        self.rates.all()
+    }
+}

@@ -1,0 +1,3 @@
+//! Each method's tests, one folder per method (as `src/methods/`).
+
+mod rolemrc;

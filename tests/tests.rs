@@ -1,0 +1,20 @@
+//! The one integration-test binary (ripgrep's layout: one link instead of one per
+//! file). Engine tests are modules here; a method's tests live under
+//! `tests/methods/<method>/`, its fixtures under `tests/fixtures/<method>/`.
+
+mod support;
+
+mod bad_input;
+mod config_fixtures;
+mod conformance;
+mod crash;
+mod engine;
+mod eval;
+mod fastembed_embedder;
+mod hub;
+mod judge;
+mod llm;
+mod methods;
+mod scheduling;
+mod tidy;
+mod train;
