@@ -5,17 +5,27 @@
 //! never names a method: it finds a method's kinds, parsers and shapes through
 //! [`crate::registry::Registry`], which reads [`METHODS`].
 //!
-//! Adding a method is its folder plus one line in [`METHODS`] (ARCHITECTURE.md,
-//! "Adding a method").
+//! Adding a method is its folder plus one line in the `methods!` list below
+//! (ARCHITECTURE.md, "Adding a method").
 
 use crate::llm::offline::OfflineShape;
 use crate::llm::parse::ParserKind;
 use crate::stages::KindInfo;
 
-pub mod rolemrc;
+/// Declares each method's module and lists it in `METHODS`.
+macro_rules! methods {
+    ($($name:ident),* $(,)?) => {
+        $(pub mod $name;)*
 
-/// Every method, in `synth list` order: one line each.
-pub static METHODS: &[&Method] = &[&rolemrc::METHOD];
+        /// Every method, in `synth list` order.
+        pub static METHODS: &[&Method] = &[$(&$name::METHOD),*];
+    };
+}
+
+// One line per method: its folder's name.
+methods! {
+    rolemrc,
+}
 
 /// What a method contributes to the engine.
 pub struct Method {

@@ -102,8 +102,9 @@ pub struct KindInfo {
     pub summary: bool,
     /// The stage's options in their simplest valid form (TOML lines of its table, without
     /// `kind` and `inputs`; paths relative to the repository root). The conformance test
-    /// validates it for every registered kind, with `inputs` of unknown columns, a
-    /// provider `p` and an embedder `e`.
+    /// validates it for every registered kind, with `inputs` of unknown columns (`in0`,
+    /// `in1`, ...), a provider `p` and an embedder `e`; an example that starts with
+    /// `inputs = [...]` names its own and may add their tables after its keys.
     pub example: &'static str,
     pub build: fn(&BuildCtx<'_>, &mut Diagnostics) -> Option<Box<dyn Stage>>,
 }

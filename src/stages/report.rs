@@ -51,7 +51,7 @@ pub static KIND: KindInfo = KindInfo {
     options: OPTIONS,
     uses_seed: false,
     summary: false,
-    example: "",
+    example: "inputs = [\"scored\"]\n\n[stages.scored]\nkind = \"metrics\"\ninputs = [\"in0\"]",
     build,
 };
 
