@@ -1,8 +1,9 @@
 //! The registry: every stage kind, parser and offline shape a pipeline may name —
 //! the engine's ([`crate::stages::KINDS`], [`crate::llm::parse::GENERIC`],
 //! [`crate::llm::offline::SHAPES`]) followed by every method's
-//! ([`crate::methods::METHODS`]). The compiler, `synth list` and the run services
-//! read it; nothing below this layer knows which methods exist.
+//! ([`crate::methods::METHODS`]). The compiler and `synth list` read it; the checked
+//! pipeline carries it, and the runner hands its offline shapes to the run services.
+//! Nothing below this layer knows which methods exist.
 
 use std::sync::{Arc, LazyLock};
 

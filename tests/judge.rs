@@ -55,6 +55,7 @@ keep_columns = ["dimension"]
 kind = "judge_score"
 inputs = ["queries", "judged"]
 dimensions = "tests/fixtures/judge/dimensions.json"
+score_prefix = "Score:"
 label = "m"
 
 [stages.report]

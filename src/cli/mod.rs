@@ -295,10 +295,10 @@ pub struct ScoreArgs {
     /// Stop at the first row that cannot be scored instead (nothing is written).
     #[arg(long)]
     pub strict: bool,
-    /// rouge_score's target: `response`, as the official evaluation.py calls
-    /// score(response, reference), or `reference` (rouge_score's documented order). Only
-    /// ROUGE-Lsum of multi-line texts differs.
-    #[arg(long, default_value = "response", value_parser = ["response", "reference"])]
+    /// rouge_score's target: `reference` (rouge_score's documented order, as the `metrics`
+    /// kind's default) or `response` (score(response, reference), as some official
+    /// evaluation scripts call it). Only ROUGE-Lsum of multi-line texts differs.
+    #[arg(long, default_value = "reference", value_parser = ["response", "reference"])]
     pub rouge_target: String,
 }
 

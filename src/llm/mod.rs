@@ -1,7 +1,8 @@
 //! LLM providers: the request/response types, the provider kinds (`openai` over
 //! async-openai, `offline` for demos and CI), rate control and retries, output
-//! parsers, prices, and the call path every LLM stage goes through —
-//! cache lookup, single-flight, journal, rate-limited provider call, durable store.
+//! parsers, prices. The call path every LLM stage goes through (cache lookup,
+//! single-flight, journal, rate-limited provider call, durable store) is
+//! `crate::services`, a layer above.
 //!
 //! **Invariant:** the only modules that do network I/O are `llm/openai.rs`,
 //! `embed/openai.rs`, `embed/fastembed.rs` (model download) and `hub.rs`.

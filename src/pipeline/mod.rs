@@ -152,6 +152,10 @@ pub fn load(path: &Path, opts: &LoadOptions) -> (Option<Pipeline>, Diagnostics) 
     }
 
     let registry = Arc::new(Registry::builtin().with_kinds(&opts.extra_kinds));
+    for dup in registry.duplicates() {
+        let message = format!("{dup} is registered twice (a method or an extra kind reuses the name)");
+        diags.error(&Span::file(&file, 0..0), None, message);
+    }
     let pipeline = check(file.clone(), file_hash, root, opts.profile.clone(), registry, &mut diags);
     diags.sort();
     if diags.has_errors() { (None, diags) } else { (pipeline, diags) }

@@ -7,8 +7,8 @@
 //! - `<dimension>.j2`: the prompt of each dimension (minijinja).
 //!
 //! Each row of the input (its `task_column` names the task) gives one query per entry
-//! of its task, rendered with the row's columns, the query's variables, `task` and
-//! `dimension`. A method's preset builds the same stage with
+//! of its task, rendered with the row's columns, then the query's variables, then
+//! `task` (the label) and `dimension` (later ones win on a name clash). A method's preset builds the same stage with
 //! its own template variables ([`VarsFn`]) and defaults. The queries go to a generic
 //! `llm` stage; the answers are scored by `judge_score`. A row whose task has no
 //! entry, or whose prompt does not render, goes to the failures table.
@@ -25,7 +25,7 @@ use serde_json::{Map, Value, json};
 
 use super::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
-use crate::config::options::{OptionSpec, Ty, UINT};
+use crate::config::options::{OptionSpec, POSITIVE, Ty};
 use crate::data::{self, Row};
 use crate::store::failures::FailureKind;
 use crate::template::Templates;
@@ -39,7 +39,7 @@ const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default("task_column", Ty::Str, "\"task\"", "column with the task label"),
     OptionSpec::default(
         "repeat",
-        Ty::Map(&UINT),
+        Ty::Map(&POSITIVE),
         "{}",
         "dimension -> copies of its query (ids <id>#<dimension>#2...), e.g. to weigh it twice in averages",
     ),
@@ -232,8 +232,8 @@ impl JudgePlan {
             for (k, v) in &q.vars {
                 vars.insert(k.clone(), v.clone());
             }
-            vars.entry("task").or_insert_with(|| json!(task));
-            vars.entry("dimension").or_insert_with(|| json!(q.dimension));
+            vars.insert("task".into(), json!(task));
+            vars.insert("dimension".into(), json!(q.dimension));
             let prompt = self.judge.templates.render(&q.dimension, &vars)?;
             let copies = self.settings.repeat.get(&q.dimension).copied().unwrap_or(1);
             for c in 0..copies {

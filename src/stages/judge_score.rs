@@ -1,6 +1,6 @@
 //! `judge_score`: score a judge's answers and summarize them per dimension. The
 //! score of an answer is extracted by `extract`:
-//! - `int` (default): remove every `score_prefix` (default `Score:`) and read the rest
+//! - `int` (default): remove every `score_prefix` (e.g. `Score:`; default none) and read the rest
 //!   as Python's `int()` does (surrounding whitespace, a sign, `_` between digits);
 //! - `regex`: the first capture group (or the whole match) of `pattern`, read the same way.
 //!
@@ -46,8 +46,8 @@ pub const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default(
         "score_prefix",
         Ty::Str,
-        "\"Score:\"",
-        "extract = int: text removed before reading the integer",
+        "\"\"",
+        "extract = int: text removed before reading the integer (e.g. \"Score:\")",
     ),
     OptionSpec::optional("pattern", Ty::Str, "extract = regex: the score is its first capture group (or the match)"),
     OptionSpec::default("table", Ty::Str, "\"judge\"", "report table of the summary rows"),
@@ -114,6 +114,10 @@ pub fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stag
                 return None;
             }
         },
+        (_, Some(_)) => {
+            ctx.error(diags, "pattern", "a pattern is only read with extract = \"regex\"");
+            return None;
+        }
         _ => None,
     };
     Some(Box::new(JudgeScore { opts, dimensions, file, pattern }))

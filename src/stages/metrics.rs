@@ -350,6 +350,12 @@ impl Stage for Metrics {
 
         let label = self.opts.label.clone().unwrap_or_else(|| ctx.inputs[0].name.clone());
         let summary = summarize(&self.columns, &groups, &scores);
+        // Rows per group, so `invalid` counts the rows a metric left out (an undefined BLEU).
+        let mut rows_in: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
+        for g in &groups {
+            *rows_in.entry(g.as_str()).or_default() += 1;
+        }
+        rows_in.insert(crate::store::summary::OVERALL, scores.len() as u64);
         let rows: Vec<SummaryRow> = summary
             .iter()
             .map(|s| SummaryRow {
@@ -361,8 +367,8 @@ impl Stage for Metrics {
                 heading: heading(&s.metric).to_string(),
                 n: s.n,
                 value: s.mean,
-                std: Some(s.std),
-                invalid: 0,
+                std: (s.n > 0).then_some(s.std),
+                invalid: rows_in.get(s.group.as_str()).copied().unwrap_or(s.n).saturating_sub(s.n),
             })
             .collect();
         ctx.write_side_parquet(&summary::file_name(&ctx.name), &summary::to_batch(&rows)?)?;

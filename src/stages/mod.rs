@@ -1,5 +1,6 @@
-//! Stage kinds: the one `Stage` trait, the registry of kinds (one file each, one
-//! line here), and the contexts a stage sees at each phase — build (options from
+//! Stage kinds: the one `Stage` trait, the engine's kinds (one file each, one line in
+//! [`KINDS`]; a method's kinds live in its folder, the registry joins both), and the
+//! contexts a stage sees at each phase — build (options from
 //! checked config), plan (columns and checks, no side effects), prepare (resolve
 //! what it reads, for the fingerprint) and run (stream records, write output).
 //!

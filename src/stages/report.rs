@@ -5,7 +5,8 @@
 //! first-seen order with their headings, the `overall` group; a breakdown table per
 //! other group when there is one. An SVG radar chart per table named in `charts`
 //! (values clamped to 0..1), and the same numbers as Parquet. The report knows no
-//! method or metric: what it shows is what the summaries say.
+//! method or metric: what it shows is what the summaries say (a table's title is the
+//! first one its rows carry).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -29,7 +30,7 @@ const OPTIONS: &[OptionSpec] = &[
         "chart",
         Ty::OutPath,
         "\"judge.svg\"",
-        "SVG radar chart of the first table in `charts` (a further one is <stem>-<table>.svg)",
+        "SVG radar chart of the first charted table in report order (a further one is <stem>-<table>.svg)",
     ),
     OptionSpec::default("charts", Ty::StrList, "[\"judge\"]", "summary tables drawn as radar charts"),
     OptionSpec::default(

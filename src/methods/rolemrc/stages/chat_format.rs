@@ -51,8 +51,10 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "chat_format",
-    // 2: failure kind spelled `bad_record` (the FailureKind vocabulary), was `bad record`.
-    version: 2,
+    // Its failure kind is now spelled `bad_record` (the FailureKind vocabulary; it was
+    // `bad record`); the output itself is unchanged, so the version stays and existing
+    // output directories stay up to date.
+    version: 1,
     about: "convert chat / preference datasets into the RoleMRC sample layout (mix-in sources)",
     role: Role::Transform,
     arity: Arity::Exactly(1),
