@@ -406,6 +406,8 @@ pub struct RetrieveBench {
     pub passages: usize,
     pub dim: usize,
     pub hnsw: bool,
+    /// Exact through `retrieval::gemm` (with its sgemm peak) instead of the fused kernel.
+    pub gemm: bool,
     pub seed: u64,
     pub threads: Option<usize>,
     pub recall_sample: usize,
@@ -417,6 +419,30 @@ pub fn retrieve(a: &RetrieveBench) -> Result<serde_json::Value> {
     use crate::retrieval::{self, PackedCorpus};
     let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
     let queries = retrieval::random_unit_vectors(a.queries, a.dim, a.seed);
+    if a.gemm {
+        let t = Instant::now();
+        let mut corpus = retrieval::gemm::RowCorpus::with_capacity(a.dim, a.passages);
+        for v in retrieval::random_unit_vectors(a.passages, a.dim, a.seed ^ 0x9e37_79b9).chunks_exact(a.dim) {
+            corpus.push(v, true, true);
+        }
+        let load_s = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let res = retrieval::gemm::exact_max_min(&queries, &corpus, threads);
+        let wall = t.elapsed().as_secs_f64();
+        std::hint::black_box(&res);
+        let flop = 2.0 * a.queries as f64 * a.passages as f64 * a.dim as f64;
+        let gflops = flop / wall / 1e9;
+        // The same GEMM call without the fold, on this machine, in this run: the peak.
+        let peak = retrieval::gemm::sgemm_peak(a.dim, threads, 3.0);
+        let round = |x: f64| (x * 1000.0).round() / 1000.0;
+        return Ok(serde_json::json!({
+            "bench": "retrieve", "method": "gemm", "kernel": retrieval::gemm::kernel_name(), "threads": threads,
+            "queries": a.queries, "passages": a.passages, "dim": a.dim, "seed": a.seed,
+            "generate_and_pack_seconds": round(load_s), "wall_seconds": round(wall), "gflops": round(gflops),
+            "sgemm_peak_gflops": round(peak), "ratio_to_peak": round(gflops / peak),
+            "peak_rss_mib": peak_rss_mib().map(round),
+        }));
+    }
     let t = Instant::now();
     // Pack passage by passage, as the stage does while it streams the corpus.
     let mut corpus = PackedCorpus::with_capacity(a.dim, a.passages);

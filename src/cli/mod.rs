@@ -118,7 +118,9 @@ pub enum BenchCommand {
         passages: usize,
         #[arg(long, default_value_t = 384)]
         dim: usize,
-        #[arg(long, value_parser = ["exact", "hnsw"], default_value = "exact")]
+        /// exact: the fused kernel; gemm: exact through the gemm crate (prints the
+        /// same-shape sgemm peak and the ratio); hnsw: usearch with measured recall.
+        #[arg(long, value_parser = ["exact", "gemm", "hnsw"], default_value = "exact")]
         method: String,
         #[arg(long, default_value_t = 42)]
         seed: u64,
@@ -344,6 +346,7 @@ fn bench(cmd: BenchCommand) -> i32 {
                 passages,
                 dim,
                 hnsw: method == "hnsw",
+                gemm: method == "gemm",
                 seed,
                 threads,
                 recall_sample,

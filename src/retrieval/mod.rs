@@ -6,9 +6,11 @@
 //! computes 12-query × 32-vector tiles in registers (AVX-512: 24 accumulators,
 //! broadcast FMAs from memory) and folds each tile into per-lane running maxima and
 //! minima with their indices. A portable kernel (autovectorised; AVX2+FMA when the
-//! CPU has it) covers other machines. Ties go to the lower corpus index, so results
+//! CPU has it) covers other machines, slowly (~5% of peak): `gemm.rs` is the exact
+//! search for those (`method = "gemm"`). Ties go to the lower corpus index, so results
 //! do not depend on the number of threads.
 
+pub mod gemm;
 pub mod hnsw;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -233,6 +233,42 @@ fn changing_a_count_reruns_only_the_plan_and_what_follows() {
 }
 
 #[test]
+fn gemm_retrieval_picks_the_same_passages_as_the_fused_kernel() {
+    // The exact search through the gemm crate, with `least_where` (answerable) honoured.
+    let p = Project::new();
+    let run = |name: &str, method: &str| {
+        let dir = p.path().join(name);
+        let set = format!("stages.profiles.method=\"{method}\"");
+        p.synth(&[
+            "run",
+            &pipeline(),
+            "--offline",
+            "--out",
+            dir.to_str().unwrap(),
+            "--until",
+            "profiles",
+            "--set",
+            &set,
+        ])
+        .ok();
+        dir
+    };
+    let (fused, gemm) = (run("fused", "exact"), run("gemm", "gemm"));
+    let info = support::manifest(&gemm)["stages"]["profiles"].to_string();
+    assert!(info.contains("gemm-"), "the gemm kernel ran: {info}");
+    let (a, b) = (parquet_rows(&fused.join("profiles.parquet")), parquet_rows(&gemm.join("profiles.parquet")));
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(&b) {
+        for col in ["id", "most_id", "least_id"] {
+            assert_eq!(x[col], y[col], "{col} of {}", x["id"]);
+        }
+        let close = |c: &str| (x[c].as_f64().unwrap() - y[c].as_f64().unwrap()).abs() < 1e-5;
+        assert!(close("most_score") && close("least_score"), "{x:?} vs {y:?}");
+        assert_eq!(y["least_answerable"], true);
+    }
+}
+
+#[test]
 fn hnsw_retrieval_reports_recall_against_exact() {
     let p = Project::new();
     let dir = p.path().join("h");

@@ -1,0 +1,464 @@
+//! Exact inner-product search through a blocked GEMM (`method = "gemm"`), for CPUs
+//! where the fused kernel of `mod.rs` has no fast path (it reaches ~5% of peak
+//! without AVX-512; BENCHMARKS.md, "Retrieval through gemm").
+//!
+//! Scores come from the `gemm` crate, which picks its micro-kernel at run time
+//! (AVX-512, AVX2+FMA or SSE on x86-64, NEON on aarch64), into a score tile of
+//! [`QUERY_BLOCK`] queries × [`CORPUS_TILE`] vectors (2 MiB, cache-resident), folded into
+//! per-query running maxima and minima before the next tile overwrites it: the score
+//! matrix is never materialised. Threads take corpus tiles, so the corpus streams from
+//! memory once and a small query set still uses every core.
+//!
+//! Exactness: an f32 inner product of length d is within `d·ε/2·|q|·|c|` of the true
+//! value, whatever the summation order. The fold keeps every eligible vector whose f32
+//! score lies within twice that of the running best (a band that is almost always one
+//! vector wide), and the winner is chosen among them by inner products recomputed in
+//! f64, ties to the lower corpus index. So results (indices, and scores as the f64 value
+//! rounded to f32) equal a float64 reference on every CPU and for any thread count.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::{Extremes, random_unit_vectors};
+
+/// Queries per GEMM (its rows): the corpus tile is packed once for this many queries.
+pub const QUERY_BLOCK: usize = 1024;
+/// Corpus vectors per score tile (a GEMM's columns): 1024 × 512 f32 scores = 2 MiB,
+/// folded while it is in cache. Measured against 256/512/2048 (BENCHMARKS.md).
+pub const CORPUS_TILE: usize = 512;
+
+/// The corpus, row-major, with per-vector eligibility for the maximum and the minimum.
+pub struct RowCorpus {
+    pub dim: usize,
+    pub len: usize,
+    /// `[len][dim]`.
+    data: Vec<f32>,
+    /// Bit `i % 64` of word `i / 64`: vector i may be a maximum / a minimum.
+    max_ok: Vec<u64>,
+    min_ok: Vec<u64>,
+    /// The largest Euclidean norm of a vector (for the error bound).
+    max_norm: f64,
+}
+
+impl RowCorpus {
+    pub fn with_capacity(dim: usize, len: usize) -> RowCorpus {
+        RowCorpus {
+            dim,
+            len: 0,
+            data: Vec::with_capacity(len * dim),
+            max_ok: Vec::with_capacity(len.div_ceil(64)),
+            min_ok: Vec::with_capacity(len.div_ceil(64)),
+            max_norm: 0.0,
+        }
+    }
+
+    /// Append one vector with its eligibility for the maximum and the minimum.
+    pub fn push(&mut self, v: &[f32], may_be_max: bool, may_be_min: bool) {
+        assert_eq!(v.len(), self.dim, "vector of the wrong dimension");
+        let i = self.len;
+        if i.is_multiple_of(64) {
+            self.max_ok.push(0);
+            self.min_ok.push(0);
+        }
+        self.data.extend_from_slice(v);
+        self.max_ok[i / 64] |= u64::from(may_be_max) << (i % 64);
+        self.min_ok[i / 64] |= u64::from(may_be_min) << (i % 64);
+        let norm = v.iter().map(|x| f64::from(*x) * f64::from(*x)).sum::<f64>().sqrt();
+        if norm > self.max_norm {
+            self.max_norm = norm;
+        }
+        self.len += 1;
+    }
+
+    pub fn from_rows(rows: &[f32], dim: usize) -> RowCorpus {
+        let n = rows.len() / dim;
+        let mut c = RowCorpus::with_capacity(dim, n);
+        for r in rows.chunks_exact(dim) {
+            c.push(r, true, true);
+        }
+        c
+    }
+
+    fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.dim..(i + 1) * self.dim]
+    }
+
+    fn may_be_max(&self, i: usize) -> bool {
+        self.max_ok[i / 64] >> (i % 64) & 1 == 1
+    }
+
+    fn may_be_min(&self, i: usize) -> bool {
+        self.min_ok[i / 64] >> (i % 64) & 1 == 1
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.data.len() * 4 + (self.max_ok.len() + self.min_ok.len()) * 8
+    }
+}
+
+const NONE: Extremes = Extremes { max_idx: u32::MAX, max: f32::NEG_INFINITY, min_idx: u32::MAX, min: f32::INFINITY };
+
+/// What the fold keeps of one query: the best f32 scores and the candidates within the
+/// error band of each.
+#[derive(Clone, Default)]
+struct Running {
+    max_v: f32,
+    min_v: f32,
+    /// (corpus index, f32 score), in index order.
+    max_c: Vec<(u32, f32)>,
+    min_c: Vec<(u32, f32)>,
+}
+
+impl Running {
+    fn reset(&mut self) {
+        self.max_v = f32::NEG_INFINITY;
+        self.min_v = f32::INFINITY;
+        self.max_c.clear();
+        self.min_c.clear();
+    }
+
+    /// Fold one row of a score tile (`row[j]` is the score of corpus vector `j0 + j`).
+    #[inline]
+    fn fold(&mut self, row: &[f32], j0: usize, band: f32, corpus: &RowCorpus) {
+        let (above, below) = beyond(row, self.max_v - band, self.min_v + band);
+        if above {
+            for (j, &v) in row.iter().enumerate() {
+                if v >= self.max_v - band && corpus.may_be_max(j0 + j) {
+                    if v > self.max_v {
+                        self.max_v = v;
+                        self.max_c.retain(|(_, s)| *s >= v - band);
+                    }
+                    self.max_c.push(((j0 + j) as u32, v));
+                }
+            }
+        }
+        if below {
+            for (j, &v) in row.iter().enumerate() {
+                if v <= self.min_v + band && corpus.may_be_min(j0 + j) {
+                    if v < self.min_v {
+                        self.min_v = v;
+                        self.min_c.retain(|(_, s)| *s <= v + band);
+                    }
+                    self.min_c.push(((j0 + j) as u32, v));
+                }
+            }
+        }
+    }
+
+    /// The winners among the candidates, by inner products in f64 (ties: lower index).
+    fn finish(&self, query: &[f32], corpus: &RowCorpus) -> Extremes {
+        let mut e = NONE;
+        let (mut best_max, mut best_min) = (f64::NEG_INFINITY, f64::INFINITY);
+        for &(i, _) in &self.max_c {
+            let s = dot64(query, corpus.row(i as usize));
+            if e.max_idx == u32::MAX || s > best_max || (s == best_max && i < e.max_idx) {
+                (best_max, e.max_idx) = (s, i);
+            }
+        }
+        for &(i, _) in &self.min_c {
+            let s = dot64(query, corpus.row(i as usize));
+            if e.min_idx == u32::MAX || s < best_min || (s == best_min && i < e.min_idx) {
+                (best_min, e.min_idx) = (s, i);
+            }
+        }
+        if e.max_idx != u32::MAX {
+            e.max = best_max as f32;
+        }
+        if e.min_idx != u32::MAX {
+            e.min = best_min as f32;
+        }
+        e
+    }
+}
+
+/// The inner product in f64 (exact products of f32 inputs, f64 sums).
+fn dot64(a: &[f32], b: &[f32]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum()
+}
+
+/// Whether any value of a row is `>= hi`, and whether any is `<= lo` (the fold's fast
+/// path: almost always neither). Compiled for the widest vectors the CPU has.
+#[inline]
+fn beyond(row: &[f32], hi: f32, lo: f32) -> (bool, bool) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked just above).
+            return unsafe { beyond_avx512(row, hi, lo) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { beyond_avx2(row, hi, lo) };
+        }
+    }
+    beyond_generic(row, hi, lo)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn beyond_avx512(row: &[f32], hi: f32, lo: f32) -> (bool, bool) {
+    beyond_generic(row, hi, lo)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn beyond_avx2(row: &[f32], hi: f32, lo: f32) -> (bool, bool) {
+    beyond_generic(row, hi, lo)
+}
+
+/// Branch-free over the row, so it vectorises.
+#[inline(always)]
+fn beyond_generic(row: &[f32], hi: f32, lo: f32) -> (bool, bool) {
+    const L: usize = 16;
+    let (mut a, mut b) = ([0u32; L], [0u32; L]);
+    let chunks = row.chunks_exact(L);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for l in 0..L {
+            a[l] |= u32::from(c[l] >= hi);
+            b[l] |= u32::from(c[l] <= lo);
+        }
+    }
+    let above = a.iter().any(|x| *x != 0) || rest.iter().any(|v| *v >= hi);
+    let below = b.iter().any(|x| *x != 0) || rest.iter().any(|v| *v <= lo);
+    (above, below)
+}
+
+/// The GEMM micro-kernel family this CPU runs (the `gemm` crate's run-time choice).
+pub fn kernel_name() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx512f") && has!("avx512bw") && has!("avx512cd") && has!("avx512dq") && has!("avx512vl") {
+            return "gemm-avx512";
+        }
+        if has!("avx2") && has!("fma") {
+            return "gemm-avx2";
+        }
+        return "gemm-sse";
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        return "gemm-neon";
+    }
+    #[allow(unreachable_code)]
+    "gemm-scalar"
+}
+
+/// `dst` (`m` × `n`, row-major) = `lhs` (`m` × `dim`, row-major) × the `n` corpus-layout
+/// rows of `rhs` (`n` × `dim`, row-major) transposed. One thread.
+fn scores(m: usize, n: usize, dim: usize, lhs: &[f32], rhs: &[f32], dst: &mut [f32]) {
+    assert!(lhs.len() >= m * dim && rhs.len() >= n * dim && dst.len() >= m * n);
+    // SAFETY: the three matrices lie within the slices (checked above) with the strides
+    // given: dst (col stride 1, row stride n), lhs (1, dim), rhs as k × n (col stride
+    // dim, row stride 1); dst does not alias the inputs (a `&mut` borrow).
+    unsafe {
+        ::gemm::gemm(
+            m,
+            n,
+            dim,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            lhs.as_ptr(),
+            1,
+            dim as isize,
+            rhs.as_ptr(),
+            dim as isize,
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            ::gemm::Parallelism::None,
+        );
+    }
+}
+
+/// Exact maximum and minimum inner product of every query (`queries` row-major,
+/// `dim` floats each) over `corpus`, using `threads` threads.
+///
+/// Threads take corpus tiles (so the corpus is read from memory once, and a small query
+/// set still uses every core); within a tile, the queries go through in blocks of
+/// [`QUERY_BLOCK`] while the tile stays in cache. Each thread keeps its own candidates
+/// per query; the union is decided in f64, so the split does not change the result.
+pub fn exact_max_min(queries: &[f32], corpus: &RowCorpus, threads: usize) -> Vec<Extremes> {
+    let dim = corpus.dim;
+    assert_eq!(queries.len() % dim.max(1), 0);
+    let nq = queries.len().checked_div(dim).unwrap_or(0);
+    if nq == 0 || corpus.len == 0 {
+        return vec![NONE; nq];
+    }
+    // The error band of each query: twice the bound on an f32 inner product.
+    let bands: Vec<f32> = queries
+        .chunks_exact(dim)
+        .map(|q| {
+            let norm = q.iter().map(|x| f64::from(*x) * f64::from(*x)).sum::<f64>().sqrt();
+            ((dim as f64 + 2.0) * f64::from(f32::EPSILON) * norm * corpus.max_norm) as f32
+        })
+        .collect();
+    let tiles = corpus.len.div_ceil(CORPUS_TILE);
+    let next = AtomicUsize::new(0);
+    let per_thread: Vec<Vec<Running>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads.max(1).min(tiles))
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut tile = vec![0f32; QUERY_BLOCK * CORPUS_TILE];
+                    let mut running = vec![Running::default(); nq];
+                    running.iter_mut().for_each(Running::reset);
+                    loop {
+                        let t = next.fetch_add(1, Ordering::Relaxed);
+                        if t >= tiles {
+                            break;
+                        }
+                        let j0 = t * CORPUS_TILE;
+                        let n = (corpus.len - j0).min(CORPUS_TILE);
+                        let rhs = &corpus.data[j0 * dim..(j0 + n) * dim];
+                        for q0 in (0..nq).step_by(QUERY_BLOCK) {
+                            let m = (nq - q0).min(QUERY_BLOCK);
+                            scores(m, n, dim, &queries[q0 * dim..(q0 + m) * dim], rhs, &mut tile);
+                            for r in 0..m {
+                                running[q0 + r].fold(&tile[r * n..(r + 1) * n], j0, bands[q0 + r], corpus);
+                            }
+                        }
+                    }
+                    running
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("search thread")).collect()
+    });
+    (0..nq)
+        .map(|q| {
+            let mut all = Running::default();
+            for r in &per_thread {
+                all.max_c.extend_from_slice(&r[q].max_c);
+                all.min_c.extend_from_slice(&r[q].min_c);
+            }
+            all.finish(&queries[q * dim..(q + 1) * dim], corpus)
+        })
+        .collect()
+}
+
+/// GFLOP/s of a plain GEMM of the shape the search uses ([`QUERY_BLOCK`] ×
+/// [`CORPUS_TILE`] × `dim`, one per thread, no fold), through the same call, for about
+/// `seconds`: the peak the search is measured against.
+pub fn sgemm_peak(dim: usize, threads: usize, seconds: f64) -> f64 {
+    let lhs = random_unit_vectors(QUERY_BLOCK, dim, 1);
+    let rhs = random_unit_vectors(CORPUS_TILE, dim, 2);
+    let threads = threads.max(1);
+    let start = std::time::Instant::now();
+    let calls: usize = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut tile = vec![0f32; QUERY_BLOCK * CORPUS_TILE];
+                    let mut n = 0usize;
+                    while n < 3 || start.elapsed().as_secs_f64() < seconds {
+                        scores(QUERY_BLOCK, CORPUS_TILE, dim, &lhs, &rhs, &mut tile);
+                        n += 1;
+                    }
+                    std::hint::black_box(&tile);
+                    n
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("gemm thread")).sum()
+    });
+    let flop = 2.0 * (QUERY_BLOCK * CORPUS_TILE * dim) as f64 * calls as f64;
+    flop / start.elapsed().as_secs_f64() / 1e9
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The float64 reference: exact products, f64 sums, ties to the lower index.
+    fn reference(
+        q: &[f32],
+        rows: &[f32],
+        dim: usize,
+        max_ok: &dyn Fn(usize) -> bool,
+        min_ok: &dyn Fn(usize) -> bool,
+    ) -> Extremes {
+        let mut e = NONE;
+        let (mut hi, mut lo) = (f64::NEG_INFINITY, f64::INFINITY);
+        for (i, r) in rows.chunks_exact(dim).enumerate() {
+            let s = dot64(q, r);
+            if max_ok(i) && (e.max_idx == u32::MAX || s > hi) {
+                (hi, e.max_idx, e.max) = (s, i as u32, s as f32);
+            }
+            if min_ok(i) && (e.min_idx == u32::MAX || s < lo) {
+                (lo, e.min_idx, e.min) = (s, i as u32, s as f32);
+            }
+        }
+        e
+    }
+
+    #[test]
+    fn equal_to_a_float64_reference() {
+        for (nq, nc, dim) in [(1, 1, 3), (13, 70, 17), (25, 2100, 384), (300, 1500, 64), (5, 33, 1)] {
+            let q = random_unit_vectors(nq, dim, 1);
+            let c = random_unit_vectors(nc, dim, 2);
+            let got = exact_max_min(&q, &RowCorpus::from_rows(&c, dim), 2);
+            for i in 0..nq {
+                let want = reference(&q[i * dim..(i + 1) * dim], &c, dim, &|_| true, &|_| true);
+                assert_eq!(got[i], want, "query {i} of {nq}x{nc}x{dim}");
+            }
+        }
+    }
+
+    #[test]
+    fn duplicates_and_masks_match_the_reference_for_any_thread_count() {
+        // Every corpus vector appears three times (ties everywhere), some queries are
+        // corpus vectors themselves, and the masks exclude different rows from each side.
+        let dim = 48;
+        let base = random_unit_vectors(700, dim, 9);
+        let mut rows = Vec::new();
+        for copy in 0..3 {
+            for (i, r) in base.chunks_exact(dim).enumerate() {
+                if (i + copy) % 2 == 0 {
+                    rows.extend_from_slice(r);
+                }
+                rows.extend_from_slice(r);
+            }
+        }
+        let n = rows.len() / dim;
+        let max_ok = |i: usize| i % 5 != 1;
+        let min_ok = |i: usize| !i.is_multiple_of(3);
+        let mut corpus = RowCorpus::with_capacity(dim, n);
+        for (i, r) in rows.chunks_exact(dim).enumerate() {
+            corpus.push(r, max_ok(i), min_ok(i));
+        }
+        let mut q = random_unit_vectors(600, dim, 10);
+        q[..40 * dim].copy_from_slice(&rows[100 * dim..140 * dim]);
+        let one = exact_max_min(&q, &corpus, 1);
+        for threads in [2, 3, 8] {
+            assert_eq!(exact_max_min(&q, &corpus, threads), one, "{threads} threads");
+        }
+        for (i, got) in one.iter().enumerate() {
+            let want = reference(&q[i * dim..(i + 1) * dim], &rows, dim, &max_ok, &min_ok);
+            assert_eq!(*got, want, "query {i}");
+            assert!(max_ok(got.max_idx as usize) && min_ok(got.min_idx as usize));
+        }
+    }
+
+    #[test]
+    fn nothing_eligible_is_none() {
+        let dim = 4;
+        let c = random_unit_vectors(10, dim, 3);
+        let mut corpus = RowCorpus::with_capacity(dim, 10);
+        for r in c.chunks_exact(dim) {
+            corpus.push(r, false, true);
+        }
+        let got = exact_max_min(&random_unit_vectors(2, dim, 4), &corpus, 2);
+        assert!(got.iter().all(|e| e.max_idx == u32::MAX && e.max == f32::NEG_INFINITY && e.min_idx != u32::MAX));
+    }
+
+    #[test]
+    fn peak_is_measured() {
+        assert!(sgemm_peak(16, 1, 0.0) > 0.0);
+    }
+}
