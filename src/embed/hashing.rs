@@ -137,6 +137,13 @@ impl Embedder for Hashing {
         (self.use_idf && self.idf.is_none())
             .then(|| Box::new(IdfFitter { base: self.clone(), df: vec![0; self.dim], docs: 0 }) as Box<dyn Fitter>)
     }
+    fn cacheable(&self) -> bool {
+        false
+    }
+    fn embed_blocking(&self, texts: &[String]) -> Option<Vec<Vec<f32>>> {
+        use rayon::prelude::*;
+        Some(texts.par_iter().map(|t| self.vector(t)).collect())
+    }
     async fn embed(&self, texts: &[String], _ctx: &CallCtx) -> Result<Vec<Vec<f32>>> {
         Ok(texts.iter().map(|t| self.vector(t)).collect())
     }

@@ -32,6 +32,16 @@ pub trait Embedder: Send + Sync {
     fn fitter(&self) -> Option<Box<dyn Fitter>> {
         None
     }
+    /// Whether vectors are worth keeping in the response cache: no for an embedder that
+    /// computes a vector faster than the cache can store and fetch it (`hashing`).
+    fn cacheable(&self) -> bool {
+        true
+    }
+    /// Embed on the calling thread with every core (rayon), for CPU-only embedders;
+    /// `None`: use [`Embedder::embed`]. Same vectors, same order.
+    fn embed_blocking(&self, _texts: &[String]) -> Option<Vec<Vec<f32>>> {
+        None
+    }
     async fn embed(&self, texts: &[String], ctx: &CallCtx) -> Result<Vec<Vec<f32>>>;
 }
 

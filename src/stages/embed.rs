@@ -91,16 +91,91 @@ fn declared_dim(decl: &crate::config::decl::Decl) -> Option<usize> {
     })
 }
 
+/// The text of one row: its `column`, or the `text` template rendered over it.
+fn text_of(column: &Option<String>, templates: &Templates, row: &Row) -> std::result::Result<String, String> {
+    match column {
+        Some(c) => match row.get(c) {
+            Some(serde_json::Value::String(s)) => Ok(s.clone()),
+            Some(serde_json::Value::Null) | None => Ok(String::new()),
+            Some(other) => Ok(other.to_string()),
+        },
+        None => templates.render("text", row),
+    }
+}
+
+/// Per row of a batch, in order: its text, or why it has none with the row as JSON.
+type Texts = Vec<std::result::Result<String, (String, Option<String>)>>;
+
 impl Embed {
-    fn text_of(&self, row: &Row) -> std::result::Result<String, String> {
-        match &self.opts.column {
-            Some(c) => match row.get(c) {
-                Some(serde_json::Value::String(s)) => Ok(s.clone()),
-                Some(serde_json::Value::Null) | None => Ok(String::new()),
-                Some(other) => Ok(other.to_string()),
-            },
-            None => self.templates.render("text", row),
+    /// The texts of a batch, rendered on every core (off the async runtime).
+    async fn texts(&self, batch: &RecordBatch) -> Result<Texts> {
+        use rayon::prelude::*;
+        let (batch, column, templates) = (batch.clone(), self.opts.column.clone(), self.templates.clone());
+        tokio::task::spawn_blocking(move || {
+            (0..batch.num_rows())
+                .into_par_iter()
+                .map(|i| {
+                    let row = data::row_json(&batch, i);
+                    text_of(&column, &templates, &row).map_err(|e| (e, serde_json::to_string(&row).ok()))
+                })
+                .collect()
+        })
+        .await
+        .context("text worker panicked")
+    }
+}
+
+/// Every vector has the embedder's dimension.
+fn check_dims(vectors: &[Vec<f32>], dim: usize, name: &str) -> Result<()> {
+    match vectors.iter().find(|v| v.len() != dim) {
+        Some(v) => Err(anyhow!("embedder \"{name}\" returned a {}-dimensional vector, expected {dim}", v.len())),
+        None => Ok(()),
+    }
+}
+
+impl Embed {
+    /// The vectors of `texts` through the cache: hits from it, the rest embedded in
+    /// batches and stored before they count as done.
+    #[allow(clippy::too_many_arguments)]
+    async fn cached_vectors(
+        &self,
+        texts: &[String],
+        embedder: &dyn Embedder,
+        cache: &crate::store::cache::Cache,
+        usage: &Use,
+        call: &CallCtx,
+        batch_size: usize,
+        dim: usize,
+        ctx: &RunCtx,
+    ) -> Result<Vec<Option<Vec<f32>>>> {
+        let id = embedder.id();
+        let hashes: Vec<String> = texts.iter().map(|t| blake3::hash(t.as_bytes()).to_hex().to_string()).collect();
+        let mut vectors = cache.get_vectors(&id, &hashes, usage)?;
+        let missing: Vec<usize> = (0..vectors.len()).filter(|i| vectors[*i].is_none()).collect();
+        ctx.progress.cache_hits.fetch_add((vectors.len() - missing.len()) as u64, std::sync::atomic::Ordering::Relaxed);
+        for chunk in missing.chunks(batch_size) {
+            let chunk_texts: Vec<String> = chunk.iter().map(|i| texts[*i].clone()).collect();
+            let computed = embedder
+                .embed(&chunk_texts, call)
+                .await
+                .with_context(|| format!("embedder \"{}\"", self.opts.embedder))?;
+            if computed.len() != chunk.len() {
+                bail!(
+                    "embedder \"{}\" returned {} vectors for {} texts",
+                    self.opts.embedder,
+                    computed.len(),
+                    chunk.len()
+                );
+            }
+            check_dims(&computed, dim, &self.opts.embedder)?;
+            let mut store = Vec::with_capacity(chunk.len());
+            for (i, v) in chunk.iter().zip(computed) {
+                store.push((hashes[*i].clone(), v.clone()));
+                vectors[*i] = Some(v);
+            }
+            cache.put_vectors(&id, store, usage).await?;
         }
+        Ok(vectors)
     }
 }
 
@@ -148,9 +223,8 @@ impl Stage for Embed {
             let mut rx = stream_batches(input.path.clone(), 4096);
             while let Some(batch) = rx.recv().await {
                 let batch = batch?;
-                for i in 0..batch.num_rows() {
-                    let row = data::row_json(&batch, i);
-                    fitter.observe(&self.text_of(&row).unwrap_or_default());
+                for text in self.texts(&batch).await? {
+                    fitter.observe(&text.unwrap_or_default());
                 }
                 if ctx.cancel.is_cancelled() {
                     bail!(Cancelled);
@@ -181,56 +255,30 @@ impl Stage for Embed {
             let batch = batch?;
             let mut keep = vec![true; batch.num_rows()];
             let mut texts = Vec::with_capacity(batch.num_rows());
-            for (i, keep_row) in keep.iter_mut().enumerate() {
-                let row = data::row_json(&batch, i);
-                match self.text_of(&row) {
+            for (i, (text, keep_row)) in self.texts(&batch).await?.into_iter().zip(keep.iter_mut()).enumerate() {
+                match text {
                     Ok(t) => texts.push(t),
-                    Err(e) => {
-                        ctx.fail(
-                            data::ids(&batch).value(i),
-                            FailureKind::Template,
-                            e,
-                            serde_json::to_string(&row).ok(),
-                        );
+                    Err((e, record)) => {
+                        ctx.fail(data::ids(&batch).value(i), FailureKind::Template, e, record);
                         *keep_row = false;
                     }
                 }
             }
             let kept = arrow::compute::filter_record_batch(&batch, &arrow::array::BooleanArray::from(keep))?;
-            let hashes: Vec<String> = texts.iter().map(|t| blake3::hash(t.as_bytes()).to_hex().to_string()).collect();
-            let mut vectors = cache.get_vectors(&id, &hashes, &usage)?;
-            let missing: Vec<usize> = (0..vectors.len()).filter(|i| vectors[*i].is_none()).collect();
-            ctx.progress
-                .cache_hits
-                .fetch_add((vectors.len() - missing.len()) as u64, std::sync::atomic::Ordering::Relaxed);
-            for chunk in missing.chunks(batch_size) {
-                let chunk_texts: Vec<String> = chunk.iter().map(|i| texts[*i].clone()).collect();
-                let computed = embedder
-                    .embed(&chunk_texts, &call)
+            let vectors: Vec<Option<Vec<f32>>> = if embedder.cacheable() {
+                self.cached_vectors(&texts, &*embedder, &cache, &usage, &call, batch_size, dim, ctx).await?
+            } else {
+                // Computing is cheaper than the cache: every core, off the async runtime.
+                let e = embedder.clone();
+                let computed = tokio::task::spawn_blocking(move || e.embed_blocking(&texts))
                     .await
-                    .with_context(|| format!("embedder \"{}\"", self.opts.embedder))?;
-                if computed.len() != chunk.len() {
-                    bail!(
-                        "embedder \"{}\" returned {} vectors for {} texts",
-                        self.opts.embedder,
-                        computed.len(),
-                        chunk.len()
-                    );
-                }
-                let mut store = Vec::with_capacity(chunk.len());
-                for (i, v) in chunk.iter().zip(computed) {
-                    if v.len() != dim {
-                        return Err(anyhow!(
-                            "embedder \"{}\" returned a {}-dimensional vector, expected {dim}",
-                            self.opts.embedder,
-                            v.len()
-                        ));
-                    }
-                    store.push((hashes[*i].clone(), v.clone()));
-                    vectors[*i] = Some(v);
-                }
-                cache.put_vectors(&id, store, &usage).await?;
-            }
+                    .context("embedder worker panicked")?;
+                let Some(computed) = computed else {
+                    bail!("embedder \"{}\" cannot embed without its cache", self.opts.embedder);
+                };
+                check_dims(&computed, dim, &self.opts.embedder)?;
+                computed.into_iter().map(Some).collect()
+            };
             let flat: Vec<f32> = vectors.into_iter().flat_map(|v| v.expect("filled")).collect();
             let values = Arc::new(Float32Array::from(flat));
             let list = FixedSizeListArray::try_new(
