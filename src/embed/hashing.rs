@@ -5,7 +5,7 @@
 //! embedding stage's own input, and the vector is L2-normalised. An empty text
 //! gives the zero vector.
 
-use std::collections::HashMap;
+use fnv::FnvHashMap;
 use std::hash::Hasher;
 use std::sync::Arc;
 
@@ -47,10 +47,13 @@ impl Hashing {
         text.split(|c: char| !c.is_alphanumeric()).filter(|t| !t.is_empty()).map(|t| t.to_lowercase()).collect()
     }
 
-    /// (bucket, sign, count) of every feature of a text.
-    fn features(&self, text: &str) -> HashMap<u64, u32> {
+    /// (bucket, sign, count) of every feature of a text. A map with a fixed hasher: its
+    /// iteration order is the order `vector` sums colliding features in, so it must not
+    /// change between runs (std's randomly seeded `HashMap` made vectors differ in the
+    /// last bits from run to run when three or more features shared a bucket).
+    fn features(&self, text: &str) -> FnvHashMap<u64, u32> {
         let tokens = Self::tokens(text);
-        let mut counts: HashMap<u64, u32> = HashMap::new();
+        let mut counts: FnvHashMap<u64, u32> = FnvHashMap::default();
         for n in 1..=self.ngrams {
             for w in tokens.windows(n) {
                 let mut h = fnv::FnvHasher::default();
@@ -155,6 +158,28 @@ mod tests {
 
     fn dot(a: &[f32], b: &[f32]) -> f32 {
         a.iter().zip(b).map(|(x, y)| x * y).sum()
+    }
+
+    #[test]
+    fn vectors_do_not_depend_on_the_run() {
+        // Many features per bucket (dim 4): summation order matters, so it must be fixed.
+        let h = Hashing::new(4, 3);
+        let text = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho";
+        let first = h.vector(text);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for _ in 0..50 {
+            assert_eq!(bits(&h.vector(text)), bits(&first));
+        }
+        // Across threads too (each thread's maps are fresh).
+        let others: Vec<Vec<f32>> = std::thread::scope(|s| {
+            (0..4)
+                .map(|_| s.spawn(|| h.vector(text)))
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|t| t.join().unwrap())
+                .collect()
+        });
+        assert!(others.iter().all(|v| bits(v) == bits(&first)));
     }
 
     #[test]
