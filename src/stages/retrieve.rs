@@ -20,7 +20,7 @@ use arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 
-use super::{Arity, BuildCtx, Cancelled, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use super::{Arity, BuildCtx, Cancelled, KindInfo, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, POSITIVE, Ty};
 use crate::data::{self, ID};
@@ -54,7 +54,12 @@ const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default("expansion_add", POSITIVE, "128", "hnsw: ef at construction"),
     OptionSpec::default("expansion_search", POSITIVE, "64", "hnsw: ef at search"),
     OptionSpec::default("recall_sample", Ty::Int(0, i64::MAX), "200", "hnsw: queries checked against exact"),
-    OptionSpec::optional("threads", POSITIVE, "worker threads (default: every core)").runtime_only(),
+    OptionSpec::optional(
+        "threads",
+        POSITIVE,
+        "worker threads (default: every core); for hnsw the effective count is part of the fingerprint",
+    )
+    .runtime_only(),
 ];
 
 pub static KIND: KindInfo = KindInfo {
@@ -147,6 +152,19 @@ impl Retrieve {
 
 #[async_trait]
 impl Stage for Retrieve {
+    /// An HNSW graph depends on how many threads inserted into it (usearch inserts
+    /// concurrently), so for `method = "hnsw"` the effective thread count is part of the
+    /// fingerprint; exact results do not depend on it.
+    async fn prepare(&self, _ctx: &PrepareCtx<'_>) -> Result<Option<Prepared>> {
+        let mut p = Prepared::default();
+        if self.opts.method == "hnsw" {
+            let threads =
+                self.opts.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+            p.fingerprint.insert("hnsw_threads".into(), threads.to_string());
+        }
+        Ok(Some(p))
+    }
+
     fn plan(&self, ctx: &mut PlanCtx<'_>) -> Option<SchemaRef> {
         let (query, corpus) = (ctx.input_schema(0)?, ctx.input_schema(1)?);
         let qdim = vector_dim(&query, &self.opts.query_column);

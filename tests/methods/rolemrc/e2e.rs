@@ -291,6 +291,26 @@ fn hnsw_retrieval_reports_recall_against_exact() {
     assert!(info.contains("recall_max") && info.contains("recall_min"), "{info}");
     let profiles = parquet_rows(&dir.join("profiles.parquet"));
     assert!(profiles.iter().all(|r| r["least_answerable"] == true));
+    // The HNSW graph depends on the insertion threads: another count re-runs the stage.
+    let dry = |threads: &str| {
+        let t = format!("stages.profiles.threads={threads}");
+        let args =
+            ["run", &pipeline(), "--offline", "--out", dir.to_str().unwrap(), "--until", "profiles", "--dry-run"];
+        let mut args: Vec<&str> = args.to_vec();
+        args.extend([
+            "--set",
+            "stages.profiles.method=\"hnsw\"",
+            "--set",
+            "stages.profiles.recall_sample=60",
+            "--set",
+            &t,
+        ]);
+        let r = p.synth(&args).ok();
+        r.stdout + &r.stderr
+    };
+    let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    assert!(!dry(&n.to_string()).contains("hnsw_threads changed"));
+    assert!(dry(&(n + 1).to_string()).contains("hnsw_threads changed"), "{}", dry(&(n + 1).to_string()));
 }
 
 #[test]
