@@ -87,17 +87,11 @@ const FASTEMBED_OPTIONS: &[OptionSpec] = &[
 ];
 
 const OPENAI_EMBED_OPTIONS: &[OptionSpec] = &[
-    OptionSpec::optional("base_url", Ty::Str, "API base URL (default: $base_url_env, else https://api.openai.com/v1)"),
-    OptionSpec::default(
-        "base_url_env",
-        Ty::Str,
-        "\"OPENAI_BASE_URL\"",
-        "environment variable read when base_url is not set",
-    ),
-    OptionSpec::optional("model", Ty::Str, "embedding model name"),
-    OptionSpec::optional("model_env", Ty::Str, "environment variable holding the model name"),
-    OptionSpec::default("api_key_env", Ty::Str, "\"OPENAI_API_KEY\"", "environment variable holding the API key")
-        .runtime_only(),
+    crate::llm::endpoint::ENDPOINT_OPTIONS[0],
+    crate::llm::endpoint::ENDPOINT_OPTIONS[1],
+    crate::llm::endpoint::ENDPOINT_OPTIONS[2],
+    crate::llm::endpoint::ENDPOINT_OPTIONS[3],
+    crate::llm::endpoint::ENDPOINT_OPTIONS[4],
     OptionSpec::required("dim", POSITIVE, "vector dimension the endpoint returns"),
     OptionSpec::default("send_dimensions", Ty::Bool, "false", "send `dimensions` in the request (OpenAI v3 models)"),
     OptionSpec::default("batch_size", POSITIVE, "64", "texts per request").runtime_only(),

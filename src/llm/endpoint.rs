@@ -4,7 +4,25 @@
 
 use anyhow::{Result, anyhow, bail};
 
+use crate::config::options::{OptionSpec, Ty};
+
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
+
+/// The options that say where an endpoint is (`base_url`, `base_url_env`, `model`,
+/// `model_env`, `api_key_env`), shared by the `openai` provider and embedder kinds.
+pub const ENDPOINT_OPTIONS: [OptionSpec; 5] = [
+    OptionSpec::optional("base_url", Ty::Str, "API base URL (default: $base_url_env, else https://api.openai.com/v1)"),
+    OptionSpec::default(
+        "base_url_env",
+        Ty::Str,
+        "\"OPENAI_BASE_URL\"",
+        "environment variable read when base_url is not set",
+    ),
+    OptionSpec::optional("model", Ty::Str, "model name"),
+    OptionSpec::optional("model_env", Ty::Str, "environment variable holding the model name (when model is not set)"),
+    OptionSpec::default("api_key_env", Ty::Str, "\"OPENAI_API_KEY\"", "environment variable holding the API key")
+        .runtime_only(),
+];
 
 /// Where an OpenAI-compatible provider points, resolved from config and environment.
 #[derive(Debug, Clone)]

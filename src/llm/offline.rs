@@ -215,18 +215,23 @@ fn json_object<R: Rng>(prompt: &str, fields: &str, rng: &mut R) -> String {
     serde_json::Value::Object(obj).to_string()
 }
 
+/// One user message expecting `expect` (tests of offline shapes, here and in methods).
+#[cfg(test)]
+pub(crate) fn request(expect: &str, prompt: &str) -> ChatRequest {
+    ChatRequest {
+        messages: vec![super::Message::new(super::Role::User, prompt)],
+        params: Default::default(),
+        sample: 0,
+        expect: expect.into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llm::Message;
 
     fn req(expect: &str, prompt: &str) -> ChatRequest {
-        ChatRequest {
-            messages: vec![Message::new(crate::llm::Role::User, prompt)],
-            params: Default::default(),
-            sample: 0,
-            expect: expect.into(),
-        }
+        request(expect, prompt)
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, bail};
 use serde::Deserialize;
 
-use super::endpoint::{DEFAULT_BASE_URL, resolve_endpoint};
+use super::endpoint::{DEFAULT_BASE_URL, ENDPOINT_OPTIONS, resolve_endpoint};
 use super::offline::{Offline, OfflineShape};
 use super::openai::{Endpoint, OpenAiChat};
 use super::pricing::{Price, default_price};
@@ -27,17 +27,11 @@ const GEN_OPTIONS: [OptionSpec; 6] = [
 ];
 
 const OPENAI_OPTIONS: &[OptionSpec] = &[
-    OptionSpec::optional("base_url", Ty::Str, "API base URL (default: $base_url_env, else https://api.openai.com/v1)"),
-    OptionSpec::default(
-        "base_url_env",
-        Ty::Str,
-        "\"OPENAI_BASE_URL\"",
-        "environment variable read when base_url is not set",
-    ),
-    OptionSpec::optional("model", Ty::Str, "model name"),
-    OptionSpec::optional("model_env", Ty::Str, "environment variable holding the model name (when model is not set)"),
-    OptionSpec::default("api_key_env", Ty::Str, "\"OPENAI_API_KEY\"", "environment variable holding the API key")
-        .runtime_only(),
+    ENDPOINT_OPTIONS[0],
+    ENDPOINT_OPTIONS[1],
+    ENDPOINT_OPTIONS[2],
+    ENDPOINT_OPTIONS[3],
+    ENDPOINT_OPTIONS[4],
     GEN_OPTIONS[0],
     GEN_OPTIONS[1],
     GEN_OPTIONS[2],

@@ -313,15 +313,10 @@ fn apply_rule<R: Rng>(rule: &str, body: &str, prompt: &str, rng: &mut R) -> Stri
 mod tests {
     use super::*;
     use crate::llm::offline::Offline;
-    use crate::llm::{ChatRequest, Message};
+    use crate::llm::ChatRequest;
 
     fn req(expect: &str, prompt: &str) -> ChatRequest {
-        ChatRequest {
-            messages: vec![Message::new(crate::llm::Role::User, prompt)],
-            params: Default::default(),
-            sample: 0,
-            expect: expect.into(),
-        }
+        crate::llm::offline::request(expect, prompt)
     }
 
     #[test]

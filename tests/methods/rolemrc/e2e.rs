@@ -232,25 +232,22 @@ fn changing_a_count_reruns_only_the_plan_and_what_follows() {
     assert_eq!(samples.iter().filter(|s| s["split"] == "train" && s["category"] == "answer").count(), 20);
 }
 
+/// The offline pipeline up to the retrieval stage, into `dir`, with more arguments.
+fn until_profiles(p: &Project, dir: &std::path::Path, extra: &[&str]) -> support::Run {
+    let mut args = vec!["run", "--offline", "--until", "profiles", "--out", dir.to_str().unwrap()];
+    let file = pipeline();
+    args.insert(1, &file);
+    args.extend_from_slice(extra);
+    p.synth(&args)
+}
+
 #[test]
 fn gemm_retrieval_picks_the_same_passages_as_the_fused_kernel() {
     // The exact search through the gemm crate, with `least_where` (answerable) honoured.
     let p = Project::new();
     let run = |name: &str, method: &str| {
         let dir = p.path().join(name);
-        let set = format!("stages.profiles.method=\"{method}\"");
-        p.synth(&[
-            "run",
-            &pipeline(),
-            "--offline",
-            "--out",
-            dir.to_str().unwrap(),
-            "--until",
-            "profiles",
-            "--set",
-            &set,
-        ])
-        .ok();
+        until_profiles(&p, &dir, &["--set", &format!("stages.profiles.method=\"{method}\"")]).ok();
         dir
     };
     let (fused, gemm) = (run("fused", "exact"), run("gemm", "gemm"));
@@ -272,20 +269,8 @@ fn gemm_retrieval_picks_the_same_passages_as_the_fused_kernel() {
 fn hnsw_retrieval_reports_recall_against_exact() {
     let p = Project::new();
     let dir = p.path().join("h");
-    p.synth(&[
-        "run",
-        &pipeline(),
-        "--offline",
-        "--out",
-        dir.to_str().unwrap(),
-        "--until",
-        "profiles",
-        "--set",
-        "stages.profiles.method=\"hnsw\"",
-        "--set",
-        "stages.profiles.recall_sample=60",
-    ])
-    .ok();
+    let hnsw = ["--set", "stages.profiles.method=\"hnsw\"", "--set", "stages.profiles.recall_sample=60"];
+    until_profiles(&p, &dir, &hnsw).ok();
     let m = support::manifest(&dir);
     let info = m["stages"]["profiles"].to_string();
     assert!(info.contains("recall_max") && info.contains("recall_min"), "{info}");
@@ -294,18 +279,9 @@ fn hnsw_retrieval_reports_recall_against_exact() {
     // The HNSW graph depends on the insertion threads: another count re-runs the stage.
     let dry = |threads: &str| {
         let t = format!("stages.profiles.threads={threads}");
-        let args =
-            ["run", &pipeline(), "--offline", "--out", dir.to_str().unwrap(), "--until", "profiles", "--dry-run"];
-        let mut args: Vec<&str> = args.to_vec();
-        args.extend([
-            "--set",
-            "stages.profiles.method=\"hnsw\"",
-            "--set",
-            "stages.profiles.recall_sample=60",
-            "--set",
-            &t,
-        ]);
-        let r = p.synth(&args).ok();
+        let mut args = hnsw.to_vec();
+        args.extend(["--set", &t, "--dry-run"]);
+        let r = until_profiles(&p, &dir, &args).ok();
         r.stdout + &r.stderr
     };
     let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
