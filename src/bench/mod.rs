@@ -152,6 +152,9 @@ pub struct LlmBench {
     /// Client-side requests-per-minute limit.
     #[arg(long)]
     pub rpm: Option<u32>,
+    /// Ignore the limits the server advertises in x-ratelimit-* headers.
+    #[arg(long)]
+    pub no_learn_limits: bool,
     /// Most requests in flight.
     #[arg(long, default_value_t = 32)]
     pub concurrency: usize,
@@ -196,6 +199,7 @@ pub fn llm(args: &LlmBench) -> Result<serde_json::Value> {
     if let Some(rpm) = args.rpm {
         options.insert("requests_per_minute".into(), rpm.into());
     }
+    options.insert("learn_limits".into(), (!args.no_learn_limits).into());
     let decl = Decl { name: "bench".into(), kind: "openai".into(), options: serde_json::Value::Object(options) };
     let services = Services::new(
         &dir,
@@ -266,6 +270,7 @@ pub fn llm(args: &LlmBench) -> Result<serde_json::Value> {
         "sent": stats.sent.load(Relaxed),
         "retries": stats.retries.load(Relaxed),
         "http_429": stats.rate_limited.load(Relaxed),
+        "limits": provider.rate.limits().into_iter().collect::<std::collections::BTreeMap<_, _>>(),
         "timeouts": stats.timeouts.load(Relaxed),
         "client_cpu_seconds": round(cpu),
         "cpu_ms_per_request": round(cpu * 1000.0 / args.requests.max(1) as f64),
