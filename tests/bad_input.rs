@@ -46,7 +46,13 @@ fn non_utf8_bytes_in_a_jsonl_line_fail_that_line_only() {
     data.extend_from_slice(people_jsonl(3).as_bytes());
     p.write("people.jsonl", data);
     p.write("p.toml", source_pipeline("people.jsonl", ""));
-    p.synth(&["run", "p.toml"]).ok();
+    let run = p.synth(&["run", "p.toml"]).ok();
+    // The run goes on, and says so at the end: count, first reason, where they all are.
+    let warning = run.stderr.lines().find(|l| l.starts_with("warning: stage \"src\"")).unwrap_or_else(|| {
+        panic!("no warning about the failed record:\n{}", run.stderr);
+    });
+    assert!(warning.contains("1 record(s) failed (first: src-60: parse: "), "{warning}");
+    assert!(warning.contains("people.jsonl:61:") && warning.ends_with("out/src.failures.parquet"), "{warning}");
     let failures = parquet_rows(&p.path().join("out/src.failures.parquet"));
     assert_eq!(failures.len(), 1);
     let msg = failures[0]["message"].as_str().unwrap();
@@ -253,7 +259,13 @@ inputs = ["small"]
     let Some(run) = on_tiny_disk(&p, "400k", script) else { return };
     let (head, manifest) = run.stdout.split_once("--- manifest").expect(&run.stderr);
     assert!(head.contains("exit=2"), "stdout:\n{}\nstderr:\n{}", run.stdout, run.stderr);
-    assert!(run.stderr.contains("stage \"big\"") && run.stderr.contains("No space left on device"), "{}", run.stderr);
+    // The stage, the output by its final name (not the temporary file), and what to do.
+    assert!(
+        run.stderr.contains("stage \"big\": the disk is full: no space left while writing out/big.parquet; free space"),
+        "{}",
+        run.stderr
+    );
+    assert!(!run.stderr.contains(".synth-tmp-"), "{}", run.stderr);
     assert!(run.stderr.contains("completed stages are kept in out"), "{}", run.stderr);
     assert!(!head.contains(".synth-tmp-"), "temporary files left on the full disk:\n{head}");
     assert!(!head.contains("out/big.parquet"), "a partial output was left under its final name:\n{head}");

@@ -139,6 +139,18 @@ fn print_summary(summary: &RunSummary) {
         }
     }
     println!("outputs in {}", summary.out_dir.display());
+    // Records that failed are kept, with their reasons, and the run goes on: say so loudly.
+    for l in &summary.lines {
+        if let Some(f) = &l.failures {
+            eprintln!(
+                "warning: stage \"{}\": {} record(s) failed (first: {}); all are in {}",
+                l.stage,
+                f.count,
+                crate::store::failures::one_line(&f.first, 300),
+                f.path.display()
+            );
+        }
+    }
 }
 
 fn print_plan(summary: &RunSummary) {

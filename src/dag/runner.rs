@@ -65,6 +65,16 @@ pub struct StageLine {
     pub report: Option<StageReport>,
     /// The stage's fingerprint (when known).
     pub fingerprint: Option<String>,
+    /// Records this run sent to the failures table: the first one's id and reason, and
+    /// the table's path (the CLI warns about them at the end of the run).
+    pub failures: Option<FailureNote>,
+}
+
+#[derive(Debug, Clone)]
+pub struct FailureNote {
+    pub count: u64,
+    pub first: String,
+    pub path: PathBuf,
 }
 
 #[derive(Debug, Clone)]
@@ -276,6 +286,7 @@ pub async fn run(
             reason: None,
             report: None,
             fingerprint: None,
+            failures: None,
         };
         match outcome {
             Ok(Outcome::UpToDate { fp, state }) => {
@@ -301,7 +312,8 @@ pub async fn run(
                 stopping = true;
             }
             Ok(Outcome::Ran { fp, parts, ctx }) => match finish_stage(&out_dir, decl, &fp, parts, *ctx) {
-                Ok(state) => {
+                Ok((state, failures)) => {
+                    line.failures = failures;
                     let r = &state.report;
                     tracing::info!(
                         "stage \"{name}\" done: {} in, {} out, {} failed, {:.2}s",
@@ -317,7 +329,7 @@ pub async fn run(
                     set_manifest(&mut manifest, &name, StageStatus::Ran, Some(fp), Some(&state), None);
                 }
                 Err(e) => {
-                    let msg = format!("stage \"{name}\": {e:#}");
+                    let msg = stage_error(&name, &e, &out_dir);
                     tracing::error!("{msg}");
                     errors.push(msg.clone());
                     nodes[idx] = Node::Failed;
@@ -332,7 +344,7 @@ pub async fn run(
                 set_manifest(&mut manifest, &name, StageStatus::Cancelled, None, None, None);
             }
             Err(e) => {
-                let msg = format!("stage \"{name}\": {e:#}");
+                let msg = stage_error(&name, &e, &out_dir);
                 tracing::error!("{msg}");
                 errors.push(msg.clone());
                 nodes[idx] = Node::Failed;
@@ -345,7 +357,8 @@ pub async fn run(
         if !opts.dry_run
             && let Err(e) = manifest.save(&out_dir)
         {
-            errors.push(format!("writing the manifest: {e:#}"));
+            let why = crate::store::atomic::explain_disk_full(&e).unwrap_or_else(|| format!("{e:#}"));
+            errors.push(format!("after stage \"{name}\", writing the manifest: {why}"));
             stopping = true;
         }
     }
@@ -359,6 +372,7 @@ pub async fn run(
             reason: None,
             report: None,
             fingerprint: None,
+            failures: None,
         });
     }
     let mut ordered: Vec<StageLine> = p.graph.order.iter().filter_map(|i| lines.remove(i)).collect();
@@ -399,8 +413,22 @@ pub async fn run(
     Ok(summary)
 }
 
+/// The message of a stage that failed; a full disk is said in words, with what to do.
+fn stage_error(name: &str, e: &anyhow::Error, out_dir: &Path) -> String {
+    match crate::store::atomic::explain_disk_full(e) {
+        Some(full) => format!(
+            "stage \"{name}\": {full}; free space on the device that holds {} and run the same command again: completed stages are kept and the run resumes with \"{name}\"",
+            out_dir.display()
+        ),
+        None => format!("stage \"{name}\": {e:#}"),
+    }
+}
+
 fn fail(e: anyhow::Error) -> RunError {
-    RunError::Failed(format!("{e:#}"))
+    match crate::store::atomic::explain_disk_full(&e) {
+        Some(full) => RunError::Failed(format!("{full}; free space and run the same command again to resume")),
+        None => RunError::Failed(format!("{e:#}")),
+    }
 }
 
 /// Create the output directory, take its lock and remove debris of interrupted runs.
@@ -642,12 +670,19 @@ fn finish_stage(
     fp: &str,
     parts: FingerprintParts,
     mut ctx: RunCtx,
-) -> Result<StageState> {
+) -> Result<(StageState, Option<FailureNote>)> {
     let failures = ctx.failures.take();
     let n_failed = failures.len() as u64;
     ctx.report.rows_failed = n_failed;
-    let first = failures.first().cloned();
+    // The first in the table's order (by id), so the warning is the same every run.
+    let first =
+        failures.iter().min_by(|a, b| a.id.cmp(&b.id).then_with(|| a.kind.as_str().cmp(b.kind.as_str()))).cloned();
     let fpath = failures_path(out_dir, &decl.name);
+    let note = first.as_ref().map(|f| FailureNote {
+        count: n_failed,
+        first: format!("{}: {}: {}", f.id, f.kind.as_str(), f.message),
+        path: fpath.clone(),
+    });
     let failures_rec = if n_failed > 0 {
         let pending = write_failures(&fpath, failures, ctx.footer_meta())?;
         let bytes = pending.bytes();
@@ -692,5 +727,5 @@ fn finish_stage(
         finished_at: now_rfc3339(),
     };
     state.save(out_dir)?;
-    Ok(state)
+    Ok((state, note))
 }

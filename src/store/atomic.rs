@@ -11,6 +11,38 @@ use anyhow::{Context, Result};
 /// Prefix of temporary files; anything matching is debris from an interrupted run.
 pub const TMP_MARK: &str = ".synth-tmp-";
 
+/// When `e` is a full disk (ENOSPC, or a quota), say so in words a user can act on:
+/// which file was being written (by its final name, not the temporary one) and what to do.
+/// `None` for any other error.
+pub fn explain_disk_full(e: &anyhow::Error) -> Option<String> {
+    let full = e.chain().any(|c| {
+        c.downcast_ref::<io::Error>()
+            .is_some_and(|io| matches!(io.kind(), io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded))
+    }) || format!("{e:#}").contains("No space left on device");
+    if !full {
+        return None;
+    }
+    // The file: the first path in the message, shown under its final name.
+    let text = format!("{e:#}");
+    let file = text
+        .split([' ', ':', '\''])
+        .find(|w| w.contains(TMP_MARK) || w.ends_with(".parquet") || w.ends_with(".json") || w.ends_with(".jsonl"))
+        .map(final_name);
+    Some(match file {
+        Some(f) => format!("the disk is full: no space left while writing {f}"),
+        None => "the disk is full: no space left on the device".to_string(),
+    })
+}
+
+/// `dir/.synth-tmp-<pid>-<nonce>-name` → `dir/name`.
+fn final_name(path: &str) -> String {
+    let Some(at) = path.find(TMP_MARK) else { return path.to_string() };
+    let rest = &path[at + TMP_MARK.len()..];
+    // <pid>-<nonce>-<name>
+    let name = rest.splitn(3, '-').nth(2).unwrap_or(rest);
+    format!("{}{name}", &path[..at])
+}
+
 /// A finished temporary file waiting to be renamed to its destination.
 /// Dropping it without `commit` removes the temporary file.
 #[derive(Debug)]
@@ -116,5 +148,21 @@ mod tests {
         write_atomic(&dest, b"whole").unwrap();
         assert_eq!(std::fs::read(&dest).unwrap(), b"whole");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+}
+
+#[cfg(test)]
+mod disk_full_tests {
+    use super::*;
+
+    #[test]
+    fn a_full_disk_names_the_final_file() {
+        let io = io::Error::from_raw_os_error(28);
+        let e = anyhow::Error::new(io).context("finishing out/.synth-tmp-12510-5d47f338-big.parquet");
+        assert_eq!(explain_disk_full(&e).unwrap(), "the disk is full: no space left while writing out/big.parquet");
+        let e =
+            anyhow::anyhow!("writing out/.synth-tmp-1-00ff00ff-manifest.json: No space left on device (os error 28)");
+        assert_eq!(explain_disk_full(&e).unwrap(), "the disk is full: no space left while writing out/manifest.json");
+        assert_eq!(explain_disk_full(&anyhow::anyhow!("permission denied")), None);
     }
 }

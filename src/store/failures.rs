@@ -87,6 +87,17 @@ pub struct Failure {
     pub record: Option<String>,
 }
 
+/// `text` on one line (newlines and tabs as spaces), cut to `max` characters with "…".
+pub fn one_line(text: &str, max: usize) -> String {
+    let flat: String = text.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    if flat.chars().count() <= max {
+        return flat;
+    }
+    let mut cut: String = flat.chars().take(max.saturating_sub(1)).collect();
+    cut.push('…');
+    cut
+}
+
 /// Thread-safe failure collector shared by a stage's tasks.
 #[derive(Clone, Default)]
 pub struct FailureLog {
