@@ -66,8 +66,9 @@ fn empty_source_is_an_error_unless_allowed() {
     let p = Project::new();
     p.write("empty.jsonl", "\n\n");
     p.write("p.toml", source_pipeline("empty.jsonl", ""));
-    let run = p.synth(&["run", "p.toml"]).code(2);
-    assert!(run.stderr.contains("stage \"src\": no records in empty.jsonl (set allow_empty = true"), "{}", run.stderr);
+    // Found when planning, naming the file (downstream stages would only miss a column).
+    let run = p.synth(&["run", "p.toml"]).code(78);
+    assert!(run.stderr.contains("stage \"src\": empty.jsonl: no records (set allow_empty = true"), "{}", run.stderr);
     assert!(!p.path().join("out/src.parquet").exists());
     p.write("p.toml", source_pipeline("empty.jsonl", "allow_empty = true"));
     p.synth(&["run", "p.toml"]).ok();
@@ -117,6 +118,20 @@ fn parquet_files_with_the_wrong_schema_are_rejected_by_name() {
         "{}",
         run.stderr
     );
+
+    // Numbers where text is declared: an error naming file, column and both types, when
+    // planning; never a silent cast to text.
+    p.write("p.toml", source_pipeline("data/part-0.parquet", "types = { n = \"string\" }"));
+    let run = p.synth(&["run", "p.toml"]).code(78);
+    assert!(
+        run.stderr.contains("data/part-0.parquet: column \"n\" holds int64 values, but \"types\" declares string"),
+        "{}",
+        run.stderr
+    );
+    p.write("ints.jsonl", "{\"persona\": 5}\n{\"persona\": 6}\n");
+    p.write("p.toml", source_pipeline("ints.jsonl", "types = { persona = \"string\" }"));
+    let run = p.synth(&["run", "p.toml"]).code(78);
+    assert!(run.stderr.contains("ints.jsonl: column \"persona\" holds int64 values"), "{}", run.stderr);
 
     // A column that cannot take the declared type.
     p.write("p.toml", source_pipeline("data/part-0.parquet", "types = { q = \"int64\" }"));

@@ -51,9 +51,41 @@ pub fn parse_type_name(name: &str) -> Option<DataType> {
 pub const TYPE_NAMES: &[&str] =
     &["utf8", "string", "json", "int64", "int32", "float64", "float32", "bool", "list<utf8>"];
 
+/// Whether values of type `from` can be read as the declared type `to` without changing
+/// what they mean: text parses into numbers and booleans (each value checked), integers
+/// widen and become floats, float32 widens; but numbers or booleans never turn into text
+/// (a column of integers declared as text is a wrong file, not a cast).
+pub fn readable_as(from: &DataType, to: &DataType) -> bool {
+    use DataType::*;
+    let text = |t: &DataType| matches!(t, Utf8 | LargeUtf8 | Utf8View);
+    let int = |t: &DataType| matches!(t, Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | UInt64);
+    if from == to || *from == Null {
+        return true;
+    }
+    match to {
+        t if text(t) => text(from),
+        Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | UInt64 => text(from) || int(from),
+        Float32 | Float64 => text(from) || int(from) || matches!(from, Float16 | Float32 | Float64),
+        Boolean => text(from),
+        List(item) | LargeList(item) => match from {
+            List(f) | LargeList(f) => readable_as(f.data_type(), item.data_type()),
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
 /// Cast that fails on a value the target type cannot hold (Arrow's default turns
-/// such values into nulls silently).
+/// such values into nulls silently), and on a type that cannot be the declared one
+/// ([`readable_as`]).
 pub fn strict_cast(array: &ArrayRef, to: &DataType) -> Result<ArrayRef, ArrowError> {
+    if !readable_as(array.data_type(), to) {
+        return Err(ArrowError::CastError(format!(
+            "{} values are not {}",
+            type_display(array.data_type()),
+            type_display(to)
+        )));
+    }
     let options = arrow::compute::CastOptions { safe: false, ..Default::default() };
     arrow::compute::cast_with_options(array, to, &options)
 }

@@ -490,12 +490,12 @@ impl RateControl {
             // The first request to an endpoint goes alone, so that a server advertising
             // its limits is never sent more than the first answer says it takes.
             let mut probe = None;
-            if self.cfg.learn_limits && !self.probed.load(Ordering::Acquire) {
-                if let Ok(guard) = tokio::time::timeout(PROBE_WAIT, self.probe.lock()).await
-                    && !self.probed.load(Ordering::Acquire)
-                {
-                    probe = Some(guard);
-                }
+            if self.cfg.learn_limits
+                && !self.probed.load(Ordering::Acquire)
+                && let Ok(guard) = tokio::time::timeout(PROBE_WAIT, self.probe.lock()).await
+                && !self.probed.load(Ordering::Acquire)
+            {
+                probe = Some(guard);
             }
             self.wait_pause().await;
             let slot = self.limit.acquire().await;

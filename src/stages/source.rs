@@ -192,6 +192,15 @@ impl Source {
         };
         for f in &mut fields {
             if let Some(t) = self.types.get(f.name()) {
+                if !data::readable_as(f.data_type(), t) {
+                    bail!(
+                        "{}: column \"{}\" holds {} values, but \"types\" declares {}",
+                        file.display(),
+                        f.name(),
+                        data::type_display(f.data_type()),
+                        data::type_display(t)
+                    );
+                }
                 *f = Field::new(f.name(), t.clone(), true);
             } else {
                 *f = f.clone().with_nullable(true);
@@ -243,8 +252,17 @@ impl Stage for Source {
             Err(_) => return None, // reported by the option checker
         };
         let first = files.first()?.clone();
+        let files_len = files.len();
         ctx.files.extend(files);
         match self.peek_schema(&first) {
+            Ok(schema) if schema.fields().is_empty() && !self.opts.allow_empty && files_len == 1 => {
+                // Downstream stages would only say that a column is missing.
+                ctx.error(
+                    "path",
+                    format!("{}: no records (set allow_empty = true to accept an empty source)", first.display()),
+                );
+                None
+            }
             Ok(schema) => Some(data::schema_with_id(schema.fields().iter().map(|f| f.as_ref().clone()))),
             Err(e) => {
                 ctx.error("path", format!("{e:#}"));
