@@ -251,4 +251,16 @@ impl Provider {
         }
         doc
     }
+
+    /// The cache document of a log-likelihood request (no `messages`, so it never equals a chat's).
+    pub fn loglik_doc(provider: &Provider, req: &super::LoglikRequest, params: &GenParams) -> serde_json::Value {
+        serde_json::json!({
+            "kind": provider.kind,
+            "base_url": provider.base_url,
+            "model": provider.model,
+            "loglik": req,
+            "seed": params.seed,
+            "extra": params.extra,
+        })
+    }
 }
