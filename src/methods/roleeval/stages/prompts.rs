@@ -187,7 +187,8 @@ impl Stage for Prompts {
                 };
                 let q = question(&r, choices);
                 let mut seen = std::collections::BTreeSet::new();
-                let duplicate = !q.options.iter().all(|o| seen.insert(o.as_str()));
+                // Options equal up to surrounding whitespace (spec §5: 15 test rows).
+                let duplicate = !q.options.iter().all(|o| seen.insert(o.trim()));
                 let pool = dev.get(&(subset.clone(), stem.clone())).map(Vec::as_slice).unwrap_or_default();
                 for &k in &self.opts.shots {
                     let id = format!("{qkey}/{k}shot");
