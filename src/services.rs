@@ -160,7 +160,12 @@ impl Services {
         self.dispatch(provider, Call::Loglik(req), ctx).await
     }
 
-    async fn dispatch(self: &Arc<Self>, provider: &Arc<Provider>, call: Call, ctx: &CallCtx) -> Result<Completed, LlmError> {
+    async fn dispatch(
+        self: &Arc<Self>,
+        provider: &Arc<Provider>,
+        call: Call,
+        ctx: &CallCtx,
+    ) -> Result<Completed, LlmError> {
         if !provider.networked() || crate::llm::net::on_net_thread() {
             return self.call_here(provider, call, ctx).await;
         }

@@ -12,7 +12,9 @@ use std::sync::Arc;
 use rand::{Rng, RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::{ChatBackend, ChatRequest, ChatResponse, GenParams, LlmError, Loglik, LoglikRequest, Usage, estimate_tokens};
+use super::{
+    ChatBackend, ChatRequest, ChatResponse, GenParams, LlmError, Loglik, LoglikRequest, Usage, estimate_tokens,
+};
 
 pub const MODEL: &str = "offline";
 

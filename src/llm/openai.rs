@@ -266,7 +266,8 @@ impl ChatBackend for OpenAiChat {
         let Some(lp) = body.choices.into_iter().next().and_then(|c| c.logprobs) else {
             return Err(LlmError::new(ErrorKind::Malformed, "response has no choice with logprobs"));
         };
-        let view = LogprobsView { tokens: &lp.tokens, token_logprobs: &lp.token_logprobs, text_offset: &lp.text_offset };
+        let view =
+            LogprobsView { tokens: &lp.tokens, token_logprobs: &lp.token_logprobs, text_offset: &lp.text_offset };
         let ll = continuation_logprob(req, &view).map_err(|m| LlmError::new(ErrorKind::Malformed, m))?;
         let usage = match body.usage {
             Some(u) => Usage { prompt_tokens: u.prompt_tokens, completion_tokens: u.completion_tokens },
@@ -467,6 +468,9 @@ mod tests {
         assert!(continuation_logprob(&req, &view3).is_err());
         let body = loglik_body("m", &req, &GenParams::default());
         assert_eq!(body["prompt"], "答案：A");
-        assert_eq!((body["echo"].as_bool(), body["logprobs"].as_i64(), body["max_tokens"].as_i64()), (Some(true), Some(1), Some(1)));
+        assert_eq!(
+            (body["echo"].as_bool(), body["logprobs"].as_i64(), body["max_tokens"].as_i64()),
+            (Some(true), Some(1), Some(1))
+        );
     }
 }

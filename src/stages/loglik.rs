@@ -23,7 +23,11 @@ use crate::llm::{CallCtx, Loglik, LoglikRequest};
 use crate::store::failures::FailureKind;
 
 const OPTIONS: &[OptionSpec] = &[
-    OptionSpec::required("provider", Ty::Str, "name of a [providers.NAME] table (an OpenAI-compatible completions server)"),
+    OptionSpec::required(
+        "provider",
+        Ty::Str,
+        "name of a [providers.NAME] table (an OpenAI-compatible completions server)",
+    ),
     OptionSpec::required("context", Ty::Str, "column with the text the choices continue"),
     OptionSpec::required("choices", Ty::StrList, "the candidate continuations, e.g. [\"A\", \"B\", \"C\", \"D\"]"),
     OptionSpec::default(
@@ -91,9 +95,10 @@ impl LoglikStage {
                 .iter()
                 .filter(|c| c.as_str() != data::ID)
                 .map(|c| {
-                    input.field_with_name(c).cloned().map_err(|_| {
-                        format!("no column \"{c}\" to keep (columns: {})", data::column_list(input))
-                    })
+                    input
+                        .field_with_name(c)
+                        .cloned()
+                        .map_err(|_| format!("no column \"{c}\" to keep (columns: {})", data::column_list(input)))
                 })
                 .collect::<std::result::Result<_, _>>()?,
             None => input.fields().iter().skip(1).map(|f| f.as_ref().clone()).collect(),

@@ -279,7 +279,9 @@ impl Stage for Report {
                 charts += 1;
                 writeln!(md, "![{} per model]({file})\n", t.title)?;
                 let svg = radar_svg(&t.metrics, &t.labels, |label, m| {
-                    t.values.get(&(label.to_string(), OVERALL.to_string(), m.to_string())).map(|v| v.0 / self.opts.chart_max)
+                    t.values
+                        .get(&(label.to_string(), OVERALL.to_string(), m.to_string()))
+                        .map(|v| v.0 / self.opts.chart_max)
                 });
                 let (mut f, pending) = create_tmp(&ctx.out_dir.join(&file))?;
                 std::io::Write::write_all(&mut f, svg.as_bytes())?;

@@ -22,6 +22,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 
+/// The log-probability of a token given the text before it.
+pub type TokenLogprob = Arc<dyn Fn(&str, &str) -> f64 + Send + Sync>;
+
 /// What the server does.
 #[derive(Clone)]
 pub struct Behaviour {
@@ -45,7 +48,7 @@ pub struct Behaviour {
     pub responder: Arc<dyn Fn(&serde_json::Value) -> String + Send + Sync>,
     pub embedding_dim: usize,
     /// `/v1/completions`: the log-probability of a one-character token after the text before it.
-    pub token_logprob: Arc<dyn Fn(&str, &str) -> f64 + Send + Sync>,
+    pub token_logprob: TokenLogprob,
     pub seed: u64,
     /// The server stops by itself after this long.
     pub lifetime: Duration,

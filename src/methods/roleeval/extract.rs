@@ -189,12 +189,15 @@ mod tests {
         assert_eq!(RULES.cmmlu.len(), 16);
     }
 
+    /// Raw response, C-Eval's letter, CMMLU's (letter, rule), the cascade's letter.
+    type Case = (&'static str, Option<char>, Option<(char, String)>, Option<char>);
+
     /// The spec's §3.3 table: C-Eval, CMMLU (rule), default cascade.
     #[test]
     fn the_thirteen_worked_cases() {
         let p = |s: &str| s.to_string();
         #[rustfmt::skip]
-        let cases: &[(&str, Option<char>, Option<(char, String)>, Option<char>)] = &[
+        let cases: &[Case] = &[
             ("C", Some('C'), Some(('C', p("cmmlu:first_char"))), Some('C')),
             ("答案：B", Some('B'), Some(('B', p("cmmlu:答案?：?([ABCD])"))), Some('B')),
             ("根据我的知识，正确答案是 D。", Some('D'), Some(('D', p("cmmlu:答案(选项)?(是|为)：? ?([ABCD])"))), Some('D')),

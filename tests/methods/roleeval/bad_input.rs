@@ -52,7 +52,11 @@ fn bad_rows_go_to_the_failure_table_with_file_and_line() {
     assert_eq!(msgs[0].0, "global/games/1");
     assert!(msgs[0].1.ends_with("zh/global/test/games_test.csv:3: empty option B"), "{}", msgs[0].1);
     assert_eq!(msgs[1].0, "global/games/0");
-    assert!(msgs[1].1.contains("zh/global/test/games_test.csv:4: duplicate key \"global/games/0\" (first at "), "{}", msgs[1].1);
+    assert!(
+        msgs[1].1.contains("zh/global/test/games_test.csv:4: duplicate key \"global/games/0\" (first at "),
+        "{}",
+        msgs[1].1
+    );
     assert!(msgs[1].1.ends_with("games_test.csv:2)"), "{}", msgs[1].1);
     assert!(f.iter().all(|r| r["kind"] == "parse" && r["record"].is_string()));
     let dev = failures(&out, "dev");

@@ -28,7 +28,10 @@ fn demo_release_fills_the_paper_tables_with_recomputable_numbers() {
         assert_eq!(prompt.matches("\n答案：").count() as i64, k + 1, "{}", r["id"]);
         assert!(prompt.ends_with("\n答案："));
         let msgs = r["messages"].as_array().unwrap();
-        assert_eq!((msgs.len(), msgs[0]["role"].as_str(), msgs[0]["content"].as_str()), (1, Some("user"), Some(prompt)));
+        assert_eq!(
+            (msgs.len(), msgs[0]["role"].as_str(), msgs[0]["content"].as_str()),
+            (1, Some("user"), Some(prompt))
+        );
     }
     // The demo's quirks survive: a leading space, quotes and a comma, duplicate options.
     let by_id: BTreeMap<&str, &serde_json::Map<String, Value>> =
@@ -42,7 +45,9 @@ fn demo_release_fills_the_paper_tables_with_recomputable_numbers() {
     let md = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(md.contains("## RoleEval (zh), five-shot: accuracy (%), Table 3 layout"));
     assert!(md.contains("## RoleEval (zh), zero-shot: accuracy (%), Table 5 layout"));
-    assert!(md.contains("| Model | Global CE | Global AC | Global MT | Global GA | Global FI | Global Avg | Chinese CE |"));
+    assert!(
+        md.contains("| Model | Global CE | Global AC | Global MT | Global GA | Global FI | Global Avg | Chinese CE |")
+    );
     assert!(md.contains("Tables 7-8 layout"));
     for label in ["chat", "open"] {
         let rows = parquet_rows(&out.join(format!("{label}_scores.parquet")));
@@ -53,7 +58,11 @@ fn demo_release_fills_the_paper_tables_with_recomputable_numbers() {
             let correct = r["pred"].as_str() == Some(gold);
             assert_eq!(r["correct"], correct);
             let c = cells
-                .entry((r["shots"].as_i64().unwrap(), r["subset"].as_str().unwrap().into(), r["code"].as_str().unwrap().into()))
+                .entry((
+                    r["shots"].as_i64().unwrap(),
+                    r["subset"].as_str().unwrap().into(),
+                    r["code"].as_str().unwrap().into(),
+                ))
                 .or_default();
             c.0 += 1;
             c.1 += u64::from(correct);
@@ -88,7 +97,9 @@ fn demo_release_fills_the_paper_tables_with_recomputable_numbers() {
     }
     // The open path answers every question; the chat path's unparsable answers are counted.
     let unanswered = |label: &str| {
-        report.iter().find(|r| r["label"] == label && r["metric"] == "0shot_unanswered").unwrap()["value"].as_f64().unwrap()
+        report.iter().find(|r| r["label"] == label && r["metric"] == "0shot_unanswered").unwrap()["value"]
+            .as_f64()
+            .unwrap()
     };
     assert_eq!(unanswered("open"), 0.0);
     let chat = parquet_rows(&out.join("chat_scores.parquet"));

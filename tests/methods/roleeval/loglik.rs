@@ -87,12 +87,17 @@ key = "{demo}/key.csv"
     assert_eq!(rows.len(), 40, "20 questions x 2 settings");
     for r in &rows {
         assert_eq!(r["pred"], "B", "{}", r["id"]);
-        assert_eq!((r["ll_A"].as_f64(), r["ll_B"].as_f64(), r["ll_C"].as_f64()), (Some(-3.0), Some(-0.25), Some(-0.25)));
+        assert_eq!(
+            (r["ll_A"].as_f64(), r["ll_B"].as_f64(), r["ll_C"].as_f64()),
+            (Some(-3.0), Some(-0.25), Some(-0.25))
+        );
     }
     let c = &server.counters;
     assert_eq!(c.ok.load(Ordering::SeqCst), 160, "four requests per prompt");
     let log = c.log.lock().unwrap().clone();
-    assert!(log.iter().all(|(_, prompt)| ["A", "B", "C", "D"].iter().any(|l| prompt.ends_with(&format!("\n答案：{l}")))));
+    assert!(
+        log.iter().all(|(_, prompt)| ["A", "B", "C", "D"].iter().any(|l| prompt.ends_with(&format!("\n答案：{l}"))))
+    );
     let scores = parquet_rows(&p.path().join("out/scores.parquet"));
     let want = scores.iter().filter(|r| r["gold"] == "B").count();
     assert_eq!(scores.iter().filter(|r| r["correct"] == true).count(), want);
