@@ -8,9 +8,34 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::llm::offline::{OfflineShape, ShapeInput};
 
-pub static SHAPES: &[&OfflineShape] = &[&MCQ];
+pub static SHAPES: &[&OfflineShape] = &[&MCQ, &QUESTION];
 
 pub static MCQ: OfflineShape = OfflineShape { name: super::parsers::SHAPE, generate: answer };
+
+/// A drafted question (`roleeval_question`): a JSON object whose stem and options are built
+/// from the prompt's words, with a seeded answer letter.
+pub static QUESTION: OfflineShape = OfflineShape { name: super::parsers::QUESTION_SHAPE, generate: question };
+
+fn question(input: &ShapeInput<'_>, rng: &mut ChaCha8Rng) -> String {
+    let words = crate::llm::offline::content_words(input.prompt);
+    let mut options: Vec<String> = Vec::new();
+    while options.len() < 4 {
+        let w = if words.is_empty() {
+            format!("选项{}", options.len() + 1)
+        } else {
+            format!("{}{}", crate::llm::offline::pick_word(rng, &words), options.len() + 1)
+        };
+        options.push(w);
+    }
+    let topic = if words.is_empty() { "这个角色".to_string() } else { crate::llm::offline::pick_word(rng, &words) };
+    let answer = ["A", "B", "C", "D"][rng.random_range(0..4usize)];
+    serde_json::json!({
+        "question": format!("关于{topic}，以下哪一项是正确的？"),
+        "A": options[0], "B": options[1], "C": options[2], "D": options[3],
+        "answer": answer,
+    })
+    .to_string()
+}
 
 fn answer(_input: &ShapeInput<'_>, rng: &mut ChaCha8Rng) -> String {
     let letter = ["A", "B", "C", "D"][rng.random_range(0..4usize)];

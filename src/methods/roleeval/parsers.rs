@@ -13,10 +13,61 @@ use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, Row};
 use crate::llm::parse::{Parser, ParserKind};
 
-pub static KINDS: &[&ParserKind] = &[&MCQ];
+pub static KINDS: &[&ParserKind] = &[&MCQ, &QUESTION];
 
 /// The offline shape of the parser (`super::offline::MCQ`).
 pub const SHAPE: &str = "roleeval_mcq";
+/// The offline shape of `roleeval_question` (`super::offline::QUESTION`).
+pub const QUESTION_SHAPE: &str = "roleeval_question";
+
+const LETTERS: [&str; 4] = ["A", "B", "C", "D"];
+
+/// `roleeval_question`: a drafted four-option question as a JSON object
+/// `{"question", "A", "B", "C", "D", "answer"}` (a ```json fence allowed); an empty stem
+/// or option, an answer that is not a letter, or two equal options is a reason to ask again.
+pub static QUESTION: ParserKind = ParserKind {
+    name: "roleeval_question",
+    about: "a drafted four-option question: JSON {question, A, B, C, D, answer}; checked (no empty or equal options, answer a letter)",
+    options: &[],
+    build: |_| Ok(Box::new(QuestionParser)),
+};
+
+struct QuestionParser;
+
+impl Parser for QuestionParser {
+    fn fields(&self) -> Vec<Field> {
+        ["question", "A", "B", "C", "D", "answer"].iter().map(|n| Field::new(*n, DataType::Utf8, false)).collect()
+    }
+
+    fn parse(&self, text: &str, _: &Row) -> Result<Row, String> {
+        let obj = crate::llm::parse::extract_json_object(text)?;
+        let get = |k: &str| -> Result<String, String> {
+            match obj.get(k) {
+                Some(Value::String(s)) => Ok(s.clone()),
+                Some(Value::Number(n)) => Ok(n.to_string()),
+                Some(other) => Err(format!("\"{k}\" must be text, got {other}")),
+                None => Err(format!("the object has no \"{k}\" (it needs question, A, B, C, D, answer)")),
+            }
+        };
+        let question = get("question")?;
+        let options: Vec<String> = LETTERS.iter().map(|l| get(l)).collect::<Result<_, _>>()?;
+        let answer = get("answer")?.trim().to_string();
+        if let Some(problem) = super::build::check_question(&question, &options, &answer, &LETTERS) {
+            return Err(problem);
+        }
+        let mut row = Row::new();
+        row.insert("question".into(), Value::String(question));
+        for (l, o) in LETTERS.iter().zip(options) {
+            row.insert(l.to_string(), Value::String(o));
+        }
+        row.insert("answer".into(), Value::String(answer));
+        Ok(row)
+    }
+
+    fn expect(&self) -> String {
+        QUESTION_SHAPE.into()
+    }
+}
 
 pub static MCQ: ParserKind = ParserKind {
     name: "roleeval_mcq",
@@ -113,5 +164,17 @@ mod tests {
         assert_eq!(a["extract_rule"], "cmmlu:random");
         assert_eq!(a, r.parse("我不确定。", &row).unwrap(), "seeded by the key");
         assert!((MCQ.build)(&serde_json::json!({"cascade": ["mmlu"]})).is_err());
+    }
+
+    #[test]
+    fn drafted_questions_parse_or_say_why_not() {
+        let p = (QUESTION.build)(&Value::Null).unwrap();
+        let ok = p
+            .parse("```json\n{\"question\": \"林远出生在哪里？\", \"A\": \"北海\", \"B\": \"南城\", \"C\": 1985, \"D\": \"东港\", \"answer\": \"B\"}\n```", &Row::new())
+            .unwrap();
+        assert_eq!((ok["C"].as_str(), ok["answer"].as_str()), (Some("1985"), Some("B")));
+        let bad = |t: &str| p.parse(t, &Row::new()).unwrap_err();
+        assert!(bad("{\"question\": \"q\", \"A\": \"a\", \"B\": \"b\", \"C\": \"c\", \"answer\": \"A\"}").contains("no \"D\""));
+        assert!(bad("{\"question\": \"q\", \"A\": \"a\", \"B\": \"b\", \"C\": \"c\", \"D\": \"d\", \"answer\": \"E\"}").contains("not one of"));
     }
 }

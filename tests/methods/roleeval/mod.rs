@@ -1,8 +1,10 @@
 //! RoleEval: the evaluation pipeline end to end offline (demo release with its key, and
 //! the real release in `../shared/data/roleeval` when present), bad input, and the
-//! log-likelihood path against the loopback completions server.
+//! log-likelihood path against the loopback completions server; the construction
+//! pipeline (slots, quality check, release layout).
 
 mod bad_input;
+mod build;
 mod e2e;
 mod loglik;
 

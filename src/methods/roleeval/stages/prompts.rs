@@ -2,7 +2,8 @@
 //! (id `<qkey>/<k>shot`): the single-message prompt of spec §3.1 (header, k dev
 //! exemplars of the same subset and category in file order, the question), its
 //! SHA-256, and the chat messages in the chosen `chat_style`. Inputs: the test
-//! questions and the dev exemplars (`roleeval_release`). A question whose category
+//! questions and the dev exemplars (`roleeval_release`); zero-shot alone needs no
+//! exemplars, so the second input may be left out. A question whose category
 //! has fewer than k exemplars goes to the failure table (`incomplete`).
 
 use std::collections::BTreeMap;
@@ -53,7 +54,7 @@ pub static KIND: KindInfo = KindInfo {
     version: 1,
     about: "zero-/k-shot RoleEval prompts (byte layout of the spec's §3.1), their SHA-256 and chat messages, per question and shot setting",
     role: Role::Transform,
-    arity: Arity::Exactly(2),
+    arity: Arity::AtLeast(1),
     options: OPTIONS,
     uses_seed: false,
     summary: false,
@@ -127,7 +128,9 @@ fn output_schema() -> SchemaRef {
     ])
 }
 
-const INPUT_COLUMNS: &[&str] = &["subset", "category", "code", "qid", "row", "question", "A", "B", "C", "D", "answer"];
+/// Columns both inputs need (`qid`, `row` and `answer` are read when present: the id,
+/// position 0 and no answer otherwise, so drafted questions can be prompted too).
+const INPUT_COLUMNS: &[&str] = &["subset", "category", "question", "A", "B", "C", "D"];
 
 fn text(row: &Row, col: &str) -> String {
     row.get(col).and_then(Value::as_str).unwrap_or_default().to_string()
@@ -144,8 +147,13 @@ fn question(row: &Row, choices: &[String]) -> Question {
 #[async_trait]
 impl Stage for Prompts {
     fn plan(&self, ctx: &mut PlanCtx<'_>) -> Option<SchemaRef> {
+        if ctx.inputs.len() > 2 {
+            ctx.error("inputs", "give the questions and, for k-shot prompts, the dev exemplars: two inputs at most");
+        }
         ctx.require_columns("inputs", 0, INPUT_COLUMNS.iter().copied());
-        ctx.require_columns("inputs", 1, INPUT_COLUMNS.iter().copied());
+        if ctx.inputs.len() == 2 {
+            ctx.require_columns("inputs", 1, INPUT_COLUMNS.iter().copied());
+        }
         ctx.files.push(self.file.clone());
         Some(output_schema())
     }
@@ -154,7 +162,10 @@ impl Stage for Prompts {
         let choices = &self.format.choices;
         // Exemplars by (subset, category), in file order.
         let mut dev: BTreeMap<(String, String), Vec<(i64, Question)>> = BTreeMap::new();
-        let (_, batches) = crate::store::parquet::read_all(&ctx.inputs[1].path)?;
+        let batches = match ctx.inputs.get(1) {
+            Some(dev) => crate::store::parquet::read_all(&dev.path)?.1,
+            None => Vec::new(),
+        };
         for b in &batches {
             for i in 0..b.num_rows() {
                 let r = data::row_json(b, i);
@@ -214,7 +225,8 @@ impl Stage for Prompts {
                     row.insert("subset".into(), json!(subset));
                     row.insert("category".into(), json!(stem));
                     row.insert("code".into(), json!(category.code));
-                    row.insert("qid".into(), json!(text(&r, "qid")));
+                    let qid = r.get("qid").and_then(Value::as_str).unwrap_or(&qkey).to_string();
+                    row.insert("qid".into(), json!(qid));
                     row.insert("shots".into(), json!(k));
                     row.insert("prompt_sha256".into(), json!(sha256::hex(prompt.as_bytes())));
                     row.insert("prompt".into(), json!(prompt));
