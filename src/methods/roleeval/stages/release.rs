@@ -162,7 +162,11 @@ impl Stage for ReleaseStage {
             ctx.fail(&p.id, FailureKind::Parse, p.message.clone(), p.record.clone());
         }
         let schema = output_schema();
-        let limit = ctx.limit.map(|l| l as usize).unwrap_or(usize::MAX);
+        // `--limit` trims the questions; the exemplars stay whole (k-shot prompts need all of them).
+        let limit = match ctx.limit {
+            Some(l) if self.sel.split != "dev" => l as usize,
+            _ => usize::MAX,
+        };
         let rows: Vec<Row> = items.iter().take(limit).map(|i| item_row(i, &self.format.choices)).collect();
         ctx.report.rows_in = (items.len() + problems.len()) as u64;
         let mut out = ctx.create_output(schema.clone())?;
