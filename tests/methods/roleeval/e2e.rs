@@ -194,3 +194,36 @@ fn the_real_release_offline() {
     let md = std::fs::read_to_string(selfcheck.join("report.md")).unwrap();
     assert!(md.contains("zero-shot: accuracy (%), Table 5 layout"));
 }
+
+#[test]
+fn the_reconstructed_switches_change_what_they_say() {
+    let p = Project::new();
+    let (out, r) = run(
+        &p,
+        "switched",
+        &[
+            "--profile",
+            "demo",
+            "--set",
+            "stages.prompts.chat_style=\"ceval_messages\"",
+            "--set",
+            "stages.chat_zero.parser_options={cascade=[\"ceval\", \"cmmlu\"], random_fallback=true}",
+        ],
+    );
+    r.ok();
+    let prompts = parquet_rows(&out.join("prompts.parquet"));
+    for row in &prompts {
+        let msgs = row["messages"].as_array().unwrap();
+        let k = row["shots"].as_u64().unwrap() as usize;
+        assert_eq!(msgs.len(), 2 + 2 * k, "system, k exemplar turns, the question");
+        assert_eq!(msgs[0]["role"], "system");
+        assert!(msgs[0]["content"].as_str().unwrap().starts_with("你是一个中文人工智能助手，以下是关于"));
+        assert!(msgs.last().unwrap()["content"].as_str().unwrap().ends_with("\n答案："));
+    }
+    // With the random fallback every zero-shot answer has a letter, some from the seeded guess.
+    let zero = parquet_rows(&out.join("chat_zero.parquet"));
+    assert!(zero.iter().all(|r| r["pred"].is_string()));
+    assert!(zero.iter().any(|r| r["extract_rule"] == "cmmlu:random"));
+    let five = parquet_rows(&out.join("chat_five.parquet"));
+    assert!(five.iter().any(|r| r["pred"].is_null()), "the five-shot stage keeps the default (no guess)");
+}

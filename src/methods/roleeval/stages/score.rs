@@ -24,7 +24,7 @@ use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, Row};
 use crate::methods::roleeval::format::Format;
-use crate::methods::roleeval::metrics::{Tally, average};
+use crate::methods::roleeval::metrics::{Tally, accuracy_pct, average};
 use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
 use crate::store::atomic::{create_tmp, finish_file};
 use crate::store::summary::{self, OVERALL, SummaryRow};
@@ -211,7 +211,8 @@ impl Stage for Score {
         let mut out = ctx.create_output_keeping_ids(schema.clone())?;
         let mut cells: BTreeMap<(i64, String, String), Tally> = BTreeMap::new();
         let mut types: BTreeMap<(i64, String, String), Tally> = BTreeMap::new();
-        let mut unanswered: BTreeMap<i64, Tally> = BTreeMap::new();
+        // Per setting: prompts, prompts without a usable letter.
+        let mut unanswered: BTreeMap<i64, (u64, u64)> = BTreeMap::new();
         let mut submission: BTreeMap<i64, serde_json::Map<String, Value>> = BTreeMap::new();
         let mut n_in = 0u64;
         let (_, prompts) = crate::store::parquet::read_all(&ctx.inputs[0].path)?;
@@ -235,7 +236,9 @@ impl Stage for Score {
                     None => (text(&r, "answer"), None),
                 };
                 let correct = gold.as_ref().map(|g| pred.as_ref() == Some(g));
-                unanswered.entry(shots).or_default().add(pred.is_none(), true);
+                let u = unanswered.entry(shots).or_default();
+                u.0 += 1;
+                u.1 += u64::from(pred.is_none());
                 if let Some(c) = correct {
                     cells.entry((shots, subset.clone(), code.clone())).or_default().add(c, pred.is_some());
                     if let Some(t) = &qtype {
@@ -291,20 +294,20 @@ impl Score {
         label: &str,
         cells: &BTreeMap<(i64, String, String), Tally>,
         types: &BTreeMap<(i64, String, String), Tally>,
-        unanswered: &BTreeMap<i64, Tally>,
+        unanswered: &BTreeMap<i64, (u64, u64)>,
     ) -> Vec<SummaryRow> {
         let lang = &self.format.lang;
-        let row = |table: String, title: String, metric: String, heading: String, value: f64, t: &Tally| SummaryRow {
+        let row = |table: String, title: String, metric: String, heading: String, value: f64, (n, invalid): (u64, u64)| SummaryRow {
             label: label.to_string(),
             table,
             title,
             group: OVERALL.to_string(),
             metric,
             heading,
-            n: t.n,
+            n,
             value,
             std: None,
-            invalid: t.unanswered,
+            invalid,
         };
         let mut out = Vec::new();
         for &shots in unanswered.keys().rev() {
@@ -326,7 +329,7 @@ impl Score {
                             format!("{}_{}", subset.stem, cat.code),
                             format!("{} {}", subset.heading, cat.code),
                             p,
-                            t,
+                            (t.n, t.unanswered),
                         ));
                     }
                 }
@@ -337,7 +340,7 @@ impl Score {
                         format!("{}_avg", subset.stem),
                         format!("{} Avg", subset.heading),
                         avg,
-                        &total,
+                        (total.n, total.unanswered),
                     ));
                 }
             }
@@ -360,20 +363,20 @@ impl Score {
                             format!("{}_{shots}shot_{t}", subset.stem),
                             format!("{} {} {t}", subset.heading, setting(shots)),
                             p,
-                            tally,
+                            (tally.n, tally.unanswered),
                         ));
                     }
                 }
             }
         }
-        for (&shots, t) in unanswered.iter().rev() {
+        for (&shots, &(n, none)) in unanswered.iter().rev() {
             out.push(row(
                 format!("{lang}_unanswered"),
                 format!("RoleEval ({lang}): answers without a usable letter (%)"),
                 format!("{shots}shot_unanswered"),
                 setting(shots),
-                t.pct().unwrap_or(0.0),
-                &Tally { n: t.n, correct: t.correct, unanswered: 0 },
+                if n == 0 { 0.0 } else { accuracy_pct(none, n) },
+                (n, 0),
             ));
         }
         out
