@@ -211,6 +211,35 @@ fn a_429_storm_slows_the_client_down_without_losing_items() {
 }
 
 #[test]
+fn limits_the_server_advertises_pace_the_client() {
+    // 1,200 requests per minute (20/s, burst 20), advertised on every answer; no limit
+    // configured. The same run with learning off is the control: it floods the server.
+    let run_with = |learn: bool| {
+        let server = openai_server::start(Behaviour {
+            rpm: Some(1200),
+            advertise_limits: true,
+            latency: Duration::from_millis(20),
+            ..Default::default()
+        });
+        let extra = format!("max_concurrency = 16\ninitial_concurrency = 16\nlearn_limits = {learn}");
+        let p = project(&server, 100, &extra, "");
+        run(&p, &[]).ok();
+        assert_eq!(parquet_rows(&p.path().join("out/answers.parquet")).len(), 100);
+        assert_eq!(server.counters.ok.load(Ordering::SeqCst), 100, "each record answered once");
+        let report = manifest(&p.path().join("out"))["stages"]["answers"]["report"].clone();
+        (server.counters.s429.load(Ordering::SeqCst), report)
+    };
+    let (learned_429, report) = run_with(true);
+    let info = &report["info"];
+    assert_eq!(info["advertised_requests_per_minute"], "1200", "{report}");
+    assert_eq!(info["requests_per_minute"], "1182", "paced at 98.5% of the advertised limit: {report}");
+    let (blind_429, _) = run_with(false);
+    // Before the first answer, up to 16 requests leave at once into a burst of 20.
+    assert!(learned_429 <= 2, "{learned_429} answers were 429 with the advertised limits learned");
+    assert!(blind_429 > 10 * learned_429.max(1), "control run: {blind_429} 429s vs {learned_429}");
+}
+
+#[test]
 fn retry_after_is_honoured() {
     let server = openai_server::start(Behaviour { p_429: 0.3, retry_after_secs: 1, seed: 3, ..Default::default() });
     let p = project(&server, 12, "max_concurrency = 1", "");

@@ -152,6 +152,9 @@ pub struct LlmBench {
     /// Client-side requests-per-minute limit.
     #[arg(long)]
     pub rpm: Option<u32>,
+    /// Ignore the limits the server advertises in x-ratelimit-* headers.
+    #[arg(long)]
+    pub no_learn_limits: bool,
     /// Most requests in flight.
     #[arg(long, default_value_t = 32)]
     pub concurrency: usize,
@@ -196,6 +199,7 @@ pub fn llm(args: &LlmBench) -> Result<serde_json::Value> {
     if let Some(rpm) = args.rpm {
         options.insert("requests_per_minute".into(), rpm.into());
     }
+    options.insert("learn_limits".into(), (!args.no_learn_limits).into());
     let decl = Decl { name: "bench".into(), kind: "openai".into(), options: serde_json::Value::Object(options) };
     let services = Services::new(
         &dir,
@@ -266,6 +270,7 @@ pub fn llm(args: &LlmBench) -> Result<serde_json::Value> {
         "sent": stats.sent.load(Relaxed),
         "retries": stats.retries.load(Relaxed),
         "http_429": stats.rate_limited.load(Relaxed),
+        "limits": provider.rate.limits().into_iter().collect::<std::collections::BTreeMap<_, _>>(),
         "timeouts": stats.timeouts.load(Relaxed),
         "client_cpu_seconds": round(cpu),
         "cpu_ms_per_request": round(cpu * 1000.0 / args.requests.max(1) as f64),
@@ -405,9 +410,10 @@ pub struct RetrieveBench {
     pub queries: usize,
     pub passages: usize,
     pub dim: usize,
-    pub hnsw: bool,
-    /// Exact through `retrieval::gemm` (with its sgemm peak) instead of the fused kernel.
-    pub gemm: bool,
+    /// "exact" (the GEMM search, with its sgemm peak), "fused" or "hnsw".
+    pub method: String,
+    /// The GEMM shape of the exact search.
+    pub tiles: crate::retrieval::gemm::Tiles,
     pub seed: u64,
     pub threads: Option<usize>,
     pub recall_sample: usize,
@@ -419,7 +425,8 @@ pub fn retrieve(a: &RetrieveBench) -> Result<serde_json::Value> {
     use crate::retrieval::{self, PackedCorpus};
     let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
     let queries = retrieval::random_unit_vectors(a.queries, a.dim, a.seed);
-    if a.gemm {
+    let (hnsw, fused) = (a.method == "hnsw", a.method == "fused");
+    if !hnsw && !fused {
         let t = Instant::now();
         let mut corpus = retrieval::gemm::RowCorpus::with_capacity(a.dim, a.passages);
         for v in retrieval::random_unit_vectors(a.passages, a.dim, a.seed ^ 0x9e37_79b9).chunks_exact(a.dim) {
@@ -427,16 +434,17 @@ pub fn retrieve(a: &RetrieveBench) -> Result<serde_json::Value> {
         }
         let load_s = t.elapsed().as_secs_f64();
         let t = Instant::now();
-        let res = retrieval::gemm::exact_max_min(&queries, &corpus, threads);
+        let res = retrieval::gemm::exact_max_min_tiled(&queries, &corpus, threads, a.tiles);
         let wall = t.elapsed().as_secs_f64();
         std::hint::black_box(&res);
         let flop = 2.0 * a.queries as f64 * a.passages as f64 * a.dim as f64;
         let gflops = flop / wall / 1e9;
         // The same GEMM call without the fold, on this machine, in this run: the peak.
-        let peak = retrieval::gemm::sgemm_peak(a.dim, threads, 3.0);
+        let peak = retrieval::gemm::sgemm_peak(a.dim, threads, 3.0, a.tiles);
         let round = |x: f64| (x * 1000.0).round() / 1000.0;
         return Ok(serde_json::json!({
-            "bench": "retrieve", "method": "gemm", "kernel": retrieval::gemm::kernel_name(), "threads": threads,
+            "bench": "retrieve", "method": "exact", "kernel": retrieval::gemm::kernel_name(), "threads": threads,
+            "query_block": a.tiles.query_block, "corpus_tile": a.tiles.corpus_tile,
             "queries": a.queries, "passages": a.passages, "dim": a.dim, "seed": a.seed,
             "generate_and_pack_seconds": round(load_s), "wall_seconds": round(wall), "gflops": round(gflops),
             "sgemm_peak_gflops": round(peak), "ratio_to_peak": round(gflops / peak),
@@ -444,34 +452,33 @@ pub fn retrieve(a: &RetrieveBench) -> Result<serde_json::Value> {
         }));
     }
     let t = Instant::now();
-    // Pack passage by passage, as the stage does while it streams the corpus.
-    let mut corpus = PackedCorpus::with_capacity(a.dim, a.passages);
-    let mut rows = if a.hnsw { Vec::with_capacity(a.passages * a.dim) } else { Vec::new() };
-    for v in retrieval::random_unit_vectors(a.passages, a.dim, a.seed ^ 0x9e37_79b9).chunks_exact(a.dim) {
-        corpus.push(v, true, true);
-        if a.hnsw {
-            rows.extend_from_slice(v);
-        }
-    }
-    let load_s = t.elapsed().as_secs_f64();
+    let passages = retrieval::random_unit_vectors(a.passages, a.dim, a.seed ^ 0x9e37_79b9);
     let flop = 2.0 * a.queries as f64 * a.passages as f64 * a.dim as f64;
     let round = |x: f64| (x * 1000.0).round() / 1000.0;
-    if !a.hnsw {
+    if fused {
+        // Pack passage by passage, as the stage does while it streams the corpus.
+        let mut corpus = PackedCorpus::with_capacity(a.dim, a.passages);
+        for v in passages.chunks_exact(a.dim) {
+            corpus.push(v, true, true);
+        }
+        let load_s = t.elapsed().as_secs_f64();
         let t = Instant::now();
         let res = retrieval::exact_max_min(&queries, &corpus, threads);
         let wall = t.elapsed().as_secs_f64();
         std::hint::black_box(&res);
         return Ok(serde_json::json!({
-            "bench": "retrieve", "method": "exact", "kernel": retrieval::kernel_name(), "threads": threads,
+            "bench": "retrieve", "method": "fused", "kernel": retrieval::kernel_name(), "threads": threads,
             "queries": a.queries, "passages": a.passages, "dim": a.dim, "seed": a.seed,
             "generate_and_pack_seconds": round(load_s), "wall_seconds": round(wall), "gflops": round(flop / wall / 1e9),
             "peak_rss_mib": peak_rss_mib().map(round),
         }));
     }
     let n = a.passages;
+    let corpus = retrieval::gemm::RowCorpus::from_rows(&passages, a.dim);
+    drop(passages);
     let t = Instant::now();
     let index = retrieval::hnsw::Hnsw::build(
-        &rows,
+        corpus.rows(),
         a.dim,
         vec![true; n],
         vec![true; n],
@@ -483,7 +490,7 @@ pub fn retrieve(a: &RetrieveBench) -> Result<serde_json::Value> {
     let approx = index.max_min(&queries, threads)?;
     let search_s = t.elapsed().as_secs_f64();
     let sample = a.recall_sample.min(a.queries);
-    let exact = retrieval::exact_max_min(&queries[..sample * a.dim], &corpus, threads);
+    let exact = retrieval::gemm::exact_max_min(&queries[..sample * a.dim], &corpus, threads);
     let (rmax, rmin) = retrieval::hnsw::recall(&approx[..sample], &exact);
     Ok(serde_json::json!({
         "bench": "retrieve", "method": "hnsw", "threads": threads,

@@ -118,10 +118,16 @@ pub enum BenchCommand {
         passages: usize,
         #[arg(long, default_value_t = 384)]
         dim: usize,
-        /// exact: the fused kernel; gemm: exact through the gemm crate (prints the
-        /// same-shape sgemm peak and the ratio); hnsw: usearch with measured recall.
-        #[arg(long, value_parser = ["exact", "gemm", "hnsw"], default_value = "exact")]
+        /// exact: the GEMM search (prints the same-shape sgemm peak of this machine and
+        /// the ratio); fused: the one-pass kernel; hnsw: usearch with measured recall.
+        #[arg(long, value_parser = ["exact", "fused", "hnsw"], default_value = "exact")]
         method: String,
+        /// exact: queries per GEMM.
+        #[arg(long, default_value_t = crate::retrieval::gemm::QUERY_BLOCK)]
+        query_block: usize,
+        /// exact: corpus vectors per score tile.
+        #[arg(long, default_value_t = crate::retrieval::gemm::CORPUS_TILE)]
+        corpus_tile: usize,
         #[arg(long, default_value_t = 42)]
         seed: u64,
         /// Threads (default: every core).
@@ -340,13 +346,27 @@ fn bench(cmd: BenchCommand) -> i32 {
                 crate::bench::llm(&args)
             }
         }
-        BenchCommand::Retrieve { queries, passages, dim, method, seed, threads, recall_sample } => {
+        BenchCommand::Retrieve {
+            queries,
+            passages,
+            dim,
+            method,
+            query_block,
+            corpus_tile,
+            seed,
+            threads,
+            recall_sample,
+        } => {
+            if query_block == 0 || corpus_tile == 0 {
+                eprintln!("error: --query-block and --corpus-tile must be positive");
+                return EXIT_RUNTIME;
+            }
             crate::bench::retrieve(&crate::bench::RetrieveBench {
                 queries,
                 passages,
                 dim,
-                hnsw: method == "hnsw",
-                gemm: method == "gemm",
+                method,
+                tiles: crate::retrieval::gemm::Tiles { query_block, corpus_tile },
                 seed,
                 threads,
                 recall_sample,

@@ -52,6 +52,7 @@ impl tower::Service<HttpRequestFactory> for OnceService {
             let request = factory.build().await?;
             let response = http.execute(request).await.map_err(OpenAIError::Reqwest)?;
             let retry_after = super::rate::retry_after(response.headers());
+            super::rate::observe(response.headers());
             let status = response.status().as_u16();
             let _ = SEEN.try_with(|seen| {
                 let mut seen = seen.lock().expect("seen");

@@ -41,6 +41,13 @@ const OPENAI_OPTIONS: &[OptionSpec] = &[
     OptionSpec::optional("requests_per_minute", POSITIVE, "client-side request limit").runtime_only(),
     OptionSpec::optional("tokens_per_minute", POSITIVE, "client-side token limit (prompt estimate + max_tokens)")
         .runtime_only(),
+    OptionSpec::default(
+        "learn_limits",
+        Ty::Bool,
+        "true",
+        "pace by the limits the server advertises (x-ratelimit-limit-requests / -tokens): the lower of those and the configured ones",
+    )
+    .runtime_only(),
     OptionSpec::default("max_concurrency", POSITIVE, "16", "most requests in flight").runtime_only(),
     OptionSpec::default("initial_concurrency", POSITIVE, "4", "requests in flight at start (grows on success)")
         .runtime_only(),
@@ -95,6 +102,7 @@ struct OpenAiOptions {
     generation: GenParams,
     requests_per_minute: Option<u32>,
     tokens_per_minute: Option<u32>,
+    learn_limits: bool,
     max_concurrency: usize,
     initial_concurrency: usize,
     timeout_seconds: f64,
@@ -195,6 +203,7 @@ impl Provider {
                     breaker_after: Duration::from_secs_f64(o.breaker_after_seconds.max(0.001)),
                     breaker_pause: Duration::from_secs_f64(o.breaker_pause_seconds.max(0.001)),
                     breaker_max_trips: o.breaker_max_trips,
+                    learn_limits: o.learn_limits,
                 };
                 let key_hash = blake3::hash(api_key.unwrap_or_default().as_bytes()).to_hex().to_string();
                 let rate = rates.get(&format!("openai|{}|{}|{key_hash}", r.base_url, r.model), name, cfg);

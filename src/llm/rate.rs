@@ -4,7 +4,10 @@
 //! limits are not flooded), a shared pause when the server asks for one
 //! (Retry-After, x-ratelimit-reset-*), a circuit breaker, and the retry loop with
 //! exponential backoff and jitter (backoff crate). This layer owns retries:
-//! async-openai is given an HTTP service that never retries.
+//! async-openai is given an HTTP service that never retries. Limits a server advertises
+//! (`x-ratelimit-limit-requests` / `-tokens`, with `-remaining-*` and `-reset-*`) are
+//! learned from every answer: the pace is the lower of the configured and the advertised
+//! limit, and an exhausted window pauses everyone until it refills.
 
 use std::future::Future;
 use std::num::NonZeroU32;
@@ -36,6 +39,8 @@ pub struct RateConfig {
     pub breaker_pause: Duration,
     /// Consecutive trips after which the provider is declared unavailable.
     pub breaker_max_trips: u32,
+    /// Pace by the limits the server advertises in its response headers.
+    pub learn_limits: bool,
 }
 
 impl Default for RateConfig {
@@ -52,8 +57,101 @@ impl Default for RateConfig {
             breaker_after: Duration::from_secs(120),
             breaker_pause: Duration::from_secs(30),
             breaker_max_trips: 5,
+            learn_limits: true,
         }
     }
+}
+
+/// How long requests wait for the first answer of an endpoint (whose headers may
+/// advertise its limits) before they go anyway.
+pub const PROBE_WAIT: Duration = Duration::from_secs(5);
+
+/// The share of an advertised limit the client paces at: requests leave on time but
+/// reach the server with jitter, so pacing at exactly the limit would draw some 429s.
+pub const ADVERTISED_SHARE: f64 = 0.985;
+
+/// What one answer's `x-ratelimit-*` headers say (OpenAI's names, also sent by Azure,
+/// LiteLLM, vLLM behind gateways, Together, Groq, ...). Limits are per minute.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ServerLimits {
+    pub requests_limit: Option<u32>,
+    pub requests_remaining: Option<u32>,
+    pub requests_reset: Option<Duration>,
+    pub tokens_limit: Option<u32>,
+    pub tokens_remaining: Option<u32>,
+    pub tokens_reset: Option<Duration>,
+}
+
+impl ServerLimits {
+    /// The advertised limits of a response, if it carries any.
+    pub fn from_headers(headers: &reqwest::header::HeaderMap) -> Option<ServerLimits> {
+        let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+        // "600", or a float some gateways send ("600.0").
+        let num = |name: &str| get(name).and_then(|v| v.parse::<f64>().ok()).filter(|x| x.is_finite() && *x >= 0.0);
+        let l = ServerLimits {
+            requests_limit: num("x-ratelimit-limit-requests").map(|x| x as u32).filter(|x| *x > 0),
+            requests_remaining: num("x-ratelimit-remaining-requests").map(|x| x as u32),
+            requests_reset: get("x-ratelimit-reset-requests").and_then(parse_go_duration),
+            tokens_limit: num("x-ratelimit-limit-tokens").map(|x| x as u32).filter(|x| *x > 0),
+            tokens_remaining: num("x-ratelimit-remaining-tokens").map(|x| x as u32),
+            tokens_reset: get("x-ratelimit-reset-tokens").and_then(parse_go_duration),
+        };
+        (l != ServerLimits::default()).then_some(l)
+    }
+}
+
+tokio::task_local! {
+    /// Where the HTTP layer leaves the advertised limits of the answer to the attempt
+    /// that [`RateControl::call`] is running in this task.
+    static OBSERVED: Arc<Mutex<Option<ServerLimits>>>;
+}
+
+/// Record the rate-limit headers of a response for the rate controller running this
+/// attempt (a no-op outside one).
+pub fn observe(headers: &reqwest::header::HeaderMap) {
+    if let Some(l) = ServerLimits::from_headers(headers) {
+        let _ = OBSERVED.try_with(|o| *o.lock().expect("observed") = Some(l));
+    }
+}
+
+/// A governor limiter for `per_minute`, with the value it was made for.
+struct Paced {
+    per_minute: u32,
+    limiter: Arc<DefaultDirectRateLimiter>,
+    burst: u32,
+}
+
+impl Paced {
+    fn requests(per_minute: u32) -> Paced {
+        let quota = per_second_quota(per_minute);
+        Paced { per_minute, burst: quota.burst_size().get(), limiter: Arc::new(RateLimiter::direct(quota)) }
+    }
+
+    /// Start empty: a limit learned mid-run meets a server whose window the requests so
+    /// far have partly used, so a full bucket would send a burst into a 429.
+    fn drained(self) -> Paced {
+        if let Some(n) = NonZeroU32::new(self.burst) {
+            let _ = self.limiter.check_n(n);
+        }
+        self
+    }
+
+    fn tokens(per_minute: u32) -> Paced {
+        let burst = (per_minute / 60).max(1);
+        let quota = Quota::per_minute(NonZeroU32::new(per_minute.max(1)).expect("nonzero"))
+            .allow_burst(NonZeroU32::new(burst).expect("nonzero"));
+        Paced { per_minute, burst, limiter: Arc::new(RateLimiter::direct(quota)) }
+    }
+}
+
+/// The limits in force: configured, and lowered by what the server advertised.
+#[derive(Default)]
+struct Pacing {
+    rpm: Option<Paced>,
+    tpm: Option<Paced>,
+    /// The last limits the server advertised (for the manifest).
+    advertised_rpm: Option<u32>,
+    advertised_tpm: Option<u32>,
 }
 
 /// Counters of one rate controller (all stages sharing it).
@@ -166,8 +264,11 @@ struct BreakerState {
 pub struct RateControl {
     pub name: String,
     pub cfg: RateConfig,
-    rpm: Option<DefaultDirectRateLimiter>,
-    tpm: Option<(DefaultDirectRateLimiter, u32)>,
+    pacing: Mutex<Pacing>,
+    /// Until the first answer has come back (and with it any advertised limits), one
+    /// request goes alone while the others wait here (at most [`PROBE_WAIT`]).
+    probe: tokio::sync::Mutex<()>,
+    probed: std::sync::atomic::AtomicBool,
     /// Requests queue here (FIFO) so only the head waits on the limiters' timers;
     /// otherwise every freed cell would wake every waiting request.
     gate: tokio::sync::Mutex<()>,
@@ -188,19 +289,18 @@ fn per_second_quota(per_minute: u32) -> Quota {
 
 impl RateControl {
     pub fn new(name: &str, cfg: RateConfig) -> Arc<RateControl> {
-        let rpm = cfg.requests_per_minute.map(|r| RateLimiter::direct(per_second_quota(r)));
-        let tpm = cfg.tokens_per_minute.map(|t| {
-            let burst = (t / 60).max(1);
-            let quota = Quota::per_minute(NonZeroU32::new(t.max(1)).expect("nonzero"))
-                .allow_burst(NonZeroU32::new(burst).expect("nonzero"));
-            (RateLimiter::direct(quota), burst)
-        });
+        let pacing = Pacing {
+            rpm: cfg.requests_per_minute.map(Paced::requests),
+            tpm: cfg.tokens_per_minute.map(Paced::tokens),
+            ..Default::default()
+        };
         let limit = AdaptiveLimit::new(cfg.initial_concurrency, cfg.max_concurrency);
         Arc::new(RateControl {
             name: name.to_string(),
             cfg,
-            rpm,
-            tpm,
+            pacing: Mutex::new(pacing),
+            probe: tokio::sync::Mutex::new(()),
+            probed: std::sync::atomic::AtomicBool::new(false),
             gate: tokio::sync::Mutex::new(()),
             token_debt: AtomicU64::new(0),
             limit,
@@ -212,6 +312,77 @@ impl RateControl {
 
     pub fn concurrency(&self) -> usize {
         self.limit.current()
+    }
+
+    /// The limits in force and the ones the server advertised, for the manifest:
+    /// `requests_per_minute`, `tokens_per_minute` (paced), `advertised_*` (last seen).
+    pub fn limits(&self) -> Vec<(&'static str, u32)> {
+        let p = self.pacing.lock().expect("pacing");
+        [
+            ("requests_per_minute", p.rpm.as_ref().map(|x| x.per_minute)),
+            ("tokens_per_minute", p.tpm.as_ref().map(|x| x.per_minute)),
+            ("advertised_requests_per_minute", p.advertised_rpm),
+            ("advertised_tokens_per_minute", p.advertised_tpm),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| v.map(|v| (k, v)))
+        .collect()
+    }
+
+    /// Take in what an answer advertised: pace at the lower of the configured and
+    /// [`ADVERTISED_SHARE`] of the advertised limit; when a window is used up, everyone
+    /// waits until one request (or the tokens of one) is back.
+    fn learn(&self, l: &ServerLimits) {
+        if !self.cfg.learn_limits {
+            return;
+        }
+        let effective = |configured: Option<u32>, advertised: u32| {
+            let share = ((advertised as f64 * ADVERTISED_SHARE).floor() as u32).max(1);
+            configured.map_or(share, |c| c.min(share))
+        };
+        let mut pause = None;
+        {
+            let mut p = self.pacing.lock().expect("pacing");
+            if let Some(adv) = l.requests_limit {
+                let want = effective(self.cfg.requests_per_minute, adv);
+                if p.rpm.as_ref().is_none_or(|x| x.per_minute != want) {
+                    if p.advertised_rpm != Some(adv) {
+                        tracing::info!(
+                            "provider \"{}\": the server allows {adv} requests/min; pacing at {want}",
+                            self.name
+                        );
+                    }
+                    p.rpm = Some(Paced::requests(want).drained());
+                }
+                p.advertised_rpm = Some(adv);
+                if l.requests_remaining == Some(0) {
+                    // One request's worth of the window, or the reset if sooner.
+                    let one = Duration::from_secs_f64(60.0 / adv as f64);
+                    pause = Some(l.requests_reset.map_or(one, |r| r.min(one)));
+                }
+            }
+            if let Some(adv) = l.tokens_limit {
+                let want = effective(self.cfg.tokens_per_minute, adv);
+                if p.tpm.as_ref().is_none_or(|x| x.per_minute != want) {
+                    if p.advertised_tpm != Some(adv) {
+                        tracing::info!(
+                            "provider \"{}\": the server allows {adv} tokens/min; pacing at {want}",
+                            self.name
+                        );
+                    }
+                    p.tpm = Some(Paced::tokens(want).drained());
+                }
+                p.advertised_tpm = Some(adv);
+                if l.tokens_remaining == Some(0) {
+                    let one = Duration::from_secs_f64(60.0 / adv as f64);
+                    let tokens = l.tokens_reset.unwrap_or(one).min(Duration::from_secs(60));
+                    pause = Some(pause.map_or(tokens, |p: Duration| p.max(tokens)));
+                }
+            }
+        }
+        if let Some(d) = pause {
+            self.pause_for(d);
+        }
     }
 
     async fn wait_pause(&self) {
@@ -316,28 +487,52 @@ impl RateControl {
         let mut retries = 0u32;
         loop {
             self.breaker_wait().await;
+            // The first request to an endpoint goes alone, so that a server advertising
+            // its limits is never sent more than the first answer says it takes.
+            let mut probe = None;
+            if self.cfg.learn_limits && !self.probed.load(Ordering::Acquire) {
+                if let Ok(guard) = tokio::time::timeout(PROBE_WAIT, self.probe.lock()).await
+                    && !self.probed.load(Ordering::Acquire)
+                {
+                    probe = Some(guard);
+                }
+            }
             self.wait_pause().await;
             let slot = self.limit.acquire().await;
-            if self.rpm.is_some() || self.tpm.is_some() {
+            let (rpm, tpm) = {
+                let p = self.pacing.lock().expect("pacing");
+                (p.rpm.as_ref().map(|x| x.limiter.clone()), p.tpm.as_ref().map(|x| (x.limiter.clone(), x.burst)))
+            };
+            if rpm.is_some() || tpm.is_some() {
                 let _turn = self.gate.lock().await;
-                if let Some(l) = &self.rpm {
+                if let Some(l) = &rpm {
                     wait_cells(l, NonZeroU32::MIN).await;
                 }
-                if let Some((l, burst)) = &self.tpm {
+                if let Some((l, burst)) = &tpm {
                     let want = estimated_tokens + self.token_debt.swap(0, Ordering::Relaxed);
                     let n = NonZeroU32::new(want.clamp(1, *burst as u64) as u32).expect("nonzero");
                     wait_cells(l, n).await;
                 }
+                // A limit learned while this request queued applies from the next one.
             }
             self.stats.sent.fetch_add(1, Ordering::Relaxed);
             if let Some(p) = progress {
                 p.requests.fetch_add(1, Ordering::Relaxed);
             }
-            let result = match tokio::time::timeout(self.cfg.timeout, attempt()).await {
+            let observed = Arc::new(Mutex::new(None));
+            let result = match OBSERVED.scope(observed.clone(), tokio::time::timeout(self.cfg.timeout, attempt())).await
+            {
                 Ok(r) => r,
                 Err(_) => Err(LlmError::new(ErrorKind::Timeout, format!("no answer within {:?}", self.cfg.timeout))),
             };
             drop(slot);
+            let seen = *observed.lock().expect("observed");
+            if let Some(l) = seen {
+                self.learn(&l);
+            }
+            if probe.take().is_some() {
+                self.probed.store(true, Ordering::Release);
+            }
             let err = match result {
                 Ok(resp) => {
                     self.limit.on_success();
@@ -486,6 +681,39 @@ mod tests {
         let mut h = reqwest::header::HeaderMap::new();
         h.insert("retry-after-ms", "150".parse().unwrap());
         assert_eq!(retry_after(&h), Some(Duration::from_millis(150)));
+    }
+
+    #[test]
+    fn advertised_limits_are_read_and_lower_the_pace() {
+        let mut h = reqwest::header::HeaderMap::new();
+        assert_eq!(ServerLimits::from_headers(&h), None);
+        h.insert("x-ratelimit-limit-requests", "600".parse().unwrap());
+        h.insert("x-ratelimit-remaining-requests", "0".parse().unwrap());
+        h.insert("x-ratelimit-reset-requests", "20ms".parse().unwrap());
+        h.insert("x-ratelimit-limit-tokens", "150000.0".parse().unwrap());
+        h.insert("x-ratelimit-remaining-tokens", "149000".parse().unwrap());
+        let l = ServerLimits::from_headers(&h).unwrap();
+        assert_eq!(l.requests_limit, Some(600));
+        assert_eq!(l.requests_reset, Some(Duration::from_millis(20)));
+        assert_eq!((l.tokens_limit, l.tokens_remaining, l.tokens_reset), (Some(150000), Some(149000), None));
+
+        // Configured 500 rpm stays (lower); tokens are learned; remaining 0 pauses.
+        let cfg = RateConfig { requests_per_minute: Some(500), ..Default::default() };
+        let rc = RateControl::new("t", cfg);
+        rc.learn(&l);
+        let limits: std::collections::BTreeMap<_, _> = rc.limits().into_iter().collect();
+        assert_eq!(limits["requests_per_minute"], 500);
+        assert_eq!(limits["advertised_requests_per_minute"], 600);
+        assert_eq!(limits["tokens_per_minute"], 147750);
+        assert!(rc.pause_until.lock().unwrap().is_some(), "an exhausted window pauses");
+
+        // Without a configured limit the advertised one (less the margin) paces; off, nothing does.
+        let rc = RateControl::new("t", RateConfig::default());
+        rc.learn(&l);
+        assert_eq!(rc.limits()[0], ("requests_per_minute", 591));
+        let rc = RateControl::new("t", RateConfig { learn_limits: false, ..Default::default() });
+        rc.learn(&l);
+        assert!(rc.limits().is_empty());
     }
 
     #[test]

@@ -1,6 +1,6 @@
-//! Exact inner-product search through a blocked GEMM (`method = "gemm"`), for CPUs
-//! where the fused kernel of `mod.rs` has no fast path (it reaches ~5% of peak
-//! without AVX-512; BENCHMARKS.md, "Retrieval through gemm").
+//! Exact inner-product search through a blocked GEMM: `method = "exact"`, the default,
+//! fast on every CPU (the fused kernel of `mod.rs`, `method = "fused"`, reaches ~5% of
+//! peak without AVX-512; BENCHMARKS.md, "Exact retrieval").
 //!
 //! Scores come from the `gemm` crate, which picks its micro-kernel at run time
 //! (AVX-512, AVX2+FMA or SSE on x86-64, NEON on aarch64), into a score tile of
@@ -20,10 +20,25 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::{Extremes, random_unit_vectors};
 
-/// Queries per GEMM (its rows): the corpus tile is packed once for this many queries.
+/// The shape of one GEMM: `query_block` queries (its rows; the corpus tile is packed
+/// once for this many) × `corpus_tile` corpus vectors (its columns). Their product of f32
+/// scores is folded while it is in cache. `synth bench retrieve --query-block/--corpus-tile`
+/// measures others (BENCHMARKS.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tiles {
+    pub query_block: usize,
+    pub corpus_tile: usize,
+}
+
+impl Default for Tiles {
+    fn default() -> Tiles {
+        Tiles { query_block: QUERY_BLOCK, corpus_tile: CORPUS_TILE }
+    }
+}
+
+/// Default queries per GEMM.
 pub const QUERY_BLOCK: usize = 1024;
-/// Corpus vectors per score tile (a GEMM's columns): 1024 × 512 f32 scores = 2 MiB,
-/// folded while it is in cache. Measured against 256/512/2048 (BENCHMARKS.md).
+/// Default corpus vectors per score tile: 1024 × 512 f32 scores = 2 MiB.
 pub const CORPUS_TILE: usize = 512;
 
 /// The corpus, row-major, with per-vector eligibility for the maximum and the minimum.
@@ -76,6 +91,16 @@ impl RowCorpus {
             c.push(r, true, true);
         }
         c
+    }
+
+    /// All vectors, row-major (`len` × `dim`).
+    pub fn rows(&self) -> &[f32] {
+        &self.data
+    }
+
+    /// Per vector: whether it may be the maximum, and the minimum.
+    pub fn eligibility(&self) -> (Vec<bool>, Vec<bool>) {
+        ((0..self.len).map(|i| self.may_be_max(i)).collect(), (0..self.len).map(|i| self.may_be_min(i)).collect())
     }
 
     fn row(&self, i: usize) -> &[f32] {
@@ -182,7 +207,7 @@ fn dot64(a: &[f32], b: &[f32]) -> f64 {
 fn beyond(row: &[f32], hi: f32, lo: f32) -> (bool, bool) {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512f") {
+        if cfg!(feature = "avx512") && std::arch::is_x86_feature_detected!("avx512f") {
             // SAFETY: the CPU has AVX-512F (checked just above).
             return unsafe { beyond_avx512(row, hi, lo) };
         }
@@ -229,7 +254,7 @@ pub fn kernel_name() -> &'static str {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::is_x86_feature_detected as has;
-        if has!("avx512f") && has!("avx512bw") && has!("avx512cd") && has!("avx512dq") && has!("avx512vl") {
+        if cfg!(feature = "avx512") && has!("avx512f") {
             return "gemm-avx512";
         }
         if has!("avx2") && has!("fma") {
@@ -285,6 +310,13 @@ fn scores(m: usize, n: usize, dim: usize, lhs: &[f32], rhs: &[f32], dst: &mut [f
 /// [`QUERY_BLOCK`] while the tile stays in cache. Each thread keeps its own candidates
 /// per query; the union is decided in f64, so the split does not change the result.
 pub fn exact_max_min(queries: &[f32], corpus: &RowCorpus, threads: usize) -> Vec<Extremes> {
+    exact_max_min_tiled(queries, corpus, threads, Tiles::default())
+}
+
+/// [`exact_max_min`] with a given GEMM shape (the result does not depend on it).
+pub fn exact_max_min_tiled(queries: &[f32], corpus: &RowCorpus, threads: usize, tiles: Tiles) -> Vec<Extremes> {
+    let Tiles { query_block, corpus_tile } = tiles;
+    assert!(query_block > 0 && corpus_tile > 0, "empty tile");
     let dim = corpus.dim;
     assert_eq!(queries.len() % dim.max(1), 0);
     let nq = queries.len().checked_div(dim).unwrap_or(0);
@@ -299,13 +331,13 @@ pub fn exact_max_min(queries: &[f32], corpus: &RowCorpus, threads: usize) -> Vec
             ((dim as f64 + 2.0) * f64::from(f32::EPSILON) * norm * corpus.max_norm) as f32
         })
         .collect();
-    let tiles = corpus.len.div_ceil(CORPUS_TILE);
+    let tiles = corpus.len.div_ceil(corpus_tile);
     let next = AtomicUsize::new(0);
     let per_thread: Vec<Vec<Running>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads.max(1).min(tiles))
             .map(|_| {
                 scope.spawn(|| {
-                    let mut tile = vec![0f32; QUERY_BLOCK * CORPUS_TILE];
+                    let mut tile = vec![0f32; query_block * corpus_tile];
                     let mut running = vec![Running::default(); nq];
                     running.iter_mut().for_each(Running::reset);
                     loop {
@@ -313,11 +345,11 @@ pub fn exact_max_min(queries: &[f32], corpus: &RowCorpus, threads: usize) -> Vec
                         if t >= tiles {
                             break;
                         }
-                        let j0 = t * CORPUS_TILE;
-                        let n = (corpus.len - j0).min(CORPUS_TILE);
+                        let j0 = t * corpus_tile;
+                        let n = (corpus.len - j0).min(corpus_tile);
                         let rhs = &corpus.data[j0 * dim..(j0 + n) * dim];
-                        for q0 in (0..nq).step_by(QUERY_BLOCK) {
-                            let m = (nq - q0).min(QUERY_BLOCK);
+                        for q0 in (0..nq).step_by(query_block) {
+                            let m = (nq - q0).min(query_block);
                             scores(m, n, dim, &queries[q0 * dim..(q0 + m) * dim], rhs, &mut tile);
                             for r in 0..m {
                                 running[q0 + r].fold(&tile[r * n..(r + 1) * n], j0, bands[q0 + r], corpus);
@@ -342,22 +374,23 @@ pub fn exact_max_min(queries: &[f32], corpus: &RowCorpus, threads: usize) -> Vec
         .collect()
 }
 
-/// GFLOP/s of a plain GEMM of the shape the search uses ([`QUERY_BLOCK`] ×
-/// [`CORPUS_TILE`] × `dim`, one per thread, no fold), through the same call, for about
+/// GFLOP/s of a plain GEMM of the shape the search uses (`query_block` ×
+/// `corpus_tile` × `dim`, one per thread, no fold), through the same call, for about
 /// `seconds`: the peak the search is measured against.
-pub fn sgemm_peak(dim: usize, threads: usize, seconds: f64) -> f64 {
-    let lhs = random_unit_vectors(QUERY_BLOCK, dim, 1);
-    let rhs = random_unit_vectors(CORPUS_TILE, dim, 2);
+pub fn sgemm_peak(dim: usize, threads: usize, seconds: f64, tiles: Tiles) -> f64 {
+    let Tiles { query_block, corpus_tile } = tiles;
+    let lhs = random_unit_vectors(query_block, dim, 1);
+    let rhs = random_unit_vectors(corpus_tile, dim, 2);
     let threads = threads.max(1);
     let start = std::time::Instant::now();
     let calls: usize = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
             .map(|_| {
                 scope.spawn(|| {
-                    let mut tile = vec![0f32; QUERY_BLOCK * CORPUS_TILE];
+                    let mut tile = vec![0f32; query_block * corpus_tile];
                     let mut n = 0usize;
                     while n < 3 || start.elapsed().as_secs_f64() < seconds {
-                        scores(QUERY_BLOCK, CORPUS_TILE, dim, &lhs, &rhs, &mut tile);
+                        scores(query_block, corpus_tile, dim, &lhs, &rhs, &mut tile);
                         n += 1;
                     }
                     std::hint::black_box(&tile);
@@ -367,7 +400,7 @@ pub fn sgemm_peak(dim: usize, threads: usize, seconds: f64) -> f64 {
             .collect();
         handles.into_iter().map(|h| h.join().expect("gemm thread")).sum()
     });
-    let flop = 2.0 * (QUERY_BLOCK * CORPUS_TILE * dim) as f64 * calls as f64;
+    let flop = 2.0 * (query_block * corpus_tile * dim) as f64 * calls as f64;
     flop / start.elapsed().as_secs_f64() / 1e9
 }
 
@@ -438,6 +471,10 @@ mod tests {
         for threads in [2, 3, 8] {
             assert_eq!(exact_max_min(&q, &corpus, threads), one, "{threads} threads");
         }
+        for (query_block, corpus_tile) in [(1, 1), (7, 33), (64, 4096)] {
+            let tiles = Tiles { query_block, corpus_tile };
+            assert_eq!(exact_max_min_tiled(&q, &corpus, 2, tiles), one, "{tiles:?}");
+        }
         for (i, got) in one.iter().enumerate() {
             let want = reference(&q[i * dim..(i + 1) * dim], &rows, dim, &max_ok, &min_ok);
             assert_eq!(*got, want, "query {i}");
@@ -459,6 +496,6 @@ mod tests {
 
     #[test]
     fn peak_is_measured() {
-        assert!(sgemm_peak(16, 1, 0.0) > 0.0);
+        assert!(sgemm_peak(16, 1, 0.0, Tiles::default()) > 0.0);
     }
 }

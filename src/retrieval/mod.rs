@@ -6,9 +6,10 @@
 //! computes 12-query × 32-vector tiles in registers (AVX-512: 24 accumulators,
 //! broadcast FMAs from memory) and folds each tile into per-lane running maxima and
 //! minima with their indices. A portable kernel (autovectorised; AVX2+FMA when the
-//! CPU has it) covers other machines, slowly (~5% of peak): `gemm.rs` is the exact
-//! search for those (`method = "gemm"`). Ties go to the lower corpus index, so results
-//! do not depend on the number of threads.
+//! CPU has it) covers other machines, slowly (~5% of peak). This is `method = "fused"`;
+//! the default exact search is `gemm.rs`, fast on every CPU and equal to a float64
+//! reference. Ties go to the lower corpus index, so results do not depend on the
+//! number of threads.
 
 pub mod gemm;
 pub mod hnsw;

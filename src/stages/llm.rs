@@ -334,6 +334,7 @@ impl Stage for Llm {
         let call =
             CallCtx { stage: ctx.name.clone(), fingerprint: ctx.fingerprint.clone(), progress: ctx.progress.clone() };
         let concurrency = self.opts.concurrency.unwrap_or(provider.rate.cfg.max_concurrency * 2);
+        let rate = provider.rate.clone();
         let services = ctx.services.clone();
         let keep: Option<Vec<String>> = self.opts.keep_columns.clone();
         let expect = self.parser.expect();
@@ -426,6 +427,11 @@ impl Stage for Llm {
                 Ok(out_rows)
             }
         })
-        .await
+        .await?;
+        // The limits in force at the end (learned from the server where it advertised any).
+        for (k, v) in rate.limits() {
+            ctx.report.info.insert(k.into(), v.to_string());
+        }
+        Ok(())
     }
 }

@@ -2,8 +2,11 @@
 //! least similar record of the second input (corpus) by inner product of their
 //! vector columns, and carry the matched corpus columns over with their scores.
 //!
-//! `method = "exact"` packs the corpus once as it streams in and computes maximum
-//! and minimum in one blocked pass (`crate::retrieval`); `method = "hnsw"` builds a
+//! `method = "exact"` (the default) searches through a blocked GEMM with the CPU's
+//! fastest kernel, chosen at run time, into cache-sized score tiles folded into running
+//! maxima and minima (`crate::retrieval::gemm`); results equal a float64 reference on
+//! every CPU. `method = "fused"` is the older one-pass kernel (fast with AVX-512 only,
+//! f32 scores). `method = "hnsw"` builds a
 //! usearch index and measures its recall against the exact kernel on a sample of
 //! queries, reported in the manifest (farthest-point search is where HNSW is weak).
 //! Boolean corpus columns can restrict which records may be a maximum (`most_where`)
@@ -32,9 +35,9 @@ const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default("corpus_column", Ty::Str, "\"embedding\"", "vector column of the second input (corpus)"),
     OptionSpec::default(
         "method",
-        Ty::Enum(&["exact", "gemm", "hnsw"]),
+        Ty::Enum(&["exact", "fused", "hnsw"]),
         "\"exact\"",
-        "exact: one fused pass for max and min (fast with AVX-512); gemm: exact through a blocked GEMM with run-time kernel choice (fast on every CPU; results equal a float64 reference); hnsw: usearch index, recall measured on a sample",
+        "exact: a blocked GEMM with the CPU's fastest kernel chosen at run time, folded into max and min (results equal a float64 reference on every CPU); fused: the one-pass kernel (fast with AVX-512 only; f32 scores); hnsw: usearch index, recall measured on a sample",
     ),
     OptionSpec::optional("carry", Ty::StrList, "corpus columns to copy for each match (default: all but vectors)"),
     OptionSpec::default("most_prefix", Ty::Str, "\"most_\"", "prefix of the most similar match's columns"),
@@ -64,8 +67,9 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "retrieve",
-    version: 1,
-    about: "most and least similar corpus record per query by inner product (exact blocked kernel or HNSW)",
+    // 2: `exact` is the GEMM search (scores are the float64 value rounded once).
+    version: 2,
+    about: "most and least similar corpus record per query by inner product (exact through a blocked GEMM, or HNSW)",
     role: Role::Transform,
     arity: Arity::Exactly(2),
     options: OPTIONS,
@@ -218,14 +222,13 @@ impl Stage for Retrieve {
         let dim = vector_dim(&corpus_in.schema, &self.opts.corpus_column).map_err(anyhow::Error::msg)?;
         ctx.progress.set_total(corpus_in.num_rows + queries_in.num_rows);
 
-        // 1. Stream the corpus into the packed layout (and row-major for HNSW).
+        // 1. Stream the corpus in: row-major (exact, and HNSW with its exact recall
+        // check), or packed for the fused kernel.
         let hnsw_mode = self.opts.method == "hnsw";
-        let gemm_mode = self.opts.method == "gemm";
+        let fused_mode = self.opts.method == "fused";
         let rows = corpus_in.num_rows as usize;
-        let mut packed = PackedCorpus::with_capacity(dim, if gemm_mode { 0 } else { rows });
-        let mut row_corpus = retrieval::gemm::RowCorpus::with_capacity(dim, if gemm_mode { rows } else { 0 });
-        let mut rows_major: Vec<f32> = Vec::new();
-        let (mut max_ok, mut min_ok) = (Vec::new(), Vec::new());
+        let mut packed = PackedCorpus::with_capacity(dim, if fused_mode { rows } else { 0 });
+        let mut row_corpus = retrieval::gemm::RowCorpus::with_capacity(dim, if fused_mode { 0 } else { rows });
         let mut corpus_ids: Vec<String> = Vec::with_capacity(corpus_in.num_rows as usize);
         let mut rx = stream_batches(corpus_in.path.clone(), 8192);
         while let Some(batch) = rx.recv().await {
@@ -252,15 +255,10 @@ impl Stage for Retrieve {
                 let v = &values[offsets[i]..offsets[i] + dim];
                 let ok = |f: &Option<BooleanArray>| f.as_ref().is_none_or(|a| a.is_valid(i) && a.value(i));
                 let (a, b) = (ok(&mx), ok(&mn));
-                if gemm_mode {
-                    row_corpus.push(v, a, b);
-                } else {
+                if fused_mode {
                     packed.push(v, a, b);
-                }
-                if hnsw_mode {
-                    rows_major.extend_from_slice(v);
-                    max_ok.push(a);
-                    min_ok.push(b);
+                } else {
+                    row_corpus.push(v, a, b);
                 }
                 corpus_ids.push(ids.value(i).to_string());
             }
@@ -283,21 +281,21 @@ impl Stage for Retrieve {
         let (extremes, info) =
             tokio::task::spawn_blocking(move || -> Result<(Vec<Extremes>, BTreeMap<String, String>)> {
                 let mut info = BTreeMap::new();
-                if gemm_mode {
-                    info.insert("kernel".into(), retrieval::gemm::kernel_name().to_string());
-                    return Ok((retrieval::gemm::exact_max_min(&qvec, &row_corpus, threads), info));
-                }
-                if !hnsw_mode {
+                if fused_mode {
                     info.insert("kernel".into(), retrieval::kernel_name().to_string());
                     return Ok((retrieval::exact_max_min(&qvec, &packed, threads), info));
+                }
+                if !hnsw_mode {
+                    info.insert("kernel".into(), retrieval::gemm::kernel_name().to_string());
+                    return Ok((retrieval::gemm::exact_max_min(&qvec, &row_corpus, threads), info));
                 }
                 let params = hnsw::HnswParams {
                     connectivity: opts.connectivity,
                     expansion_add: opts.expansion_add,
                     expansion_search: opts.expansion_search,
                 };
-                let index = hnsw::Hnsw::build(&rows_major, dim, max_ok, min_ok, params, threads)?;
-                drop(rows_major);
+                let (max_ok, min_ok) = row_corpus.eligibility();
+                let index = hnsw::Hnsw::build(row_corpus.rows(), dim, max_ok, min_ok, params, threads)?;
                 let approx = index.max_min(&qvec, threads)?;
                 let sample = opts.recall_sample.min(approx.len());
                 if sample > 0 {
@@ -306,7 +304,7 @@ impl Stage for Retrieve {
                     let picks: Vec<usize> = (0..sample).map(|k| (k as f64 * step) as usize).collect();
                     let q: Vec<f32> =
                         picks.iter().flat_map(|&i| qvec[i * dim..(i + 1) * dim].iter().copied()).collect();
-                    let exact = retrieval::exact_max_min(&q, &packed, threads);
+                    let exact = retrieval::gemm::exact_max_min(&q, &row_corpus, threads);
                     let got: Vec<Extremes> = picks.iter().map(|&i| approx[i]).collect();
                     let (rmax, rmin) = hnsw::recall(&got, &exact);
                     info.insert("recall_sample".into(), sample.to_string());

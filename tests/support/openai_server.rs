@@ -33,6 +33,9 @@ pub struct Behaviour {
     pub rpm: Option<u32>,
     /// Seconds sent in Retry-After with a 429.
     pub retry_after_secs: u64,
+    /// With `rpm`: send OpenAI's `x-ratelimit-{limit,remaining,reset}-requests` on every
+    /// answer, and an exact `retry-after-ms` (the time until a request is back) with a 429.
+    pub advertise_limits: bool,
     pub p_429: f64,
     pub p_500: f64,
     pub p_hang: f64,
@@ -60,6 +63,7 @@ impl Default for Behaviour {
             latency: Duration::ZERO,
             rpm: None,
             retry_after_secs: 1,
+            advertise_limits: false,
             p_429: 0.0,
             p_500: 0.0,
             p_hang: 0.0,
@@ -211,6 +215,21 @@ fn completion_body(s: &Shared, json: &serde_json::Value, model: &str) -> serde_j
 }
 
 async fn handle(s: Arc<Shared>, headers: HeaderMap, body: Bytes, route: Route) -> Response {
+    let mut advertised = Vec::new();
+    let mut r = answer(s, headers, body, route, &mut advertised).await;
+    for (k, v) in advertised {
+        r.headers_mut().insert(k, v.parse().unwrap());
+    }
+    r
+}
+
+async fn answer(
+    s: Arc<Shared>,
+    headers: HeaderMap,
+    body: Bytes,
+    route: Route,
+    advertised: &mut Vec<(&'static str, String)>,
+) -> Response {
     let c = &s.c;
     c.total.fetch_add(1, Ordering::SeqCst);
     let hash = blake3::hash(&body).to_hex().to_string();
@@ -257,10 +276,25 @@ async fn handle(s: Arc<Shared>, headers: HeaderMap, body: Bytes, route: Route) -
         let per_sec = rpm as f64 / 60.0;
         let mut bucket = s.bucket.lock().unwrap();
         let now = Instant::now();
-        bucket.0 = (bucket.0 + now.duration_since(bucket.1).as_secs_f64() * per_sec).min(per_sec.max(1.0));
+        let burst = per_sec.max(1.0);
+        bucket.0 = (bucket.0 + now.duration_since(bucket.1).as_secs_f64() * per_sec).min(burst);
         bucket.1 = now;
-        if bucket.0 < 1.0 {
-            drop(bucket);
+        let ok = bucket.0 >= 1.0;
+        if ok {
+            bucket.0 -= 1.0;
+        }
+        let (level, until_one) = (bucket.0, ((1.0 - bucket.0).max(0.0) / per_sec * 1000.0).ceil() as u64);
+        drop(bucket);
+        if s.b.advertise_limits {
+            advertised.push(("x-ratelimit-limit-requests", rpm.to_string()));
+            advertised.push(("x-ratelimit-remaining-requests", (level.floor() as u64).to_string()));
+            advertised
+                .push(("x-ratelimit-reset-requests", format!("{}ms", ((burst - level) / per_sec * 1000.0).ceil())));
+        }
+        if !ok {
+            if s.b.advertise_limits {
+                advertised.push(("retry-after-ms", until_one.to_string()));
+            }
             c.s429.fetch_add(1, Ordering::SeqCst);
             let mut r = error(
                 StatusCode::TOO_MANY_REQUESTS,
@@ -275,7 +309,6 @@ async fn handle(s: Arc<Shared>, headers: HeaderMap, body: Bytes, route: Route) -
             );
             return r;
         }
-        bucket.0 -= 1.0;
     }
     let roll = next_unit(&s);
     let mut edge = s.b.p_429;

@@ -242,15 +242,16 @@ fn until_profiles(p: &Project, dir: &std::path::Path, extra: &[&str]) -> support
 }
 
 #[test]
-fn gemm_retrieval_picks_the_same_passages_as_the_fused_kernel() {
-    // The exact search through the gemm crate, with `least_where` (answerable) honoured.
+fn exact_retrieval_picks_the_same_passages_as_the_fused_kernel() {
+    // The default exact search goes through the gemm crate, with `least_where`
+    // (answerable) honoured; the fused kernel finds the same matches.
     let p = Project::new();
     let run = |name: &str, method: &str| {
         let dir = p.path().join(name);
         until_profiles(&p, &dir, &["--set", &format!("stages.profiles.method=\"{method}\"")]).ok();
         dir
     };
-    let (fused, gemm) = (run("fused", "exact"), run("gemm", "gemm"));
+    let (fused, gemm) = (run("fused", "fused"), run("gemm", "exact"));
     let info = support::manifest(&gemm)["stages"]["profiles"].to_string();
     assert!(info.contains("gemm-"), "the gemm kernel ran: {info}");
     let (a, b) = (parquet_rows(&fused.join("profiles.parquet")), parquet_rows(&gemm.join("profiles.parquet")));
