@@ -18,7 +18,13 @@ use crate::llm::net::NetRuntime;
 use crate::llm::offline::OfflineShape;
 use crate::llm::provider::{Provider, networked_kind};
 use crate::llm::rate::{RateControl, RateRegistry};
-use crate::llm::{CallCtx, ChatRequest, ChatResponse, Completed, ErrorKind, LlmError, estimate_tokens};
+use crate::llm::{CallCtx, ChatRequest, ChatResponse, Completed, ErrorKind, LlmError, LoglikRequest, estimate_tokens};
+
+/// What a call asks of a provider.
+enum Call {
+    Chat(ChatRequest),
+    Loglik(LoglikRequest),
+}
 use crate::store::cache::{Cache, ResponseRow, Use};
 
 type Flight = Arc<tokio::sync::OnceCell<Result<Completed, LlmError>>>;
@@ -140,24 +146,53 @@ impl Services {
         req: ChatRequest,
         ctx: &CallCtx,
     ) -> Result<Completed, LlmError> {
+        self.dispatch(provider, Call::Chat(req), ctx).await
+    }
+
+    /// One log-likelihood call through the same path as [`Services::chat`]; the response's
+    /// text is a [`crate::llm::Loglik`] as JSON.
+    pub async fn loglik(
+        self: &Arc<Self>,
+        provider: &Arc<Provider>,
+        req: LoglikRequest,
+        ctx: &CallCtx,
+    ) -> Result<Completed, LlmError> {
+        self.dispatch(provider, Call::Loglik(req), ctx).await
+    }
+
+    async fn dispatch(
+        self: &Arc<Self>,
+        provider: &Arc<Provider>,
+        call: Call,
+        ctx: &CallCtx,
+    ) -> Result<Completed, LlmError> {
         if !provider.networked() || crate::llm::net::on_net_thread() {
-            return self.chat_here(provider, req, ctx).await;
+            return self.call_here(provider, call, ctx).await;
         }
         let net = self.net().map_err(|e| LlmError::new(ErrorKind::Unavailable, format!("{e:#}")))?;
         let (this, provider, ctx) = (self.clone(), provider.clone(), ctx.clone());
-        net.run(async move { this.chat_here(&provider, req, &ctx).await })
+        net.run(async move { this.call_here(&provider, call, &ctx).await })
             .await
             .unwrap_or_else(|e| Err(LlmError::new(ErrorKind::Unavailable, e.to_string())))
     }
 
-    async fn chat_here(
-        &self,
-        provider: &Arc<Provider>,
-        req: ChatRequest,
-        ctx: &CallCtx,
-    ) -> Result<Completed, LlmError> {
-        let params = provider.params.overlay(&req.params);
-        let doc = Provider::request_doc(provider, &req, &params);
+    async fn call_here(&self, provider: &Arc<Provider>, call: Call, ctx: &CallCtx) -> Result<Completed, LlmError> {
+        let no_params = crate::llm::GenParams::default();
+        let params = provider.params.overlay(match &call {
+            Call::Chat(req) => &req.params,
+            Call::Loglik(_) => &no_params,
+        });
+        let (doc, estimate) = match &call {
+            Call::Chat(req) => (
+                Provider::request_doc(provider, req, &params),
+                req.messages.iter().map(|m| estimate_tokens(&m.content)).sum::<u64>()
+                    + params.max_tokens.unwrap_or(256) as u64,
+            ),
+            Call::Loglik(req) => (
+                Provider::loglik_doc(provider, req, &params),
+                estimate_tokens(&req.context) + estimate_tokens(&req.continuation) + 1,
+            ),
+        };
         let doc_text = doc.to_string();
         let key = blake3::hash(doc_text.as_bytes()).to_hex().to_string();
         let cache = self.cache().map_err(|e| LlmError::new(ErrorKind::Unavailable, format!("{e:#}")))?;
@@ -179,11 +214,12 @@ impl Services {
                 if let Err(e) = cache.journal_start(&key, &ctx.stage) {
                     return Err(LlmError::new(ErrorKind::Unavailable, format!("cache journal: {e:#}")));
                 }
-                let estimate = req.messages.iter().map(|m| estimate_tokens(&m.content)).sum::<u64>()
-                    + params.max_tokens.unwrap_or(256) as u64;
                 let outcome = provider
                     .rate
-                    .call(estimate, Some(&ctx.progress), || provider.backend.chat_once(&req, &params))
+                    .call(estimate, Some(&ctx.progress), || match &call {
+                        Call::Chat(req) => provider.backend.chat_once(req, &params),
+                        Call::Loglik(req) => provider.backend.loglik_once(req, &params),
+                    })
                     .await;
                 match outcome {
                     Ok((response, retries)) => {

@@ -80,6 +80,35 @@ pub struct ChatRequest {
     pub expect: String,
 }
 
+/// A log-likelihood request (lm-evaluation-harness's `loglikelihood`): how likely
+/// `continuation` is right after `context`. Sent to an OpenAI-compatible completions
+/// endpoint as one prompt with `echo` and `logprobs`; the answer is a [`Loglik`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoglikRequest {
+    pub context: String,
+    pub continuation: String,
+}
+
+/// The answer to a [`LoglikRequest`], carried as JSON in [`ChatResponse::text`] (so it is
+/// cached, journaled and priced as any answer).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Loglik {
+    /// Sum of the log-probabilities of the continuation's tokens.
+    pub logprob: f64,
+    /// How many tokens the continuation took (a token straddling the boundary counts).
+    pub tokens: u64,
+}
+
+impl Loglik {
+    pub fn to_text(self) -> String {
+        serde_json::to_string(&self).expect("serializable")
+    }
+
+    pub fn from_text(text: &str) -> Result<Loglik, String> {
+        serde_json::from_str(text).map_err(|e| format!("not a log-likelihood answer ({e}): {text}"))
+    }
+}
+
 /// Token usage reported by the server (or estimated).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
@@ -192,6 +221,12 @@ impl std::error::Error for LlmError {}
 pub trait ChatBackend: Send + Sync {
     /// One attempt: no retries here (the rate-control layer owns them).
     async fn chat_once(&self, req: &ChatRequest, params: &GenParams) -> Result<ChatResponse, LlmError>;
+
+    /// One log-likelihood attempt (the answer's text is a [`Loglik`] as JSON); a backend
+    /// without completions rejects it.
+    async fn loglik_once(&self, _req: &LoglikRequest, _params: &GenParams) -> Result<ChatResponse, LlmError> {
+        Err(LlmError::new(ErrorKind::Rejected, "this provider cannot score log-likelihoods"))
+    }
 }
 
 /// Rough token count of a text (4 characters per token, as OpenAI's rule of thumb).

@@ -12,7 +12,9 @@ use std::sync::Arc;
 use rand::{Rng, RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::{ChatBackend, ChatRequest, ChatResponse, GenParams, LlmError, Usage, estimate_tokens};
+use super::{
+    ChatBackend, ChatRequest, ChatResponse, GenParams, LlmError, Loglik, LoglikRequest, Usage, estimate_tokens,
+};
 
 pub const MODEL: &str = "offline";
 
@@ -72,9 +74,32 @@ impl ChatBackend for Offline {
             model: MODEL.into(),
         })
     }
+
+    async fn loglik_once(&self, req: &LoglikRequest, params: &GenParams) -> Result<ChatResponse, LlmError> {
+        let ll = self.loglik(req, params);
+        Ok(ChatResponse {
+            usage: Usage { prompt_tokens: estimate_tokens(&req.context) + ll.tokens, completion_tokens: 0 },
+            text: ll.to_text(),
+            finish_reason: "loglik".into(),
+            model: MODEL.into(),
+        })
+    }
 }
 
 impl Offline {
+    /// A log-likelihood drawn from the request's seeded RNG: one token, a log-probability
+    /// in (-8, 0], the same for the same request and provider seed.
+    pub fn loglik(&self, req: &LoglikRequest, params: &GenParams) -> Loglik {
+        let mut h = blake3::Hasher::new();
+        h.update(b"loglik");
+        h.update(&self.seed.to_le_bytes());
+        h.update(serde_json::to_string(req).unwrap_or_default().as_bytes());
+        h.update(&params.seed.unwrap_or(0).to_le_bytes());
+        let mut rng = ChaCha8Rng::from_seed(*h.finalize().as_bytes());
+        let u: f64 = rng.random_range(0.0..8.0);
+        Loglik { logprob: -u, tokens: 1 }
+    }
+
     pub fn generate(&self, req: &ChatRequest, params: &GenParams) -> String {
         let mut h = blake3::Hasher::new();
         h.update(&self.seed.to_le_bytes());

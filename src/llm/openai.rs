@@ -14,7 +14,10 @@ use async_openai::error::OpenAIError;
 use async_openai::middleware::HttpRequestFactory;
 use serde::Deserialize;
 
-use super::{ChatBackend, ChatRequest, ChatResponse, ErrorKind, GenParams, LlmError, Usage, estimate_tokens};
+use super::{
+    ChatBackend, ChatRequest, ChatResponse, ErrorKind, GenParams, LlmError, Loglik, LoglikRequest, Usage,
+    estimate_tokens,
+};
 
 /// Status and headers of the last HTTP response seen in this task.
 #[derive(Debug, Clone, Default)]
@@ -250,6 +253,127 @@ impl ChatBackend for OpenAiChat {
             model: body.model.unwrap_or_else(|| self.endpoint.model.clone()),
         })
     }
+
+    async fn loglik_once(&self, req: &LoglikRequest, params: &GenParams) -> Result<ChatResponse, LlmError> {
+        let body = loglik_body(&self.endpoint.model, req, params);
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let result: Result<TextCompletionBody, OpenAIError> =
+            SEEN.scope(seen.clone(), self.client.completions().create_byot(body)).await;
+        let (retry_after, status) = {
+            let seen = seen.lock().expect("seen");
+            (seen.retry_after, seen.status)
+        };
+        let body = result.map_err(|e| classify(e, retry_after, status))?;
+        let Some(lp) = body.choices.into_iter().next().and_then(|c| c.logprobs) else {
+            return Err(LlmError::new(ErrorKind::Malformed, "response has no choice with logprobs"));
+        };
+        let view =
+            LogprobsView { tokens: &lp.tokens, token_logprobs: &lp.token_logprobs, text_offset: &lp.text_offset };
+        let ll = continuation_logprob(req, &view).map_err(|m| LlmError::new(ErrorKind::Malformed, m))?;
+        let usage = match body.usage {
+            Some(u) => Usage { prompt_tokens: u.prompt_tokens, completion_tokens: u.completion_tokens },
+            None => Usage { prompt_tokens: lp.tokens.len() as u64, completion_tokens: 0 },
+        };
+        Ok(ChatResponse {
+            text: ll.to_text(),
+            finish_reason: "loglik".into(),
+            usage,
+            model: body.model.unwrap_or_else(|| self.endpoint.model.clone()),
+        })
+    }
+}
+
+/// A completions answer with echoed log-probabilities.
+#[derive(Deserialize)]
+struct TextCompletionBody {
+    #[serde(default)]
+    model: Option<String>,
+    choices: Vec<TextChoice>,
+    #[serde(default)]
+    usage: Option<UsageBody>,
+}
+
+#[derive(Deserialize)]
+struct TextChoice {
+    #[serde(default)]
+    logprobs: Option<Logprobs>,
+}
+
+#[derive(Deserialize)]
+struct Logprobs {
+    #[serde(default)]
+    tokens: Vec<String>,
+    #[serde(default)]
+    token_logprobs: Vec<Option<f64>>,
+    #[serde(default)]
+    text_offset: Vec<usize>,
+}
+
+/// The JSON body of a log-likelihood request: the context and continuation as one
+/// prompt, echoed with the log-probability of every prompt token (lm-eval's
+/// `local-completions` sends the same: `echo`, `logprobs = 1`, `max_tokens = 1`,
+/// temperature 0).
+pub fn loglik_body(model: &str, req: &LoglikRequest, params: &GenParams) -> serde_json::Value {
+    let mut body = serde_json::json!({
+        "model": model,
+        "prompt": format!("{}{}", req.context, req.continuation),
+        "echo": true,
+        "logprobs": 1,
+        "max_tokens": 1,
+        "temperature": 0.0,
+    });
+    let obj = body.as_object_mut().expect("object");
+    if let Some(s) = params.seed {
+        obj.insert("seed".into(), s.into());
+    }
+    for (k, v) in &params.extra {
+        obj.insert(k.clone(), v.clone());
+    }
+    body
+}
+
+/// Sum the log-probabilities of the echoed tokens that overlap the continuation
+/// (character offsets `text_offset`, as OpenAI and vLLM report them; the generated
+/// token after the prompt is left out).
+pub fn continuation_logprob(req: &LoglikRequest, lp: &LogprobsView<'_>) -> Result<Loglik, String> {
+    let start = req.context.chars().count();
+    let end = start + req.continuation.chars().count();
+    let n = lp.text_offset.len();
+    if lp.token_logprobs.len() != n || lp.tokens.len() != n {
+        return Err(format!(
+            "logprobs has {} tokens, {} log-probabilities and {} offsets",
+            lp.tokens.len(),
+            lp.token_logprobs.len(),
+            n
+        ));
+    }
+    let mut sum = 0.0;
+    let mut tokens = 0u64;
+    for i in 0..n {
+        let from = lp.text_offset[i];
+        let to = if i + 1 < n { lp.text_offset[i + 1] } else { from + lp.tokens[i].chars().count() };
+        if from >= end || to <= start {
+            continue;
+        }
+        let Some(v) = lp.token_logprobs[i] else {
+            return Err(format!("token {i} of the continuation has no log-probability (is echo supported?)"));
+        };
+        sum += v;
+        tokens += 1;
+    }
+    if tokens == 0 {
+        return Err(format!(
+            "no echoed token covers characters {start}..{end} of the prompt (does the server echo the prompt?)"
+        ));
+    }
+    Ok(Loglik { logprob: sum, tokens })
+}
+
+/// The parts of a `logprobs` object [`continuation_logprob`] reads.
+pub struct LogprobsView<'a> {
+    pub tokens: &'a [String],
+    pub token_logprobs: &'a [Option<f64>],
+    pub text_offset: &'a [usize],
 }
 
 /// One chat completion with a bare reqwest client: no retries, cache, journal or
@@ -318,5 +442,36 @@ impl OpenAiEmbed {
         let tokens =
             body.usage.map(|u| u.prompt_tokens).unwrap_or_else(|| texts.iter().map(|t| estimate_tokens(t)).sum());
         Ok((items.into_iter().map(|i| i.embedding).collect(), tokens))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn continuation_tokens_by_offset() {
+        let req = LoglikRequest { context: "答案：".into(), continuation: "A".into() };
+        let toks = |t: &[&str]| t.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        // "答案", "：", "A", then the generated token.
+        let tokens = toks(&["答案", "：", "A", "\n"]);
+        let lps = [None, Some(-1.0), Some(-0.25), Some(-3.0)];
+        let view = LogprobsView { tokens: &tokens, token_logprobs: &lps, text_offset: &[0, 2, 3, 4] };
+        assert_eq!(continuation_logprob(&req, &view).unwrap(), Loglik { logprob: -0.25, tokens: 1 });
+        // A token straddling the boundary (": A" merged) counts for the continuation.
+        let req2 = LoglikRequest { context: "x:".into(), continuation: " A".into() };
+        let tokens2 = toks(&["x", ": A"]);
+        let view2 = LogprobsView { tokens: &tokens2, token_logprobs: &[None, Some(-2.0)], text_offset: &[0, 1] };
+        assert_eq!(continuation_logprob(&req2, &view2).unwrap(), Loglik { logprob: -2.0, tokens: 1 });
+        // Nothing echoed past the context: malformed.
+        let tokens3 = toks(&["答案"]);
+        let view3 = LogprobsView { tokens: &tokens3, token_logprobs: &[None], text_offset: &[0] };
+        assert!(continuation_logprob(&req, &view3).is_err());
+        let body = loglik_body("m", &req, &GenParams::default());
+        assert_eq!(body["prompt"], "答案：A");
+        assert_eq!(
+            (body["echo"].as_bool(), body["logprobs"].as_i64(), body["max_tokens"].as_i64()),
+            (Some(true), Some(1), Some(1))
+        );
     }
 }

@@ -136,6 +136,9 @@ pub struct Provider {
     pub(crate) backend: Arc<dyn ChatBackend>,
     pub rate: Arc<RateControl>,
     pub(crate) price: Option<Price>,
+    /// What else an offline provider's answers depend on (its seed and `score_one`): part of
+    /// every cache key, so two offline providers never share answers.
+    pub(crate) offline_identity: Option<serde_json::Value>,
 }
 
 impl Provider {
@@ -217,6 +220,7 @@ impl Provider {
                     backend: Arc::new(backend),
                     rate,
                     price,
+                    offline_identity: None,
                 }
             }
             "offline" => {
@@ -237,6 +241,7 @@ impl Provider {
                     backend: Arc::new(backend),
                     rate,
                     price: Some(Price { input: 0.0, output: 0.0 }),
+                    offline_identity: Some(serde_json::json!({"seed": o.seed, "score_one": o.score_one})),
                 }
             }
             other => bail!("provider \"{name}\": unknown kind \"{other}\""),
@@ -258,6 +263,22 @@ impl Provider {
             // The offline generator's answer depends on the expected shape.
             doc["expect"] = req.expect.clone().into();
         }
+        if let Some(id) = &provider.offline_identity {
+            doc["offline"] = id.clone();
+        }
         doc
+    }
+
+    /// The cache document of a log-likelihood request (no `messages`, so it never equals a chat's).
+    pub fn loglik_doc(provider: &Provider, req: &super::LoglikRequest, params: &GenParams) -> serde_json::Value {
+        serde_json::json!({
+            "kind": provider.kind,
+            "base_url": provider.base_url,
+            "model": provider.model,
+            "loglik": req,
+            "seed": params.seed,
+            "extra": params.extra,
+            "offline": provider.offline_identity,
+        })
     }
 }

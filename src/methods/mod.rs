@@ -25,6 +25,7 @@ macro_rules! methods {
 // One line per method: its folder's name.
 methods! {
     rolemrc,
+    roleeval,
 }
 
 /// What a method contributes to the engine.

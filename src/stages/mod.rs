@@ -37,6 +37,7 @@ pub mod jsonl;
 pub mod judge_plan;
 pub mod judge_score;
 pub mod llm;
+pub mod loglik;
 pub mod map;
 pub mod metrics;
 pub mod parquet;
@@ -57,6 +58,7 @@ pub static KINDS: &[&KindInfo] = &[
     &join::KIND,
     &llm::KIND,
     &generate::KIND,
+    &loglik::KIND,
     &embed::KIND,
     &retrieve::KIND,
     &judge_plan::KIND,

@@ -40,6 +40,13 @@ const OPTIONS: &[OptionSpec] = &[
         "the numbers as Parquet (label, table, group, metric, n, value)",
     ),
     OptionSpec::default("title", Ty::Str, "\"Evaluation report\"", "first heading"),
+    OptionSpec::default("decimals", Ty::Int(0, 12), "4", "digits after the decimal point in the Markdown tables"),
+    OptionSpec::default(
+        "chart_max",
+        Ty::Float(1e-9, 1e12),
+        "1.0",
+        "the value at a radar chart's rim (e.g. 100 for percentages)",
+    ),
 ];
 
 pub static KIND: KindInfo = KindInfo {
@@ -63,6 +70,8 @@ struct Options {
     charts: Vec<String>,
     table: String,
     title: String,
+    decimals: usize,
+    chart_max: f64,
 }
 
 struct Report {
@@ -217,7 +226,8 @@ impl Stage for Report {
         let mut md = String::new();
         writeln!(md, "# {}\n", self.opts.title)?;
         let mut rows: Vec<(String, String, String, String, u64, f64)> = Vec::new();
-        let cell = |v: Option<&(f64, u64)>| v.map(|(v, _)| format!("{v:.4}")).unwrap_or_else(|| "–".into());
+        let decimals = self.opts.decimals;
+        let cell = |v: Option<&(f64, u64)>| v.map(|(v, _)| format!("{v:.decimals$}")).unwrap_or_else(|| "–".into());
         let mut charts = 0;
         for (name, t) in &tables {
             writeln!(md, "## {}\n", t.title)?;
@@ -269,7 +279,9 @@ impl Stage for Report {
                 charts += 1;
                 writeln!(md, "![{} per model]({file})\n", t.title)?;
                 let svg = radar_svg(&t.metrics, &t.labels, |label, m| {
-                    t.values.get(&(label.to_string(), OVERALL.to_string(), m.to_string())).map(|v| v.0)
+                    t.values
+                        .get(&(label.to_string(), OVERALL.to_string(), m.to_string()))
+                        .map(|v| v.0 / self.opts.chart_max)
                 });
                 let (mut f, pending) = create_tmp(&ctx.out_dir.join(&file))?;
                 std::io::Write::write_all(&mut f, svg.as_bytes())?;

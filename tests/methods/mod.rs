@@ -1,3 +1,4 @@
 //! Each method's tests, one folder per method (as `src/methods/`).
 
+mod roleeval;
 mod rolemrc;

@@ -1,5 +1,7 @@
 //! The project's loopback OpenAI-compatible test server (127.0.0.1 only, bounded
-//! in time). It serves `/v1/chat/completions` and `/v1/embeddings` and can inject
+//! in time). It serves `/v1/chat/completions`, `/v1/completions` (with `echo` +
+//! `logprobs`: one token per character, log-probabilities from `token_logprob`) and
+//! `/v1/embeddings`, and can inject
 //! latency, a requests-per-minute limit answered with 429 + Retry-After, random 429s,
 //! 500s, hangs past the client's timeout, malformed JSON, 401 for a wrong key and
 //! 404 for an unknown model. It counts requests by body hash and by status.
@@ -19,6 +21,9 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+
+/// The log-probability of a token given the text before it.
+pub type TokenLogprob = Arc<dyn Fn(&str, &str) -> f64 + Send + Sync>;
 
 /// What the server does.
 #[derive(Clone)]
@@ -45,6 +50,8 @@ pub struct Behaviour {
     /// Answer for a request body.
     pub responder: Arc<dyn Fn(&serde_json::Value) -> String + Send + Sync>,
     pub embedding_dim: usize,
+    /// `/v1/completions`: the log-probability of a one-character token after the text before it.
+    pub token_logprob: TokenLogprob,
     pub seed: u64,
     /// The server stops by itself after this long.
     pub lifetime: Duration,
@@ -67,6 +74,7 @@ impl Default for Behaviour {
             reject_marker: None,
             responder: Arc::new(default_answer),
             embedding_dim: 8,
+            token_logprob: Arc::new(|_, _| -1.0),
             seed: 7,
             lifetime: Duration::from_secs(600),
         }
@@ -80,6 +88,9 @@ pub fn default_answer(body: &serde_json::Value) -> String {
 }
 
 pub fn last_user(body: &serde_json::Value) -> String {
+    if let Some(prompt) = body["prompt"].as_str() {
+        return prompt.to_string();
+    }
     body["messages"]
         .as_array()
         .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
@@ -157,17 +168,55 @@ fn error(status: StatusCode, message: &str, kind: &str, code: Option<&str>) -> R
     (status, [("content-type", "application/json")], body.to_string()).into_response()
 }
 
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Chat,
+    Completions,
+    Embeddings,
+}
+
 async fn chat(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
-    handle(s, headers, body, false).await
+    handle(s, headers, body, Route::Chat).await
+}
+
+async fn completions(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    handle(s, headers, body, Route::Completions).await
 }
 
 async fn embeddings(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
-    handle(s, headers, body, true).await
+    handle(s, headers, body, Route::Embeddings).await
 }
 
-async fn handle(s: Arc<Shared>, headers: HeaderMap, body: Bytes, embed: bool) -> Response {
+/// A text completion: with `echo`, the prompt back with one token per character (the
+/// first without a log-probability, as servers answer), then one generated token `.`.
+fn completion_body(s: &Shared, json: &serde_json::Value, model: &str) -> serde_json::Value {
+    let prompt = json["prompt"].as_str().unwrap_or_default();
+    let echo = json["echo"].as_bool().unwrap_or(false);
+    let chars: Vec<char> = prompt.chars().collect();
+    let (mut tokens, mut logprobs, mut offsets) = (Vec::new(), Vec::new(), Vec::new());
+    if echo {
+        for (i, c) in chars.iter().enumerate() {
+            let before: String = chars[..i].iter().collect();
+            tokens.push(c.to_string());
+            logprobs.push(if i == 0 { None } else { Some((s.b.token_logprob)(&before, &c.to_string())) });
+            offsets.push(i);
+        }
+    }
+    tokens.push(".".to_string());
+    logprobs.push(Some(-0.5));
+    offsets.push(if echo { chars.len() } else { 0 });
+    let text = if echo { format!("{prompt}.") } else { ".".to_string() };
+    serde_json::json!({
+        "id": "cmpl-test", "object": "text_completion", "created": 0, "model": model,
+        "choices": [{"index": 0, "text": text, "finish_reason": "length",
+                     "logprobs": {"tokens": tokens, "token_logprobs": logprobs, "text_offset": offsets}}],
+        "usage": {"prompt_tokens": chars.len(), "completion_tokens": 1, "total_tokens": chars.len() + 1}
+    })
+}
+
+async fn handle(s: Arc<Shared>, headers: HeaderMap, body: Bytes, route: Route) -> Response {
     let mut advertised = Vec::new();
-    let mut r = answer(s, headers, body, embed, &mut advertised).await;
+    let mut r = answer(s, headers, body, route, &mut advertised).await;
     for (k, v) in advertised {
         r.headers_mut().insert(k, v.parse().unwrap());
     }
@@ -178,7 +227,7 @@ async fn answer(
     s: Arc<Shared>,
     headers: HeaderMap,
     body: Bytes,
-    embed: bool,
+    route: Route,
     advertised: &mut Vec<(&'static str, String)>,
 ) -> Response {
     let c = &s.c;
@@ -291,7 +340,9 @@ async fn answer(
     }
     c.ok.fetch_add(1, Ordering::SeqCst);
     *c.ok_by_body.lock().unwrap().entry(hash).or_default() += 1;
-    let body = if embed {
+    let body = if route == Route::Completions {
+        completion_body(&s, &json, model)
+    } else if route == Route::Embeddings {
         let inputs: Vec<String> = match &json["input"] {
             serde_json::Value::String(s) => vec![s.clone()],
             serde_json::Value::Array(a) => a.iter().map(|v| v.as_str().unwrap_or_default().to_string()).collect(),
@@ -348,6 +399,7 @@ pub fn start_on(port: u16, b: Behaviour) -> Server {
         rt.block_on(async move {
             let app = Router::new()
                 .route("/v1/chat/completions", post(chat))
+                .route("/v1/completions", post(completions))
                 .route("/v1/embeddings", post(embeddings))
                 .fallback(unrouted)
                 .with_state(shared);

@@ -1,0 +1,70 @@
+//! The offline stand-in's answers to RoleEval's questions (shape `roleeval_mcq`): a
+//! letter drawn from the prompt's seeded RNG, phrased in one of the ways chat models
+//! answer (a bare letter, `答案：B`, a sentence, a refusal), so an offline run
+//! exercises every branch of the extraction cascade deterministically.
+
+use rand::RngExt;
+use rand_chacha::ChaCha8Rng;
+
+use crate::llm::offline::{OfflineShape, ShapeInput};
+
+pub static SHAPES: &[&OfflineShape] = &[&MCQ, &QUESTION];
+
+pub static MCQ: OfflineShape = OfflineShape { name: super::parsers::SHAPE, generate: answer };
+
+/// A drafted question (`roleeval_question`): a JSON object whose stem and options are built
+/// from the prompt's words, with a seeded answer letter.
+pub static QUESTION: OfflineShape = OfflineShape { name: super::parsers::QUESTION_SHAPE, generate: question };
+
+fn question(input: &ShapeInput<'_>, rng: &mut ChaCha8Rng) -> String {
+    let words = crate::llm::offline::content_words(input.prompt);
+    let mut options: Vec<String> = Vec::new();
+    while options.len() < 4 {
+        let w = if words.is_empty() {
+            format!("选项{}", options.len() + 1)
+        } else {
+            format!("{}{}", crate::llm::offline::pick_word(rng, &words), options.len() + 1)
+        };
+        options.push(w);
+    }
+    let topic = if words.is_empty() { "这个角色".to_string() } else { crate::llm::offline::pick_word(rng, &words) };
+    let answer = ["A", "B", "C", "D"][rng.random_range(0..4usize)];
+    serde_json::json!({
+        "question": format!("关于{topic}，以下哪一项是正确的？"),
+        "A": options[0], "B": options[1], "C": options[2], "D": options[3],
+        "answer": answer,
+    })
+    .to_string()
+}
+
+fn answer(_input: &ShapeInput<'_>, rng: &mut ChaCha8Rng) -> String {
+    let letter = ["A", "B", "C", "D"][rng.random_range(0..4usize)];
+    match rng.random_range(0..10u32) {
+        0..=3 => letter.to_string(),
+        4..=5 => format!("答案：{letter}"),
+        6 => format!("根据我的知识，正确答案是 {letter}。"),
+        7 => format!("我认为应该选{letter}"),
+        8 => format!("{letter}. 这是正确的选项"),
+        _ => "我不确定。".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn answers_parse_and_are_deterministic() {
+        let input = ShapeInput { prompt: "q", args: "", score_one: 0.5 };
+        let parser = (super::super::parsers::MCQ.build)(&serde_json::Value::Null).unwrap();
+        let mut nulls = 0;
+        for seed in 0..200u64 {
+            let a = answer(&input, &mut ChaCha8Rng::seed_from_u64(seed));
+            assert_eq!(a, answer(&input, &mut ChaCha8Rng::seed_from_u64(seed)));
+            let got = parser.parse(&a, &crate::data::Row::new()).unwrap();
+            nulls += usize::from(got["pred"].is_null());
+        }
+        assert!(nulls > 0 && nulls < 50, "some refusals, mostly letters: {nulls}");
+    }
+}
