@@ -87,11 +87,14 @@ impl Services {
                 cache.recovered()
             );
         }
-        let stale = cache.in_flight().unwrap_or_default();
-        if !stale.is_empty() {
+        let (sent, queued) = cache.in_flight_split();
+        if sent > 0 {
             tracing::warn!(
-                "{} request(s) were in flight when the previous run stopped; they are sent again, everything else comes from the cache",
-                stale.len()
+                "{sent} request(s) had been sent and were not answered when the previous run stopped: they are sent again, and may be billed twice (an answer in transit is lost with the process); {queued} more were only queued; everything else comes from the cache"
+            );
+        } else if queued > 0 {
+            tracing::info!(
+                "{queued} request(s) were queued, not yet sent, when the previous run stopped: they are sent now; everything else comes from the cache"
             );
         }
         *c = Some(cache.clone());
@@ -216,9 +219,15 @@ impl Services {
                 }
                 let outcome = provider
                     .rate
-                    .call(estimate, Some(&ctx.progress), || match &call {
-                        Call::Chat(req) => provider.backend.chat_once(req, &params),
-                        Call::Loglik(req) => provider.backend.loglik_once(req, &params),
+                    .call(estimate, Some(&ctx.progress), || {
+                        // From here an answer may be billed: journaled apart from queued.
+                        if let Err(e) = cache.journal_sent(&key) {
+                            tracing::warn!("cache journal: {e:#}");
+                        }
+                        match &call {
+                            Call::Chat(req) => provider.backend.chat_once(req, &params),
+                            Call::Loglik(req) => provider.backend.loglik_once(req, &params),
+                        }
                     })
                     .await;
                 match outcome {

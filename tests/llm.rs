@@ -325,6 +325,32 @@ fn sigkill_then_rerun_sends_no_completed_request_twice() {
     // Every record was sent at least once, and only in-flight ones were sent twice.
     let resent = after.iter().filter(|(id, n)| **n > 1 && !completed.contains(id)).count();
     assert!(resent <= 8, "{resent} records were sent twice; at most the ones in flight at the kill");
+    // The restart says how many were on the wire (at most max_concurrency = 4: those may be
+    // billed twice) apart from those only queued; only the former were sent twice.
+    let on_wire = match out.stderr.split_once(" request(s) had been sent and were not answered") {
+        Some((head, _)) => head.rsplit(' ').next().unwrap().parse::<usize>().unwrap(),
+        None => 0,
+    };
+    assert!(on_wire <= 4, "{}", out.stderr);
+    assert!(resent <= on_wire, "{resent} records sent twice, but the restart counted {on_wire} on the wire");
+}
+
+#[test]
+fn a_cache_identity_keeps_answers_when_the_url_changes() {
+    // The same model behind another URL (a proxy, another region): with `cache_identity`
+    // nothing is paid again; without it (the safe default) everything is.
+    let (a, b) = (openai_server::start(Behaviour::default()), openai_server::start(Behaviour::default()));
+    let p = project(&a, 20, "cache_identity = \"openai:test-model\"", "");
+    run(&p, &[]).ok();
+    assert_eq!(a.counters.ok.load(Ordering::SeqCst), 20);
+    p.write("p.toml", p.read("p.toml").replace(&a.base_url(), &b.base_url()));
+    let again = run(&p, &[]).ok();
+    assert_eq!(b.counters.total.load(Ordering::SeqCst), 0, "answers came from the cache");
+    assert!(again.stdout.contains("everything is up to date"), "{}", again.stdout);
+    // Without it, a new URL is a new endpoint.
+    p.write("p.toml", p.read("p.toml").replace("cache_identity = \"openai:test-model\"", ""));
+    run(&p, &[]).ok();
+    assert_eq!(b.counters.ok.load(Ordering::SeqCst), 20);
 }
 
 #[test]

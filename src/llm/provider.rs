@@ -38,6 +38,11 @@ const OPENAI_OPTIONS: &[OptionSpec] = &[
     GEN_OPTIONS[3],
     GEN_OPTIONS[4],
     GEN_OPTIONS[5],
+    OptionSpec::optional(
+        "cache_identity",
+        Ty::Str,
+        "stands for the base URL in cache keys and fingerprints (e.g. \"openai:gpt-4o\"): set it to move a pipeline behind a proxy or to another region of the same provider without paying again; only where both URLs serve the same model",
+    ),
     OptionSpec::optional("requests_per_minute", POSITIVE, "client-side request limit").runtime_only(),
     OptionSpec::optional("tokens_per_minute", POSITIVE, "client-side token limit (prompt estimate + max_tokens)")
         .runtime_only(),
@@ -100,6 +105,7 @@ struct OpenAiOptions {
     api_key_env: String,
     #[serde(flatten)]
     generation: GenParams,
+    cache_identity: Option<String>,
     requests_per_minute: Option<u32>,
     tokens_per_minute: Option<u32>,
     learn_limits: bool,
@@ -139,6 +145,19 @@ pub struct Provider {
     /// What else an offline provider's answers depend on (its seed and `score_one`): part of
     /// every cache key, so two offline providers never share answers.
     pub(crate) offline_identity: Option<serde_json::Value>,
+    /// `cache_identity`: replaces the base URL in cache keys and fingerprints.
+    pub(crate) cache_identity: Option<String>,
+}
+
+/// The endpoint's field of an identity or cache document: the base URL, or the
+/// `cache_identity` that stands for it. Second in every document (serde_json keeps key
+/// order here), so documents without a `cache_identity` keep the bytes, and the keys,
+/// they always had.
+fn endpoint<'a>(base_url: &'a str, cache_identity: Option<&'a str>) -> (&'static str, &'a str) {
+    match cache_identity {
+        Some(id) => ("cache_identity", id),
+        None => ("base_url", base_url),
+    }
 }
 
 impl Provider {
@@ -161,7 +180,8 @@ impl Provider {
             "openai" => {
                 let o: OpenAiOptions = serde_json::from_value(decl.options.clone())?;
                 let r = resolve_endpoint(name, &o.base_url, &o.base_url_env, &o.model, &o.model_env, &o.api_key_env)?;
-                serde_json::json!({"kind": "openai", "base_url": r.base_url, "model": r.model, "params": o.generation})
+                let (field, value) = endpoint(&r.base_url, o.cache_identity.as_deref());
+                serde_json::json!({"kind": "openai", field: value, "model": r.model, "params": o.generation})
             }
             _ => {
                 let o: OfflineOptions = serde_json::from_value(decl.options.clone())?;
@@ -221,6 +241,7 @@ impl Provider {
                     rate,
                     price,
                     offline_identity: None,
+                    cache_identity: o.cache_identity.clone(),
                 }
             }
             "offline" => {
@@ -242,6 +263,7 @@ impl Provider {
                     rate,
                     price: Some(Price { input: 0.0, output: 0.0 }),
                     offline_identity: Some(serde_json::json!({"seed": o.seed, "score_one": o.score_one})),
+                    cache_identity: None,
                 }
             }
             other => bail!("provider \"{name}\": unknown kind \"{other}\""),
@@ -251,9 +273,10 @@ impl Provider {
 
     /// The cache key of a request: everything that determines the answer.
     pub fn request_doc(provider: &Provider, req: &ChatRequest, params: &GenParams) -> serde_json::Value {
+        let (field, value) = endpoint(&provider.base_url, provider.cache_identity.as_deref());
         let mut doc = serde_json::json!({
             "kind": provider.kind,
-            "base_url": provider.base_url,
+            field: value,
             "model": provider.model,
             "messages": req.messages,
             "params": params,
@@ -271,14 +294,31 @@ impl Provider {
 
     /// The cache document of a log-likelihood request (no `messages`, so it never equals a chat's).
     pub fn loglik_doc(provider: &Provider, req: &super::LoglikRequest, params: &GenParams) -> serde_json::Value {
+        let (field, value) = endpoint(&provider.base_url, provider.cache_identity.as_deref());
         serde_json::json!({
             "kind": provider.kind,
-            "base_url": provider.base_url,
+            field: value,
             "model": provider.model,
             "loglik": req,
             "seed": params.seed,
             "extra": params.extra,
             "offline": provider.offline_identity,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_cache_identity_documents_keep_their_bytes() {
+        // The order of the document's keys is part of every cache key.
+        let (field, value) = endpoint("http://h/v1", None);
+        let doc = serde_json::json!({"kind": "openai", field: value, "model": "m"});
+        assert_eq!(doc.to_string(), r#"{"kind":"openai","base_url":"http://h/v1","model":"m"}"#);
+        let (field, value) = endpoint("http://h/v1", Some("openai:m"));
+        let doc = serde_json::json!({"kind": "openai", field: value, "model": "m"});
+        assert_eq!(doc.to_string(), r#"{"kind":"openai","cache_identity":"openai:m","model":"m"}"#);
     }
 }

@@ -2,9 +2,10 @@
 //! output directory (`_synth/cache.sqlite`, WAL mode), and the request journal
 //! beside it (`_synth/journal.log`).
 //!
-//! The journal is an append-only file of one-line records: `S` (a request is about
-//! to be sent), `E` (it ended without a response to store) and `R` (its response, the
-//! whole row as JSON). Each is one `write`, no fsync: it survives a killed process.
+//! The journal is an append-only file of one-line records: `S` (a request is queued
+//! to be sent), `H` (its first HTTP attempt left: from here an answer may be billed),
+//! `E` (it ended without a response to store) and `R` (its response, the whole row as
+//! JSON). Each is one `write`, no fsync: it survives a killed process.
 //! A response is journaled the moment it arrives, so a paid answer is never lost to
 //! a kill; a request started, neither ended nor answered, and not in the database was
 //! in flight when the process stopped (the next run sends it again, nothing else).
@@ -197,6 +198,8 @@ struct Journal {
     path: PathBuf,
     /// Requests started, neither ended nor answered (key → stage), in start order.
     open: IndexMap<String, String>,
+    /// Those of `open` whose first HTTP attempt has left (`H` records).
+    sent: std::collections::HashSet<String>,
     /// Bytes written since the journal was last rewritten.
     bytes: u64,
     /// Requests of this process sent and not yet answered or ended.
@@ -207,15 +210,24 @@ struct Journal {
 
 impl Journal {
     /// Write a journal holding `open` and the `R` records in `kept`, nothing else.
-    fn create(path: PathBuf, open: IndexMap<String, String>, kept: &str) -> Result<Journal> {
+    fn create(
+        path: PathBuf,
+        open: IndexMap<String, String>,
+        sent: std::collections::HashSet<String>,
+        kept: &str,
+    ) -> Result<Journal> {
+        let sent: std::collections::HashSet<String> = sent.into_iter().filter(|k| open.contains_key(k)).collect();
         let mut text: String = open.iter().map(|(k, s)| format!("S\t{k}\t{s}\n")).collect();
+        for k in open.keys().filter(|k| sent.contains(*k)) {
+            text.push_str(&format!("H\t{k}\n"));
+        }
         text.push_str(kept);
         super::atomic::write_atomic(&path, text.as_bytes())?;
         let file = std::fs::OpenOptions::new()
             .append(true)
             .open(&path)
             .with_context(|| format!("opening {}", path.display()))?;
-        Ok(Journal { file, path, open, bytes: text.len() as u64, live: 0, limit: JOURNAL_COMPACT_BYTES })
+        Ok(Journal { file, path, open, sent, bytes: text.len() as u64, live: 0, limit: JOURNAL_COMPACT_BYTES })
     }
 
     fn append(&mut self, line: &str) -> Result<()> {
@@ -229,7 +241,8 @@ impl Journal {
     /// (atomically).
     fn rewrite(&mut self, kept: &str) -> Result<()> {
         let (limit, live) = (self.limit, self.live);
-        *self = Journal::create(self.path.clone(), std::mem::take(&mut self.open), kept)?;
+        *self =
+            Journal::create(self.path.clone(), std::mem::take(&mut self.open), std::mem::take(&mut self.sent), kept)?;
         (self.limit, self.live) = (limit, live);
         Ok(())
     }
@@ -237,6 +250,7 @@ impl Journal {
     /// A request of this process got its answer or ended; true when none is left waiting.
     fn settle_one(&mut self, key: &str) -> bool {
         self.open.shift_remove(key);
+        self.sent.remove(key);
         self.live = self.live.saturating_sub(1);
         self.live == 0
     }
@@ -356,6 +370,25 @@ impl Cache {
         Ok(())
     }
 
+    /// The request's first HTTP attempt is leaving (later attempts write nothing): if the
+    /// process dies before its answer is journaled, the answer may be billed and lost.
+    pub fn journal_sent(&self, key: &str) -> Result<()> {
+        let mut j = self.journal.lock().expect("journal");
+        if j.open.contains_key(key) && !j.sent.contains(key) {
+            j.append(&format!("H\t{key}\n"))?;
+            j.sent.insert(key.to_string());
+        }
+        Ok(())
+    }
+
+    /// Of the requests in flight (see [`Cache::in_flight`]): how many had left on the
+    /// wire, and how many were only queued.
+    pub fn in_flight_split(&self) -> (usize, usize) {
+        let j = self.journal.lock().expect("journal");
+        let sent = j.open.keys().filter(|k| j.sent.contains(*k)).count();
+        (sent, j.open.len() - sent)
+    }
+
     /// The request ended without a response to store.
     pub fn journal_end(&self, key: &str) {
         let mut j = self.journal.lock().expect("journal");
@@ -451,6 +484,8 @@ fn enqueue(q: &mut Queue, cmd: Cmd, cond: &std::sync::Condvar) -> Result<()> {
 struct Replay {
     /// Started, neither ended nor answered, not in the database: (key, stage).
     in_flight: Vec<(String, String)>,
+    /// Keys with an `H` record (their first attempt had left).
+    sent: std::collections::HashSet<String>,
     /// Journaled responses that were missing from the database (now inserted).
     recovered: usize,
 }
@@ -466,6 +501,7 @@ fn recover(journal: &Path, conn: &mut Connection) -> Result<Replay> {
     };
     let mut started: Vec<(String, String)> = Vec::new();
     let mut closed = std::collections::HashSet::new();
+    let mut sent = std::collections::HashSet::new();
     let mut answers: Vec<Journaled> = Vec::new();
     for line in text.lines() {
         let mut parts = line.splitn(3, '\t');
@@ -473,6 +509,9 @@ fn recover(journal: &Path, conn: &mut Connection) -> Result<Replay> {
             (Some("S"), Some(k), Some(s)) => started.push((k.to_string(), s.to_string())),
             (Some("E"), Some(k), _) => {
                 closed.insert(k.to_string());
+            }
+            (Some("H"), Some(k), _) => {
+                sent.insert(k.to_string());
             }
             (Some("R"), Some(_), _) => {
                 if let Ok(j) = serde_json::from_str::<Journaled>(&line[2..]) {
@@ -513,7 +552,7 @@ fn recover(journal: &Path, conn: &mut Connection) -> Result<Replay> {
             in_flight.push((k, s));
         }
     }
-    Ok(Replay { in_flight, recovered })
+    Ok(Replay { in_flight, sent, recovered })
 }
 
 /// Replay a journal into the database, then rewrite it with only the requests still
@@ -521,7 +560,7 @@ fn recover(journal: &Path, conn: &mut Connection) -> Result<Replay> {
 /// Returns the new journal and how many responses were replayed.
 fn settle(path: &Path, conn: &mut Connection) -> Result<(Journal, usize)> {
     let replay = recover(path, conn)?;
-    let journal = Journal::create(path.to_path_buf(), replay.in_flight.into_iter().collect(), "")?;
+    let journal = Journal::create(path.to_path_buf(), replay.in_flight.into_iter().collect(), replay.sent, "")?;
     Ok((journal, replay.recovered))
 }
 
@@ -918,6 +957,30 @@ mod tests {
         }
     }
 
+    #[test]
+    fn sent_and_queued_requests_are_told_apart_after_a_kill() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let cache = Cache::open(dir.path()).unwrap();
+            for k in ["a", "b", "c"] {
+                cache.journal_start(k, "s").unwrap();
+            }
+            cache.journal_sent("a").unwrap();
+            cache.journal_sent("a").unwrap(); // a retry writes nothing more
+            cache.journal_sent("b").unwrap();
+            cache.journal_end("b");
+            assert_eq!(cache.in_flight_split(), (1, 1));
+            // Dropped without answers: as after a kill, the journal holds S/H/E lines.
+        }
+        let journal = std::fs::read_to_string(dir.path().join(JOURNAL_FILE)).unwrap();
+        assert_eq!(journal.matches("H\ta\n").count(), 1, "{journal}");
+        let cache = Cache::open(dir.path()).unwrap();
+        assert_eq!(cache.in_flight_split(), (1, 1), "a was on the wire, c only queued");
+        // The rewritten journal keeps the distinction for a second restart.
+        drop(cache);
+        assert_eq!(Cache::open(dir.path()).unwrap().in_flight_split(), (1, 1));
+    }
+
     #[tokio::test]
     async fn responses_journal_and_gc() {
         let dir = tempfile::tempdir().unwrap();
@@ -1014,7 +1077,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(JOURNAL_FILE);
         let open: IndexMap<String, String> = [("o".to_string(), "s".to_string())].into_iter().collect();
-        let mut j = Journal::create(path.clone(), open, "").unwrap();
+        let mut j = Journal::create(path.clone(), open, Default::default(), "").unwrap();
         j.limit = 1;
         let u = Use { stage: "s".into(), fingerprint: "f".into() };
         j.append(&response_line(&row("committed"), &u)).unwrap();
