@@ -144,6 +144,28 @@ impl HubSpec {
     }
 
     fn select(&self, names: &[String]) -> Result<Vec<String>> {
+        // Configured `files`: every pattern must match, and all their files are read.
+        if let Some(files) = &self.files {
+            let mut all = std::collections::BTreeSet::new();
+            for pattern in files {
+                let glob = globset::GlobBuilder::new(pattern)
+                    .literal_separator(true)
+                    .build()
+                    .with_context(|| format!("bad file pattern \"{pattern}\""))?
+                    .compile_matcher();
+                let before = all.len();
+                all.extend(names.iter().filter(|n| glob.is_match(n.as_str())).cloned());
+                if all.len() == before && !names.iter().any(|n| glob.is_match(n.as_str())) {
+                    bail!(
+                        "no file of {} matches \"{pattern}\" (files in the repo: {})",
+                        self.repo,
+                        names.iter().take(20).cloned().collect::<Vec<_>>().join(", ")
+                    );
+                }
+            }
+            return Ok(all.into_iter().collect());
+        }
+        // Otherwise the usual layouts, the first that has data files.
         for pattern in self.patterns() {
             let glob = globset::GlobBuilder::new(&pattern)
                 .literal_separator(true)

@@ -18,12 +18,13 @@ use support::{Project, parquet_rows, statuses};
 
 const SHA: &str = "0123456789abcdef0123456789abcdef01234567";
 
+/// A fake hub (also used by method tests that read a release from the hub).
 #[derive(Default)]
-struct Hub {
+pub struct Hub {
     /// repo -> path -> bytes
-    files: BTreeMap<String, BTreeMap<String, Vec<u8>>>,
-    info_requests: AtomicUsize,
-    downloads: Mutex<Vec<String>>,
+    pub files: BTreeMap<String, BTreeMap<String, Vec<u8>>>,
+    pub info_requests: AtomicUsize,
+    pub downloads: Mutex<Vec<String>>,
 }
 
 async fn info(State(hub): State<Arc<Hub>>, Path((org, name, _rev)): Path<(String, String, String)>) -> Response {
@@ -69,7 +70,8 @@ async fn resolve(
 }
 
 /// Serve the hub on 127.0.0.1:0 from a background thread; returns its URL.
-fn serve(hub: Arc<Hub>) -> (String, tokio::sync::oneshot::Sender<()>) {
+/// Serve `hub` on 127.0.0.1 (at most 300 s): its endpoint URL and a stop handle.
+pub fn serve(hub: Arc<Hub>) -> (String, tokio::sync::oneshot::Sender<()>) {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {

@@ -74,6 +74,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "config",
             "rng",
             "secrets",
+            "hub",
         ],
     ),
     ("pipeline", &["config", "dag", "registry", "stages::api", "llm", "embed", "data", "template"]),

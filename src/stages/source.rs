@@ -27,7 +27,8 @@ use crate::hub::HubSpec;
 use crate::store::failures::FailureKind;
 use crate::store::parquet::ParquetOut;
 
-const HF_OPTIONS: &[OptionSpec] = &[
+/// The options of an `hf = { ... }` table (also used by method kinds that read from the hub).
+pub const HF_OPTIONS: &[OptionSpec] = &[
     OptionSpec::required("repo", Ty::Str, "repository id, e.g. \"proj-persona/PersonaHub\""),
     OptionSpec::default("revision", Ty::Str, "\"main\"", "branch, tag or commit"),
     OptionSpec::optional("files", Ty::StrList, "files or globs in the repo (default: by config and split)"),

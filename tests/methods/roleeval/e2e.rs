@@ -227,3 +227,69 @@ fn the_reconstructed_switches_change_what_they_say() {
     let five = parquet_rows(&out.join("chat_five.parquet"));
     assert!(five.iter().any(|r| r["pred"].is_null()), "the five-shot stage keeps the default (no guess)");
 }
+
+#[test]
+fn the_release_can_come_from_a_hub_repository() {
+    // The demo release served by a fake hub in the upstream layout: the same records as
+    // from the local directory, the commit in the fingerprint, nothing downloaded twice.
+    let demo = repo().join("pipelines/data/roleeval-demo");
+    let mut files = BTreeMap::new();
+    let mut stack = vec![demo.join("zh")];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let path = e.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                let rel = path.strip_prefix(&demo).unwrap().to_string_lossy().replace('\\', "/");
+                files.insert(rel, std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    let hub = std::sync::Arc::new(crate::hub::Hub {
+        files: BTreeMap::from([("org/roleeval".to_string(), files)]),
+        ..Default::default()
+    });
+    let (url, _stop) = crate::hub::serve(hub.clone());
+    let p = Project::new();
+    let format = repo().join("pipelines/prompts/roleeval/zh.json");
+    p.write(
+        "p.toml",
+        format!(
+            r#"
+[pipeline]
+output_dir = "out"
+
+[stages.from_hub]
+kind = "roleeval_release"
+hf = {{ repo = "org/roleeval", endpoint = "{url}", cache_dir = "hf-cache" }}
+split = "test"
+format = "{format}"
+
+[stages.local]
+kind = "roleeval_release"
+path = "{demo}"
+split = "test"
+format = "{format}"
+"#,
+            format = format.display(),
+            demo = demo.display()
+        ),
+    );
+    p.synth(&["run", "p.toml"]).ok();
+    let (a, b) =
+        (parquet_rows(&p.path().join("out/from_hub.parquet")), parquet_rows(&p.path().join("out/local.parquet")));
+    assert!(!a.is_empty());
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(&b) {
+        for col in ["id", "question", "A", "B", "C", "D"] {
+            assert_eq!(x[col], y[col], "{col}");
+        }
+    }
+    let state: Value =
+        serde_json::from_slice(&std::fs::read(p.path().join("out/_synth/state/from_hub.json")).unwrap()).unwrap();
+    assert_eq!(state["parts"]["extra"]["hf.commit"], "0123456789abcdef0123456789abcdef01234567", "{state}");
+    let n = hub.downloads.lock().unwrap().len();
+    p.synth(&["run", "p.toml"]).ok();
+    assert_eq!(hub.downloads.lock().unwrap().len(), n, "a second run downloads nothing");
+}

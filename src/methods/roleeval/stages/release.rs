@@ -5,7 +5,8 @@
 //! or option, answer not a choice letter, duplicate key) goes to the failure table
 //! naming `file:line` (`roleeval::release`).
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Result, anyhow};
 use arrow::datatypes::{DataType, Field, SchemaRef};
@@ -16,6 +17,7 @@ use serde_json::{Value, json};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, Row};
+use crate::hub::HubSpec;
 use crate::methods::roleeval::format::Format;
 use crate::methods::roleeval::release::{self, Item, Selection};
 use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Stage};
@@ -25,7 +27,12 @@ use crate::store::failures::FailureKind;
 pub const DEFAULT_FORMAT: &str = "\"pipelines/prompts/roleeval/zh.json\"";
 
 const OPTIONS: &[OptionSpec] = &[
-    OptionSpec::required("path", Ty::Str, "the release's root directory (holding zh/), relative to the pipeline root"),
+    OptionSpec::optional("path", Ty::Str, "the release's root directory (holding zh/), relative to the pipeline root"),
+    OptionSpec::optional(
+        "hf",
+        Ty::Struct(crate::stages::source::HF_OPTIONS),
+        "a hub repository in the release's layout instead of `path` (files default to the selected CSVs)",
+    ),
     OptionSpec::required("split", Ty::Enum(&["test", "dev"]), "which files: test (questions) or dev (exemplars with answers)"),
     OptionSpec::default("format", Ty::File, DEFAULT_FORMAT, "language file: categories, subsets, choice letters"),
     OptionSpec::optional("subsets", Ty::StrList, "subsets to read (default: every subset of the format file)"),
@@ -47,7 +54,8 @@ pub static KIND: KindInfo = KindInfo {
 
 #[derive(Deserialize)]
 struct Options {
-    path: String,
+    path: Option<String>,
+    hf: Option<HubSpec>,
     split: String,
     format: String,
     subsets: Option<Vec<String>>,
@@ -55,13 +63,27 @@ struct Options {
 }
 
 struct ReleaseStage {
-    root: PathBuf,
+    /// The local root (`path`), or none when the release comes from the hub.
+    root: Option<PathBuf>,
+    hf: Option<HubSpec>,
+    pipeline_root: PathBuf,
     format: Format,
     sel: Selection,
 }
 
 fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> {
     let opts: Options = ctx.parse(diags)?;
+    match (&opts.path, &opts.hf) {
+        (None, None) => {
+            ctx.error(diags, "path", "give \"path\" (a local release) or \"hf\" (a hub repository)");
+            return None;
+        }
+        (Some(_), Some(_)) => {
+            ctx.error(diags, "hf", "give either \"path\" or \"hf\", not both");
+            return None;
+        }
+        _ => {}
+    }
     let format = match Format::read(&ctx.root.join(&opts.format)) {
         Ok(f) => f,
         Err(e) => {
@@ -85,7 +107,18 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
         }
     }
     let sel = Selection { split: opts.split, subsets, categories };
-    ok.then(|| Box::new(ReleaseStage { root: ctx.root.join(&opts.path), format, sel }) as Box<dyn Stage>)
+    let root = opts.path.as_ref().map(|p| ctx.root.join(p));
+    ok.then(|| Box::new(ReleaseStage { root, hf: opts.hf, pipeline_root: ctx.root.to_path_buf(), format, sel }) as Box<dyn Stage>)
+}
+
+impl ReleaseStage {
+    /// The selected CSVs' paths relative to the release root (`/`-separated).
+    fn repo_paths(&self) -> Vec<String> {
+        release::files(Path::new(""), &self.format, &self.sel)
+            .into_iter()
+            .map(|(_, _, p)| p.to_string_lossy().replace('\\', "/"))
+            .collect()
+    }
 }
 
 fn names<'a>(it: impl Iterator<Item = &'a String>) -> String {
@@ -145,18 +178,61 @@ impl Stage for ReleaseStage {
         Some(output_schema())
     }
 
-    async fn prepare(&self, _ctx: &PrepareCtx<'_>) -> Result<Option<Prepared>> {
-        let files = release::files(&self.root, &self.format, &self.sel);
-        for (_, _, f) in &files {
-            if !f.exists() {
-                return Err(anyhow!("{} is missing (is `path` the release's root, holding {}/?)", f.display(), self.format.lang));
+    async fn prepare(&self, ctx: &PrepareCtx<'_>) -> Result<Option<Prepared>> {
+        let Some(hf) = &self.hf else {
+            let root = self.root.as_deref().expect("path or hf");
+            let files = release::files(root, &self.format, &self.sel);
+            for (_, _, f) in &files {
+                if !f.exists() {
+                    return Err(anyhow!(
+                        "{} is missing (is `path` the release's root, holding {}/?)",
+                        f.display(),
+                        self.format.lang
+                    ));
+                }
+            }
+            return Ok(Some(Prepared {
+                files: files.into_iter().map(|(_, _, f)| f).collect(),
+                hash_files: true,
+                ..Default::default()
+            }));
+        };
+        // The selected CSVs by their paths in the repository, unless `files` says otherwise.
+        let wanted = self.repo_paths();
+        let mut spec = hf.clone();
+        if spec.files.is_none() {
+            spec.files = Some(wanted.clone());
+        }
+        let resolved = match spec.resolve(&self.pipeline_root, ctx.offline_only).await {
+            Ok(r) => r,
+            Err(_) if ctx.offline_only => return Ok(None),
+            Err(e) => return Err(e.context(format!("resolving {} on the hub", hf.repo))),
+        };
+        let by_path: BTreeMap<&str, &PathBuf> = resolved.files.iter().map(|(r, l)| (r.as_str(), l)).collect();
+        let mut files = Vec::new();
+        for w in &wanted {
+            match by_path.get(w.as_str()) {
+                Some(local) => files.push((*local).clone()),
+                None => return Err(anyhow!("{} has no {w} at {} (the release layout)", hf.repo, resolved.commit)),
             }
         }
-        Ok(Some(Prepared { files: files.into_iter().map(|(_, _, f)| f).collect(), hash_files: true, ..Default::default() }))
+        let mut fingerprint = BTreeMap::new();
+        fingerprint.insert("hf.repo".into(), hf.repo.clone());
+        fingerprint.insert("hf.commit".into(), resolved.commit.clone());
+        Ok(Some(Prepared { fingerprint, files, hash_files: false }))
     }
 
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
-        let files = release::files(&self.root, &self.format, &self.sel);
+        // Local: the root given. Hub: the snapshot directory the prepared files lie in.
+        let root = match &self.root {
+            Some(r) => r.clone(),
+            None => {
+                let (first, rel) = (ctx.prepared.files.first(), self.repo_paths().into_iter().next());
+                let (Some(first), Some(rel)) = (first, rel) else { return Err(anyhow!("no files selected")) };
+                first.ancestors().nth(Path::new(&rel).components().count()).map(Path::to_path_buf).unwrap_or_default()
+            }
+        };
+        let files = release::files(&root, &self.format, &self.sel);
         let (items, problems) = release::read(&files, &self.format, &self.sel.split).map_err(|e| anyhow!(e))?;
         for p in &problems {
             ctx.fail(&p.id, FailureKind::Parse, p.message.clone(), p.record.clone());
