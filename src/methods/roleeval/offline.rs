@@ -13,7 +13,8 @@ pub static SHAPES: &[&OfflineShape] = &[&MCQ, &QUESTION];
 pub static MCQ: OfflineShape = OfflineShape { name: super::parsers::SHAPE, generate: answer };
 
 /// A drafted question (`roleeval_question`): a JSON object whose stem and options are built
-/// from the prompt's words, with a seeded answer letter.
+/// from the prompt's words, with a seeded answer letter (the given one when the prompt holds
+/// a question to rewrite, `"answer": "B"`).
 pub static QUESTION: OfflineShape = OfflineShape { name: super::parsers::QUESTION_SHAPE, generate: question };
 
 fn question(input: &ShapeInput<'_>, rng: &mut ChaCha8Rng) -> String {
@@ -28,7 +29,13 @@ fn question(input: &ShapeInput<'_>, rng: &mut ChaCha8Rng) -> String {
         options.push(w);
     }
     let topic = if words.is_empty() { "这个角色".to_string() } else { crate::llm::offline::pick_word(rng, &words) };
-    let answer = ["A", "B", "C", "D"][rng.random_range(0..4usize)];
+    // A rewrite of a question given as JSON in the prompt (a translation) keeps its letter.
+    let given = input.prompt.split("\"answer\":").nth(1).and_then(|rest| {
+        let letter = rest.trim_start().strip_prefix('"')?.chars().next()?;
+        "ABCD".contains(letter).then(|| letter.to_string())
+    });
+    let drawn = ["A", "B", "C", "D"][rng.random_range(0..4usize)];
+    let answer = given.as_deref().unwrap_or(drawn);
     serde_json::json!({
         "question": format!("关于{topic}，以下哪一项是正确的？"),
         "A": options[0], "B": options[1], "C": options[2], "D": options[3],

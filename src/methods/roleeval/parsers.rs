@@ -24,7 +24,8 @@ const LETTERS: [&str; 4] = ["A", "B", "C", "D"];
 
 /// `roleeval_question`: a drafted four-option question as a JSON object
 /// `{"question", "A", "B", "C", "D", "answer"}` (a ```json fence allowed); an empty stem
-/// or option, an answer that is not a letter, or two equal options is a reason to ask again.
+/// or option, an answer that is not a letter, or two equal options is a reason to ask again,
+/// and so is, when the input record has an `answer` (a translation), a different letter.
 pub static QUESTION: ParserKind = ParserKind {
     name: "roleeval_question",
     about: "a drafted four-option question: JSON {question, A, B, C, D, answer}; checked (no empty or equal options, answer a letter)",
@@ -39,7 +40,7 @@ impl Parser for QuestionParser {
         ["question", "A", "B", "C", "D", "answer"].iter().map(|n| Field::new(*n, DataType::Utf8, false)).collect()
     }
 
-    fn parse(&self, text: &str, _: &Row) -> Result<Row, String> {
+    fn parse(&self, text: &str, record: &Row) -> Result<Row, String> {
         let obj = crate::llm::parse::extract_json_object(text)?;
         let get = |k: &str| -> Result<String, String> {
             match obj.get(k) {
@@ -54,6 +55,15 @@ impl Parser for QuestionParser {
         let answer = get("answer")?.trim().to_string();
         if let Some(problem) = super::build::check_question(&question, &options, &answer, &LETTERS) {
             return Err(problem);
+        }
+        // A rewrite of an existing question (a translation) keeps its answer letter.
+        if let Some(Value::String(was)) = record.get("answer")
+            && LETTERS.contains(&was.as_str())
+            && *was != answer
+        {
+            return Err(format!(
+                "the answer must stay \"{was}\" (the options keep their order), got \"{answer}\""
+            ));
         }
         let mut row = Row::new();
         row.insert("question".into(), Value::String(question));
@@ -149,6 +159,18 @@ impl Parser for Mcq {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rewritten_question_keeps_its_answer_letter() {
+        let p = (QUESTION.build)(&Value::Null).unwrap();
+        let reply = r#"{"question": "Who?", "A": "a", "B": "b", "C": "c", "D": "d", "answer": "C"}"#;
+        assert_eq!(p.parse(reply, &Row::new()).unwrap()["answer"], "C", "a new question: any letter");
+        let source = Row::from_iter([("answer".to_string(), Value::String("B".into()))]);
+        let err = p.parse(reply, &source).unwrap_err();
+        assert!(err.contains("must stay \"B\""), "{err}");
+        let kept = reply.replace("\"C\"}", "\"B\"}");
+        assert_eq!(p.parse(&kept, &source).unwrap()["answer"], "B");
+    }
 
     #[test]
     fn parser_columns_and_fallback() {

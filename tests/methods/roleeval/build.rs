@@ -104,6 +104,22 @@ fn the_exported_release_reads_back() {
     assert_eq!(key.lines().count(), 1 + 82);
     assert_eq!(key.lines().filter(|l| l.ends_with(",reasoning")).count(), 4 * 3);
     assert!(std::fs::read_to_string(release.join("README.md")).unwrap().contains("| chinese | dev | fiction | 20 |"));
+
+    // The optional translation: the same files under en/, read back with the English format
+    // file, and the same key (every translation kept its answer letter).
+    let en = out.join("release_en");
+    let en_format = Format::read(&repo().join("pipelines/prompts/roleeval/en.json")).unwrap();
+    for rel in &files {
+        let rel_en = rel.replacen("zh/", "en/", 1);
+        let parts: Vec<&str> = rel_en.split('/').collect();
+        let (subset, split) = (parts[1], parts[2]);
+        let stem = parts[3].strip_suffix(&format!("_{split}.csv")).unwrap();
+        let text = std::fs::read_to_string(en.join(&rel_en)).unwrap();
+        let (items, problems) = read_text(&text, &rel_en, subset, stem, &en_format, split).unwrap();
+        let zh_text = std::fs::read_to_string(release.join(rel)).unwrap();
+        assert!(problems.is_empty() && items.len() == zh_text.lines().count() - 1, "{rel_en}");
+    }
+    assert_eq!(std::fs::read_to_string(en.join("key.csv")).unwrap(), key);
 }
 
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
