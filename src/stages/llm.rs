@@ -284,11 +284,7 @@ impl Llm {
 #[async_trait]
 impl Stage for Llm {
     fn plan(&self, ctx: &mut PlanCtx<'_>) -> Option<SchemaRef> {
-        if !ctx.providers.contains_key(&self.opts.provider) {
-            let hint = crate::config::diag::did_you_mean(&self.opts.provider, ctx.providers.keys().map(String::as_str))
-                .unwrap_or_default();
-            ctx.error("provider", format!("no provider \"{}\" in [providers]{hint}", self.opts.provider));
-        }
+        check_provider(ctx, &self.opts.provider);
         for (option, vars) in &self.vars {
             ctx.check_variables(option, "template", vars.iter().map(String::as_str), &[data::ID]);
         }
@@ -316,24 +312,12 @@ impl Stage for Llm {
     }
 
     async fn prepare(&self, ctx: &PrepareCtx<'_>) -> Result<Option<Prepared>> {
-        let identity = ctx.services.provider_identity(&self.opts.provider)?;
-        let mut p = Prepared::default();
-        p.fingerprint.insert("provider".into(), identity.to_string());
-        Ok(Some(p))
+        provider_prepared(ctx, &self.opts.provider)
     }
 
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
-        let provider = ctx
-            .services
-            .provider(&self.opts.provider)
-            .with_context(|| format!("provider \"{}\"", self.opts.provider))?;
+        let (provider, call, concurrency) = start_provider(ctx, &self.opts.provider, self.opts.concurrency)?;
         let schema = self.output_schema(&ctx.inputs[0].schema).map_err(|m| anyhow!(m))?;
-        ctx.report.info.insert("provider".into(), provider.name.clone());
-        ctx.report.info.insert("model".into(), provider.model.clone());
-        ctx.report.info.insert("provider_kind".into(), provider.kind.into());
-        let call =
-            CallCtx { stage: ctx.name.clone(), fingerprint: ctx.fingerprint.clone(), progress: ctx.progress.clone() };
-        let concurrency = self.opts.concurrency.unwrap_or(provider.rate.cfg.max_concurrency * 2);
         let rate = provider.rate.clone();
         let services = ctx.services.clone();
         let keep: Option<Vec<String>> = self.opts.keep_columns.clone();
@@ -428,10 +412,49 @@ impl Stage for Llm {
             }
         })
         .await?;
-        // The limits in force at the end (learned from the server where it advertised any).
-        for (k, v) in rate.limits() {
-            ctx.report.info.insert(k.into(), v.to_string());
-        }
+        report_limits(ctx, &rate);
         Ok(())
+    }
+}
+
+/// Plan check of a stage that calls a provider: the provider exists (with a hint).
+pub(crate) fn check_provider(ctx: &mut PlanCtx<'_>, provider: &str) {
+    if !ctx.providers.contains_key(provider) {
+        let hint =
+            crate::config::diag::did_you_mean(provider, ctx.providers.keys().map(String::as_str)).unwrap_or_default();
+        ctx.error("provider", format!("no provider \"{provider}\" in [providers]{hint}"));
+    }
+}
+
+/// What a provider-calling stage's outputs depend on besides its options: the provider's identity.
+pub(crate) fn provider_prepared(ctx: &PrepareCtx<'_>, provider: &str) -> Result<Option<Prepared>> {
+    let identity = ctx.services.provider_identity(provider)?;
+    let mut p = Prepared::default();
+    p.fingerprint.insert("provider".into(), identity.to_string());
+    Ok(Some(p))
+}
+
+/// The provider a stage calls, its call context, and how many records to keep in flight
+/// (`concurrency`, default twice the provider's); the provider is named in the report.
+pub(crate) fn start_provider(
+    ctx: &mut RunCtx,
+    provider: &str,
+    concurrency: Option<usize>,
+) -> Result<(std::sync::Arc<crate::llm::provider::Provider>, CallCtx, usize)> {
+    let p = ctx.services.provider(provider).with_context(|| format!("provider \"{provider}\""))?;
+    ctx.report.info.insert("provider".into(), p.name.clone());
+    ctx.report.info.insert("model".into(), p.model.clone());
+    ctx.report.info.insert("provider_kind".into(), p.kind.into());
+    let call =
+        CallCtx { stage: ctx.name.clone(), fingerprint: ctx.fingerprint.clone(), progress: ctx.progress.clone() };
+    let concurrency = concurrency.unwrap_or(p.rate.cfg.max_concurrency * 2);
+    Ok((p, call, concurrency))
+}
+
+/// The request limits in force at the end of a stage (learned from the server where it
+/// advertised any), into the report.
+pub(crate) fn report_limits(ctx: &mut RunCtx, rate: &crate::llm::rate::RateControl) {
+    for (k, v) in rate.limits() {
+        ctx.report.info.insert(k.into(), v.to_string());
     }
 }

@@ -7,7 +7,7 @@
 //! `ll_<choice>` column per choice, `pred`, `model`. A record whose calls fail goes
 //! to the failure table.
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Result, anyhow};
 use arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
@@ -19,7 +19,7 @@ use super::{Arity, BuildCtx, KindInfo, PlanCtx, PrepareCtx, Prepared, Role, RunC
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, Row};
-use crate::llm::{CallCtx, Loglik, LoglikRequest};
+use crate::llm::{Loglik, LoglikRequest};
 use crate::store::failures::FailureKind;
 
 const OPTIONS: &[OptionSpec] = &[
@@ -119,11 +119,7 @@ impl LoglikStage {
 #[async_trait]
 impl Stage for LoglikStage {
     fn plan(&self, ctx: &mut PlanCtx<'_>) -> Option<SchemaRef> {
-        if !ctx.providers.contains_key(&self.opts.provider) {
-            let hint = crate::config::diag::did_you_mean(&self.opts.provider, ctx.providers.keys().map(String::as_str))
-                .unwrap_or_default();
-            ctx.error("provider", format!("no provider \"{}\" in [providers]{hint}", self.opts.provider));
-        }
+        super::llm::check_provider(ctx, &self.opts.provider);
         ctx.require_columns("context", 0, [self.opts.context.as_str()]);
         let input = ctx.input_schema(0)?;
         match self.output_schema(&input) {
@@ -140,24 +136,15 @@ impl Stage for LoglikStage {
     }
 
     async fn prepare(&self, ctx: &PrepareCtx<'_>) -> Result<Option<Prepared>> {
-        let identity = ctx.services.provider_identity(&self.opts.provider)?;
-        let mut p = Prepared::default();
-        p.fingerprint.insert("provider".into(), identity.to_string());
-        Ok(Some(p))
+        super::llm::provider_prepared(ctx, &self.opts.provider)
     }
 
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
-        let provider = ctx
-            .services
-            .provider(&self.opts.provider)
-            .with_context(|| format!("provider \"{}\"", self.opts.provider))?;
+        let (provider, call, concurrency) =
+            super::llm::start_provider(ctx, &self.opts.provider, self.opts.concurrency)?;
         let schema = self.output_schema(&ctx.inputs[0].schema).map_err(|m| anyhow!(m))?;
-        ctx.report.info.insert("provider".into(), provider.name.clone());
-        ctx.report.info.insert("model".into(), provider.model.clone());
         ctx.report.info.insert("target_delimiter".into(), format!("{:?}", self.opts.target_delimiter));
-        let call =
-            CallCtx { stage: ctx.name.clone(), fingerprint: ctx.fingerprint.clone(), progress: ctx.progress.clone() };
-        let concurrency = self.opts.concurrency.unwrap_or(provider.rate.cfg.max_concurrency * 2);
+        let rate = provider.rate.clone();
         let services = ctx.services.clone();
         let this = &*self;
         map_rows(ctx, 0, schema, concurrency, |row: Row| {
@@ -198,7 +185,9 @@ impl Stage for LoglikStage {
                 Ok(vec![out])
             }
         })
-        .await
+        .await?;
+        super::llm::report_limits(ctx, &rate);
+        Ok(())
     }
 }
 
