@@ -181,6 +181,9 @@ fn the_real_release_offline() {
     let md = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(!md.contains("Table 3 layout"));
     assert!(md.contains("answers without a usable letter"));
+    // The ambiguous questions are kept, and flagged in the report: 15 of 6,000 = 0.25%.
+    assert!(md.contains("questions whose options repeat a text"), "{md}");
+    assert!(md.contains("| chat | 0.25 | 0.25 |"), "{md}");
     let sub: Value = serde_json::from_slice(&std::fs::read(out.join("open_scores.submission.json")).unwrap()).unwrap();
     let n: usize = sub["5shot"].as_object().unwrap().values().map(|f| f.as_object().unwrap().len()).sum();
     assert_eq!(n, 6000);

@@ -7,7 +7,7 @@
 //! rows, the self-check). Output: one row per prompt (pred, gold, correct); a
 //! summary (one table per shot setting: subsets × categories + Avg as Tables 3–6;
 //! knowledge vs reasoning when the key has types, as Tables 7–8; the unanswered
-//! rate); and `<stage>.submission.json`, the predictions by setting, file and id
+//! rate; the share of questions whose options repeat a text, flagged as ambiguous); and `<stage>.submission.json`, the predictions by setting, file and id
 //! (C-Eval's submission layout, `{"<subset>/<category>": {"<id>": "A"}}` per setting).
 
 use std::collections::{BTreeMap, HashMap};
@@ -213,6 +213,8 @@ impl Stage for Score {
         let mut types: BTreeMap<(i64, String, String), Tally> = BTreeMap::new();
         // Per setting: prompts, prompts without a usable letter.
         let mut unanswered: BTreeMap<i64, (u64, u64)> = BTreeMap::new();
+        // Per setting: prompts, prompts whose options repeat a text (ambiguous; spec P9).
+        let mut duplicates: BTreeMap<i64, (u64, u64)> = BTreeMap::new();
         let mut submission: BTreeMap<i64, serde_json::Map<String, Value>> = BTreeMap::new();
         let mut n_in = 0u64;
         let (_, prompts) = crate::store::parquet::read_all(&ctx.inputs[0].path)?;
@@ -239,6 +241,9 @@ impl Stage for Score {
                 let u = unanswered.entry(shots).or_default();
                 u.0 += 1;
                 u.1 += u64::from(pred.is_none());
+                let d = duplicates.entry(shots).or_default();
+                d.0 += 1;
+                d.1 += u64::from(r.get("duplicate_options").and_then(Value::as_bool).unwrap_or(false));
                 if let Some(c) = correct {
                     cells.entry((shots, subset.clone(), code.clone())).or_default().add(c, pred.is_some());
                     if let Some(t) = &qtype {
@@ -272,7 +277,7 @@ impl Stage for Score {
         ctx.report.rows_in = n_in;
 
         let label = self.opts.label.clone().unwrap_or_else(|| ctx.inputs[1].name.clone());
-        let rows = self.summary(&label, &cells, &types, &unanswered);
+        let rows = self.summary(&label, &cells, &types, &unanswered, &duplicates);
         ctx.write_side_parquet(&summary::file_name(&ctx.name), &summary::to_batch(&rows)?)?;
 
         let doc: serde_json::Map<String, Value> =
@@ -295,6 +300,7 @@ impl Score {
         cells: &BTreeMap<(i64, String, String), Tally>,
         types: &BTreeMap<(i64, String, String), Tally>,
         unanswered: &BTreeMap<i64, (u64, u64)>,
+        duplicates: &BTreeMap<i64, (u64, u64)>,
     ) -> Vec<SummaryRow> {
         let lang = &self.format.lang;
         let row = |table: String, title: String, metric: String, heading: String, value: f64, (n, invalid): (u64, u64)| SummaryRow {
@@ -377,6 +383,17 @@ impl Score {
                 setting(shots),
                 if n == 0 { 0.0 } else { accuracy_pct(none, n) },
                 (n, 0),
+            ));
+        }
+        // Kept as released, but flagged: a question whose options repeat a text.
+        for (&shots, &(n, dup)) in duplicates.iter().rev() {
+            out.push(row(
+                format!("{lang}_duplicate_options"),
+                format!("RoleEval ({lang}): questions whose options repeat a text (%; ambiguous, kept as released)"),
+                format!("{shots}shot_duplicate_options"),
+                setting(shots),
+                if n == 0 { 0.0 } else { accuracy_pct(dup, n) },
+                (n, dup),
             ));
         }
         out
