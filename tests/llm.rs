@@ -542,6 +542,19 @@ inputs = ["local_vectors"]
     // Hashing vectors are computed again (on every core), never cached: the same vectors.
     assert_eq!(m["stages"]["local_vectors"]["report"]["cache_hits"], 0);
     assert_eq!(parquet_rows(&p.path().join("out/local_vectors.parquet")), rows);
+
+    // With a cache_identity, the same model behind another URL costs nothing more: set it
+    // (one re-run, vectors now cached under the identity), then move the URL.
+    let other = openai_server::start(Behaviour { embedding_dim: 8, ..Default::default() });
+    let with_identity = p.read("p.toml").replace("dim = 8\n", "dim = 8\ncache_identity = \"tei:embed-model\"\n");
+    p.write("p.toml", &with_identity);
+    run(&p, &[]).ok();
+    let before = server.counters.total.load(Ordering::SeqCst);
+    p.write("p.toml", with_identity.replace(&server.base_url(), &other.base_url()));
+    let again = run(&p, &[]).ok();
+    assert_eq!(other.counters.total.load(Ordering::SeqCst), 0, "nothing sent to the new URL");
+    assert!(again.stdout.contains("everything is up to date"), "{}", again.stdout);
+    assert_eq!(server.counters.total.load(Ordering::SeqCst), before);
 }
 
 /// `synth bench llm` goes through the provider layer (every request reaches the server

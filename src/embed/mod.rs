@@ -93,6 +93,11 @@ const OPENAI_EMBED_OPTIONS: &[OptionSpec] = &[
     crate::llm::endpoint::ENDPOINT_OPTIONS[3],
     crate::llm::endpoint::ENDPOINT_OPTIONS[4],
     OptionSpec::required("dim", POSITIVE, "vector dimension the endpoint returns"),
+    OptionSpec::optional(
+        "cache_identity",
+        Ty::Str,
+        "stands for the base URL in the vector cache and fingerprints (e.g. \"openai:text-embedding-3-small\"): move behind a proxy without paying again; only where both URLs serve the same model",
+    ),
     OptionSpec::default("send_dimensions", Ty::Bool, "false", "send `dimensions` in the request (OpenAI v3 models)"),
     OptionSpec::default("batch_size", POSITIVE, "64", "texts per request").runtime_only(),
     OptionSpec::optional("requests_per_minute", POSITIVE, "client-side request limit").runtime_only(),
@@ -151,7 +156,16 @@ pub fn identity(decl: &Decl) -> Result<serde_json::Value> {
             &o.model_env,
             &o.api_key_env,
         )?;
-        v["base_url"] = r.base_url.into();
+        // `cache_identity` (already in `v` as an option) stands for the URL.
+        match o.cache_identity {
+            None => v["base_url"] = r.base_url.into(),
+            Some(_) => {
+                if let Some(m) = v.as_object_mut() {
+                    m.remove("base_url");
+                    m.remove("base_url_env");
+                }
+            }
+        }
         v["model"] = r.model.into();
     }
     Ok(v)

@@ -24,6 +24,7 @@ pub struct Options {
     pub model_env: Option<String>,
     pub api_key_env: String,
     dim: usize,
+    pub cache_identity: Option<String>,
     send_dimensions: bool,
     batch_size: usize,
     requests_per_minute: Option<u32>,
@@ -65,7 +66,10 @@ impl OpenAiEmbedder {
         let key_hash = blake3::hash(api_key.unwrap_or_default().as_bytes()).to_hex().to_string();
         let rate = rates.get(&format!("embed|{}|{}|{key_hash}", r.base_url, r.model), name, cfg);
         Ok(OpenAiEmbedder {
-            id: format!("openai:{}:{}:dim={}", crate::secrets::scrub(&r.base_url), r.model, o.dim),
+            id: match &o.cache_identity {
+                Some(identity) => format!("openai:{identity}:{}:dim={}", r.model, o.dim),
+                None => format!("openai:{}:{}:dim={}", crate::secrets::scrub(&r.base_url), r.model, o.dim),
+            },
             dim: o.dim,
             send_dimensions: o.send_dimensions,
             batch_size: o.batch_size,
