@@ -12,7 +12,8 @@
 # which pipelines/roleeval.toml does not override), ROUNDS (1), ORDER ("synth lm_eval"),
 # SERVER_SECONDS (lifetime of each mock server; it prints its request counters only when its
 # lifetime ends, so the script waits for it: default 150), LIMIT (questions per file for a quick
-# check: lm_eval gets LIMIT rows per file, synth the first LIMIT rows of its source; unset = all), WORK (outputs/bench-roleeval-lmeval, gitignored).
+# check: lm_eval gets LIMIT rows per file, synth the first LIMIT rows of its source; unset = all),
+# WORK (outputs/bench-roleeval-lmeval, gitignored), SKIP_BUILD=1 (use target/release as it is).
 #
 # Prints one JSON line per client run: client, round, wall_seconds, cpu_seconds (user+sys of the
 # client process tree), user_seconds, sys_seconds, max_rss_mb (largest single process), requests
@@ -52,8 +53,10 @@ if "$VENV/bin/python" -c "import torch" 2>/dev/null; then
 fi
 
 # --- 2. binaries -------------------------------------------------------------------------------
-nice cargo build --release --locked -q
-nice cargo build --release --locked -q --bench mock_openai
+if [ -z "${SKIP_BUILD:-}" ]; then
+    nice cargo build --release --locked -q && nice cargo build --release --locked -q --bench mock_openai \
+        || echo "warning: cargo build failed; using the binaries already in target/release" >&2
+fi
 MOCK=$(ls -t target/release/deps/mock_openai-* | grep -v '\.d$' | head -1)
 SYNTH=$ROOT/target/release/synth
 
@@ -210,10 +213,30 @@ assert same == len(synth) and (sys.argv[3] or len(mine) == len(synth)), "synth's
 PY
 }
 
+check_lm_eval_prompts() { # what lm_eval sent == the rendered prompts (one user message each)
+    "$VENV/bin/python" - "$1/results" "$TASKDIR" <<'PY'
+import glob, hashlib, json, sys
+n = same = 0
+for k in (0, 5):
+    mine = [json.loads(l)["prompt"] for l in open(f"{sys.argv[2]}/roleeval_zh_{k}shot.jsonl", encoding="utf-8")]
+    for path in glob.glob(f"{sys.argv[1]}/*/samples_roleeval_zh_{k}shot_*.jsonl"):
+        for line in open(path, encoding="utf-8"):
+            d = json.loads(line)
+            a = d["arguments"]["gen_args_0"]["arg_0"]
+            msgs = json.loads(a[0] if isinstance(a, list) else a)
+            n += 1
+            same += len(msgs) == 1 and msgs[0]["role"] == "user" and msgs[0]["content"] == mine[d["doc_id"]]
+print(f"lm_eval sent {n} prompts, {same} identical to synth's", file=sys.stderr)
+assert n == same
+PY
+}
+
 checked=
+lchecked=
 for round in $(seq "$ROUNDS"); do
     for client in $ORDER; do
         run_one "$client" "$round"
         if [ "$client" = synth ] && [ -z "$checked" ]; then check_prompts "$WORK/synth-r$round"; checked=1; fi
+        if [ "$client" = lm_eval ] && [ -z "$lchecked" ]; then check_lm_eval_prompts "$WORK/lm_eval-r$round"; lchecked=1; fi
     done
 done

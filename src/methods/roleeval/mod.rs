@@ -17,6 +17,7 @@ pub mod format;
 pub mod metrics;
 pub mod offline;
 pub mod parsers;
+pub mod pyrandom;
 pub mod release;
 pub mod sha256;
 pub mod stages;

@@ -296,3 +296,39 @@ format = "{format}"
     p.synth(&["run", "p.toml"]).ok();
     assert_eq!(hub.downloads.lock().unwrap().len(), n, "a second run downloads nothing");
 }
+
+#[test]
+fn lm_eval_exemplar_order_is_cpythons_random_1234() {
+    // lm-eval's sampler: Random(1234).sample(dev, 5) per question, in file order, per file.
+    // CPython gives [3, 0, 4, 2, 1] then [0, 4, 1, 3, 2] for the first two draws.
+    let p = Project::new();
+    let (out, r) = run(
+        &p,
+        "lmeval",
+        &["--profile", "demo", "--set", "stages.prompts.fewshot_order=\"lm_eval_random_1234\"", "--until", "prompts"],
+    );
+    r.ok();
+    let dev = parquet_rows(&out.join("dev.parquet"));
+    let prompts = parquet_rows(&out.join("prompts.parquet"));
+    let mut checked = 0;
+    for (subset, category) in [("global", "games"), ("chinese", "fiction")] {
+        let stems: Vec<&str> = dev
+            .iter()
+            .filter(|d| d["subset"] == subset && d["category"] == category)
+            .map(|d| d["question"].as_str().unwrap())
+            .collect();
+        assert_eq!(stems.len(), 5);
+        let five: Vec<&str> = prompts
+            .iter()
+            .filter(|q| q["subset"] == subset && q["category"] == category && q["shots"] == 5)
+            .map(|q| q["prompt"].as_str().unwrap())
+            .collect();
+        for (prompt, order) in five.iter().zip([[3, 0, 4, 2, 1], [0, 4, 1, 3, 2]]) {
+            let at: Vec<usize> =
+                order.iter().map(|&j| prompt.find(stems[j]).expect("exemplar in the prompt")).collect();
+            assert!(at.windows(2).all(|w| w[0] < w[1]), "{subset}/{category}: order {order:?} at {at:?}");
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 4);
+}

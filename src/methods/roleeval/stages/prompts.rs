@@ -22,6 +22,7 @@ use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, Row};
 use crate::llm::Message;
 use crate::methods::roleeval::format::{Format, Question, Render};
+use crate::methods::roleeval::pyrandom::PyRandom;
 use crate::methods::roleeval::sha256;
 use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
 use crate::store::failures::FailureKind;
@@ -37,9 +38,9 @@ const OPTIONS: &[OptionSpec] = &[
     ),
     OptionSpec::default(
         "fewshot_order",
-        Ty::Enum(&["file"]),
+        Ty::Enum(&["file", "lm_eval_random_1234"]),
         "\"file\"",
-        "exemplar order: the dev file's (C-Eval/CMMLU first_n; reconstructed, lm-eval's seeded sampler is not emulated)",
+        "exemplar order: the dev file's (C-Eval/CMMLU first_n; reconstructed), or lm-eval's default sampler (Python's random.Random(1234).sample over the dev exemplars, once per question in file order, per subset, category and k)",
     ),
     OptionSpec::default(
         "chat_style",
@@ -177,6 +178,8 @@ impl Stage for Prompts {
             v.sort_by_key(|(o, _)| *o);
         }
         let render = Render { strip_question: self.opts.strip_question };
+        // lm-eval's sampler: one Random(1234) per task (subset, category) and setting k.
+        let mut samplers: BTreeMap<(String, String, u32), PyRandom> = BTreeMap::new();
         let schema = output_schema();
         let mut out = ctx.create_output(schema.clone())?;
         let reader = crate::store::parquet::open_reader(&ctx.inputs[0].path, 1024)?;
@@ -212,7 +215,14 @@ impl Stage for Prompts {
                         );
                         continue;
                     }
-                    let shots: Vec<Question> = pool[..k as usize].iter().map(|(_, q)| q.clone()).collect();
+                    let shots: Vec<Question> = if self.opts.fewshot_order == "lm_eval_random_1234" && k > 0 {
+                        let rng = samplers
+                            .entry((subset.clone(), stem.clone(), k))
+                            .or_insert_with(|| PyRandom::new(1234));
+                        rng.sample(pool.len(), k as usize).into_iter().map(|j| pool[j].1.clone()).collect()
+                    } else {
+                        pool[..k as usize].iter().map(|(_, q)| q.clone()).collect()
+                    };
                     let prompt = self.format.prompt(category, &shots, &q, render);
                     let messages: Vec<Message> = match self.opts.chat_style.as_str() {
                         "ceval_messages" => self.format.ceval_messages(category, &shots, &q, render),
