@@ -9,6 +9,7 @@
 use super::Method;
 
 pub mod conceptnet;
+pub mod counterfact;
 pub mod metrics;
 pub mod offline;
 pub mod parsers;
