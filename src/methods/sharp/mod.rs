@@ -13,11 +13,12 @@ pub mod counterfact;
 pub mod metrics;
 pub mod offline;
 pub mod parsers;
+pub mod stages;
 
 pub static METHOD: Method = Method {
     name: "sharp",
     about: "relationship fidelity: ConceptNet claims put to a role-play agent by roles of high / low affection, stance detection, SR / AR / ER / CRF (Kong et al., 2024)",
-    kinds: &[],
+    kinds: &[&stages::claims::KIND],
     parsers: parsers::KINDS,
     shapes: offline::SHAPES,
 };
