@@ -1,7 +1,9 @@
 //! SHARP: claims from ConceptNet dumps (the fixtures here and the official test files in
-//! `../shared/data/conceptnet` when present), gzip, bad lines, sampling.
+//! `../shared/data/conceptnet` when present), gzip, bad lines, sampling; the pipeline end to
+//! end offline.
 
 mod claims;
+mod e2e;
 
 use std::path::{Path, PathBuf};
 
@@ -33,4 +35,10 @@ pub fn shared_conceptnet() -> Option<PathBuf> {
         eprintln!("SKIPPED: {} is absent (the shared data folder is not on this machine)", dir.display());
         None
     }
+}
+
+/// Rows of a stage's failure table (empty when it has none).
+pub fn failures(dir: &Path, stage: &str) -> Vec<serde_json::Map<String, serde_json::Value>> {
+    let p = dir.join(format!("{stage}.failures.parquet"));
+    if p.exists() { crate::support::parquet_rows(&p) } else { Vec::new() }
 }
