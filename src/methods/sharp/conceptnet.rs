@@ -151,7 +151,7 @@ impl Filter {
         if e.lang_start.as_deref() != Some(self.lang.as_str()) || e.lang_end.as_deref() != Some(self.lang.as_str()) {
             return Err(Drop::Language);
         }
-        if !self.relations.iter().any(|r| *r == e.rel) {
+        if !self.relations.contains(&e.rel) {
             return Err(Drop::Relation);
         }
         if e.weight < self.min_weight {

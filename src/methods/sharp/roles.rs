@@ -1,5 +1,5 @@
 //! The roles file (spec §2 `sh_affection`, from a user file): tab-separated with a header
-//! `script	main	role	affection`, affection `high` / `low` / `neutral` (`#` lines are
+//! `script, main, role, affection`, affection `high` / `low` / `neutral` (`#` lines are
 //! comments); and the interaction turn of the paper's Appendix B.
 
 use super::metrics::Affection;
