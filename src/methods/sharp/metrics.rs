@@ -186,6 +186,28 @@ pub fn pooled_er(sr: f64, ar: f64, csvt: f64, n_f: f64, n_cf: f64) -> f64 {
     (sr * n_cf + ar * n_f) / (n_f + n_cf) - csvt
 }
 
+/// Stance-detector reliability against human labels (spec §3.5, paper Table 3):
+/// `(accuracy, macro-F1)` over `(gold, predicted)` pairs; macro-F1 is the unweighted mean
+/// of the per-class F1 over the classes present in gold or predictions (a class with no
+/// true positive has F1 0). `None` for no pairs.
+pub fn reliability(pairs: &[(Stance, Stance)]) -> Option<(f64, f64)> {
+    if pairs.is_empty() {
+        return None;
+    }
+    let acc = pairs.iter().filter(|(g, p)| g == p).count() as f64 / pairs.len() as f64;
+    let mut f1s = Vec::new();
+    for c in [Stance::Against, Stance::Neutral, Stance::Favor] {
+        let tp = pairs.iter().filter(|(g, p)| *g == c && *p == c).count() as f64;
+        let gold = pairs.iter().filter(|(g, _)| *g == c).count() as f64;
+        let pred = pairs.iter().filter(|(_, p)| *p == c).count() as f64;
+        if gold + pred == 0.0 {
+            continue;
+        }
+        f1s.push(2.0 * tp / (gold + pred));
+    }
+    Some((acc, f1s.iter().sum::<f64>() / f1s.len() as f64))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -235,6 +257,18 @@ mod tests {
             let got = (pooled_er(sr, ar, csvt, 472.0, 481.0) * 100.0).round() / 100.0;
             assert!((got - er).abs() <= 0.01 + 1e-9, "{name}: {got} vs {er}");
         }
+    }
+
+    #[test]
+    fn detector_reliability() {
+        // gold F F A N, pred F A A F: acc 2/4; F1 FAVOR 2·1/(2+2) = .5, AGAINST 2·1/(1+2) = 2/3, NEUTRAL 0.
+        let pairs = [(Favor, Favor), (Favor, Against), (Against, Against), (Neutral, Favor)];
+        let (acc, f1) = reliability(&pairs).unwrap();
+        close(Some(acc), 0.5);
+        close(Some(f1), (0.5 + 2.0 / 3.0 + 0.0) / 3.0);
+        assert_eq!(reliability(&[]), None);
+        let (acc, f1) = reliability(&[(Favor, Favor)]).unwrap();
+        assert_eq!((acc, f1), (1.0, 1.0), "absent classes are left out");
     }
 
     #[test]

@@ -1,9 +1,10 @@
 //! SHARP: claims from ConceptNet dumps (the fixtures here and the official test files in
 //! `../shared/data/conceptnet` when present), gzip, bad lines, sampling; the pipeline end to
-//! end offline.
+//! end offline; the metrics on the spec's toy vector.
 
 mod claims;
 mod e2e;
+mod metrics;
 
 use std::path::{Path, PathBuf};
 

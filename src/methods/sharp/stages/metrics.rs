@@ -2,7 +2,8 @@
 //! counts, SR, AR, ER, the conservative ratio and CRF ([`crate::methods::sharp::metrics`])
 //! — as its output, and as a summary (`report` reads it): one table, the model level
 //! (mean over scripts of the mean over roles, [R]) as the overall group and each
-//! `script/role` cell as a group, in percent. A record with no stance or an unknown
+//! `script/role` cell as a group, in percent; with `gold_column`, the stance detector's
+//! accuracy and macro-F1 against human labels (Table 3) as a second table. A record with no stance or an unknown
 //! label is counted as `invalid`, never silently dropped.
 
 use std::collections::BTreeMap;
@@ -24,6 +25,11 @@ use crate::store::summary::{self, OVERALL, SummaryRow};
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::optional("label", Ty::Str, "the model's name in the report (default: the input stage's name)"),
     OptionSpec::default("stance_column", Ty::Str, "\"stance\"", "column of the detected stance"),
+    OptionSpec::optional(
+        "gold_column",
+        Ty::Str,
+        "column of human stance labels (FAVOR / AGAINST / NEUTRAL; null where unlabelled): adds the detector's accuracy and macro-F1 (Table 3)",
+    ),
 ];
 
 pub static KIND: KindInfo = KindInfo {
@@ -43,6 +49,7 @@ pub static KIND: KindInfo = KindInfo {
 struct Options {
     label: Option<String>,
     stance_column: String,
+    gold_column: Option<String>,
 }
 
 struct MetricsStage {
@@ -87,6 +94,9 @@ impl Stage for MetricsStage {
     fn plan(&self, ctx: &mut PlanCtx<'_>) -> Option<SchemaRef> {
         let col = self.o.stance_column.clone();
         ctx.require_columns("inputs", 0, ["script", "role", "affection", "label", col.as_str()]);
+        if let Some(g) = self.o.gold_column.clone() {
+            ctx.require_columns("gold_column", 0, [g.as_str()]);
+        }
         Some(output_schema())
     }
 
@@ -96,6 +106,7 @@ impl Stage for MetricsStage {
         // (script, role) -> (affection, cell, invalid)
         let mut cells: BTreeMap<(String, String), (String, Cell, u64)> = BTreeMap::new();
         let mut n_in = 0u64;
+        let mut gold_pairs = Vec::new();
         for b in &batches {
             for i in 0..b.num_rows() {
                 n_in += 1;
@@ -103,6 +114,9 @@ impl Stage for MetricsStage {
                 let key = (text(&r, "script"), text(&r, "role"));
                 let entry = cells.entry(key).or_insert_with(|| (text(&r, "affection"), Cell::default(), 0));
                 let stance = Stance::parse(&text(&r, &self.o.stance_column));
+                if let (Some(g), Some(s)) = (self.o.gold_column.as_ref().and_then(|g| Stance::parse(&text(&r, g))), stance) {
+                    gold_pairs.push((g, s));
+                }
                 let factual = match text(&r, "label").as_str() {
                     "factual" => Some(true),
                     "counterfactual" => Some(false),
@@ -177,6 +191,22 @@ impl Stage for MetricsStage {
         push(OVERALL.into(), n_total, invalid_total, &model);
         for (script, role, n, invalid, rates) in &rated {
             push(format!("{script}/{role}"), *n, *invalid, rates);
+        }
+        if let Some((acc, f1)) = crate::methods::sharp::metrics::reliability(&gold_pairs) {
+            for (metric, heading, v) in [("accuracy", "Accuracy", acc), ("macro_f1", "Macro-F1", f1)] {
+                summary_rows.push(SummaryRow {
+                    label: label.clone(),
+                    table: "sharp_detector".into(),
+                    title: "Stance detector against human labels (%)".into(),
+                    group: OVERALL.into(),
+                    metric: metric.into(),
+                    heading: heading.into(),
+                    n: gold_pairs.len() as u64,
+                    value: v * 100.0,
+                    std: None,
+                    invalid: 0,
+                });
+            }
         }
         ctx.write_side_parquet(&summary::file_name(&ctx.name), &summary::to_batch(&summary_rows)?)?;
         ctx.set_output(out)
