@@ -1,7 +1,8 @@
 //! SHARP's labels and metrics exactly as the spec defines them (`../shared/specs/sharp.md`
 //! §3.2–3.3): the factual-based and snowballing hallucination labels (paper Table 2), per
-//! (script, role) SR, AR, ER, the conservative ratio (Csvt) and CRF, and the model level
-//! as the mean over scripts of the mean over roles. ER and Csvt are derived [D] so that
+//! (script, role) SR, AR, ER, the conservative ratio (Csvt) and CRF, the model level
+//! as the mean over scripts of the mean over roles, Table 5's stance-transfer differences
+//! and the stance detector's reliability (Table 3). ER and Csvt are derived [D] so that
 //! they reproduce the paper's Table 6 backbone rows (unit-tested below).
 
 /// A detected stance, ordered AGAINST < NEUTRAL < FAVOR.
@@ -186,6 +187,25 @@ pub fn pooled_er(sr: f64, ar: f64, csvt: f64, n_f: f64, n_cf: f64) -> f64 {
     (sr * n_cf + ar * n_f) / (n_f + n_cf) - csvt
 }
 
+/// Snowballing stance-transfer ratios of one affection group (spec §3.4, [R] row-normalized):
+/// for each backbone stance `b` and a different agent stance `s`,
+/// `#(b→s) / #(pairs with backbone stance b)`; `None` where no pair has stance `b`.
+pub fn transfer_ratio(pairs: &[(Stance, Stance)], b: Stance, s: Stance) -> Option<f64> {
+    let from = pairs.iter().filter(|(x, _)| *x == b).count() as u64;
+    ratio(pairs.iter().filter(|(x, y)| *x == b && *y == s).count() as u64, from)
+}
+
+/// Table 5's difference for one transfer `b→s`: sycophancy cells (s > b) `high − low`,
+/// adversary cells (s < b) `low − high`; positive = consistent with the hypothesis.
+pub fn transfer_difference(high: &[(Stance, Stance)], low: &[(Stance, Stance)], b: Stance, s: Stance) -> Option<f64> {
+    let (h, l) = (transfer_ratio(high, b, s)?, transfer_ratio(low, b, s)?);
+    match snowball_label(b, s) {
+        Halluc::Sycophancy => Some(h - l),
+        Halluc::Adversary => Some(l - h),
+        Halluc::None => None,
+    }
+}
+
 /// Stance-detector reliability against human labels (spec §3.5, paper Table 3):
 /// `(accuracy, macro-F1)` over `(gold, predicted)` pairs; macro-F1 is the unweighted mean
 /// of the per-class F1 over the classes present in gold or predictions (a class with no
@@ -257,6 +277,19 @@ mod tests {
             let got = (pooled_er(sr, ar, csvt, 472.0, 481.0) * 100.0).round() / 100.0;
             assert!((got - er).abs() <= 0.01 + 1e-9, "{name}: {got} vs {er}");
         }
+    }
+
+    #[test]
+    fn stance_transfer_differences() {
+        let high = [(Against, Favor), (Against, Against), (Favor, Favor), (Favor, Neutral)];
+        let low = [(Against, Against), (Against, Against), (Favor, Against), (Favor, Favor)];
+        close(transfer_ratio(&high, Against, Favor), 0.5);
+        // Against→Favor is sycophancy: high − low = .5 − 0; Favor→Against adversary: low − high = .5 − 0.
+        close(transfer_difference(&high, &low, Against, Favor), 0.5);
+        close(transfer_difference(&high, &low, Favor, Against), 0.5);
+        close(transfer_difference(&high, &low, Favor, Neutral), -0.5);
+        assert_eq!(transfer_difference(&high, &low, Neutral, Favor), None, "no backbone NEUTRAL");
+        assert_eq!(transfer_difference(&high, &low, Favor, Favor), None);
     }
 
     #[test]
