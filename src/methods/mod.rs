@@ -26,6 +26,7 @@ macro_rules! methods {
 methods! {
     rolemrc,
     roleeval,
+    sharp,
 }
 
 /// What a method contributes to the engine.

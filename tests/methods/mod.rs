@@ -2,3 +2,4 @@
 
 mod roleeval;
 mod rolemrc;
+mod sharp;
