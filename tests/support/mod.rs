@@ -10,16 +10,32 @@ use std::process::{Command, Output};
 pub mod eval_fixtures;
 pub mod openai_server;
 
-/// `../shared/models/all-MiniLM-L6-v2` (the real ONNX model), or `None` after saying
-/// why when the shared folder is not on this machine.
-pub fn minilm_dir() -> Option<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/models/all-MiniLM-L6-v2");
-    if dir.join("model.onnx").exists() {
+/// The repository root.
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `../shared/<folder>` when it holds `probe`, or `None` after saying why (the shared
+/// data and models are read in place, never copied, and absent on some machines).
+pub fn shared(folder: &str, probe: &str) -> Option<PathBuf> {
+    let dir = repo().join("../shared").join(folder);
+    if dir.join(probe).exists() {
         Some(dir)
     } else {
-        eprintln!("SKIPPED: {} is absent (the shared model folder is not on this machine)", dir.display());
+        eprintln!("SKIPPED: {} is absent (the shared folder is not on this machine)", dir.display());
         None
     }
+}
+
+/// `../shared/models/all-MiniLM-L6-v2` (the real ONNX model), or `None` after saying why.
+pub fn minilm_dir() -> Option<PathBuf> {
+    shared("models/all-MiniLM-L6-v2", "model.onnx")
+}
+
+/// Rows of a stage's failure table in an output directory (empty when it has none).
+pub fn failures(dir: &Path, stage: &str) -> Vec<serde_json::Map<String, serde_json::Value>> {
+    let p = dir.join(format!("{stage}.failures.parquet"));
+    if p.exists() { parquet_rows(&p) } else { Vec::new() }
 }
 
 /// The ONNX Runtime library `.ci/setup` installs (panics when it is missing: the tests

@@ -8,13 +8,10 @@ mod build;
 mod e2e;
 mod loglik;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crate::support::{Project, Run};
-
-pub fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+pub use crate::support::{failures, repo};
 
 pub fn pipeline() -> String {
     repo().join("pipelines/roleeval.toml").to_string_lossy().to_string()
@@ -32,17 +29,5 @@ pub fn run(p: &Project, out: &str, args: &[&str]) -> (PathBuf, Run) {
 
 /// The shared release, or `None` after saying why.
 pub fn shared_release() -> Option<PathBuf> {
-    let dir = repo().join("../shared/data/roleeval");
-    if dir.join("zh/global/test/celebrities_test.csv").exists() {
-        Some(dir)
-    } else {
-        eprintln!("SKIPPED: {} is absent (the shared data folder is not on this machine)", dir.display());
-        None
-    }
-}
-
-/// Rows of a stage's failure table (empty when it has none).
-pub fn failures(dir: &Path, stage: &str) -> Vec<serde_json::Map<String, serde_json::Value>> {
-    let p = dir.join(format!("{stage}.failures.parquet"));
-    if p.exists() { crate::support::parquet_rows(&p) } else { Vec::new() }
+    crate::support::shared("data/roleeval", "zh/global/test/celebrities_test.csv")
 }

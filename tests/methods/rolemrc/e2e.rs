@@ -10,11 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use support::{Project, assert_same_outputs, parquet_rows, statuses};
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use support::{Project, assert_same_outputs, parquet_rows, repo, statuses};
 
 fn pipeline() -> String {
     repo().join("pipelines/rolemrc.toml").to_string_lossy().to_string()

@@ -12,11 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 use support::openai_server::{self, Behaviour};
-use support::{Project, parquet_rows};
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use support::{Project, parquet_rows, repo};
 
 /// The scripted answer of the judge per dimension, recognised by the prompt's wording.
 fn scripted(prompt: &str) -> (&'static str, &'static str) {

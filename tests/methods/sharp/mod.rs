@@ -9,10 +9,7 @@ mod metrics;
 use std::path::{Path, PathBuf};
 
 use crate::support::{Project, Run};
-
-pub fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+pub use crate::support::{failures, repo};
 
 /// A one-stage pipeline `claims` of kind `sharp_claims` with the given extra option lines,
 /// run into `<project>/out`.
@@ -29,17 +26,5 @@ pub fn run_claims(p: &Project, path: &Path, extra: &str) -> (PathBuf, Run) {
 
 /// The shared ConceptNet fixtures, or `None` after saying why.
 pub fn shared_conceptnet() -> Option<PathBuf> {
-    let dir = repo().join("../shared/data/conceptnet");
-    if dir.join("assertions.csv").exists() {
-        Some(dir)
-    } else {
-        eprintln!("SKIPPED: {} is absent (the shared data folder is not on this machine)", dir.display());
-        None
-    }
-}
-
-/// Rows of a stage's failure table (empty when it has none).
-pub fn failures(dir: &Path, stage: &str) -> Vec<serde_json::Map<String, serde_json::Value>> {
-    let p = dir.join(format!("{stage}.failures.parquet"));
-    if p.exists() { crate::support::parquet_rows(&p) } else { Vec::new() }
+    crate::support::shared("data/conceptnet", "assertions.csv")
 }

@@ -64,13 +64,8 @@ struct Export {
 
 fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> {
     let opts: Options = ctx.parse(diags)?;
-    match Format::read(&ctx.root.join(&opts.format)) {
-        Ok(format) => Some(Box::new(Export { opts, format })),
-        Err(e) => {
-            ctx.error(diags, "format", e);
-            None
-        }
-    }
+    let format = super::read_format(ctx, diags, &opts.format)?;
+    Some(Box::new(Export { opts, format }))
 }
 
 fn text(r: &Row, c: &str) -> String {

@@ -82,13 +82,7 @@ struct Prompts {
 fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> {
     let opts: Options = ctx.parse(diags)?;
     let file = ctx.root.join(&opts.format);
-    let format = match Format::read(&file) {
-        Ok(f) => f,
-        Err(e) => {
-            ctx.error(diags, "format", e);
-            return None;
-        }
-    };
+    let format = super::read_format(ctx, diags, &opts.format)?;
     if opts.shots.is_empty() {
         ctx.error(diags, "shots", "give at least one shot setting");
         return None;

@@ -84,13 +84,7 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
         }
         _ => {}
     }
-    let format = match Format::read(&ctx.root.join(&opts.format)) {
-        Ok(f) => f,
-        Err(e) => {
-            ctx.error(diags, "format", e);
-            return None;
-        }
-    };
+    let format = super::read_format(ctx, diags, &opts.format)?;
     let subsets = opts.subsets.unwrap_or_else(|| format.subsets.iter().map(|s| s.stem.clone()).collect());
     let categories = opts.categories.unwrap_or_else(|| format.categories.iter().map(|c| c.stem.clone()).collect());
     let mut ok = true;

@@ -71,13 +71,7 @@ struct Score {
 fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> {
     let opts: Options = ctx.parse(diags)?;
     let file = ctx.root.join(&opts.format);
-    let format = match Format::read(&file) {
-        Ok(f) => f,
-        Err(e) => {
-            ctx.error(diags, "format", e);
-            return None;
-        }
-    };
+    let format = super::read_format(ctx, diags, &opts.format)?;
     let key = opts.key.as_ref().map(|k| ctx.root.join(k));
     let mut files = vec![file];
     files.extend(key.clone());
