@@ -439,13 +439,16 @@ fn check_stage(
     };
     let kinds = &registry.kinds;
     let Some(kind) = registry.kind(kind_name) else {
-        let hint = did_you_mean(kind_name, kinds.iter().map(|k| k.name)).unwrap_or_default();
-        let kinds = kinds.iter().map(|k| k.name).collect::<Vec<_>>().join(", ");
-        diags.error(
-            &kind_entry.node.span,
-            Some(&subject),
-            format!("unknown stage kind \"{kind_name}\"{hint} (kinds: {kinds})"),
-        );
+        // With a near name, the suggestion is enough (the whole list grows with every
+        // method); without one, every kind is listed.
+        let message = match did_you_mean(kind_name, kinds.iter().map(|k| k.name)) {
+            Some(hint) => format!("unknown stage kind \"{kind_name}\"{hint}; `synth list` shows every kind"),
+            None => {
+                let kinds = kinds.iter().map(|k| k.name).collect::<Vec<_>>().join(", ");
+                format!("unknown stage kind \"{kind_name}\" (kinds: {kinds})")
+            }
+        };
+        diags.error(&kind_entry.node.span, Some(&subject), message);
         return Some(raw);
     };
     raw.kind = Some(kind);
