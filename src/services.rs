@@ -43,6 +43,8 @@ pub struct Services {
     inflight: Mutex<HashMap<String, Flight>>,
     warned_price: Mutex<std::collections::BTreeSet<String>>,
     net: Mutex<Option<Arc<NetRuntime>>>,
+    /// A read-only cache consulted on a miss (a shard's run cache, `dag::shard`).
+    fallback: Option<crate::store::cache::Fallback>,
 }
 
 impl Services {
@@ -67,11 +69,35 @@ impl Services {
             inflight: Mutex::new(HashMap::new()),
             warned_price: Mutex::new(Default::default()),
             net: Mutex::new(None),
+            fallback: None,
         })
+    }
+
+    /// Services for one shard of a sharded run: each provider's and embedder's limits
+    /// scaled by `share` (the shard's part of them), and answers missing from the
+    /// shard's own cache looked up in `fallback` (the run's cache) before paying.
+    pub fn for_shard(
+        out_dir: &Path,
+        root: &Path,
+        providers: BTreeMap<String, Decl>,
+        embedders: BTreeMap<String, Decl>,
+        shapes: Arc<[&'static OfflineShape]>,
+        share: f64,
+        fallback: Option<&Path>,
+    ) -> Result<Arc<Services>> {
+        let mut s = Arc::into_inner(Services::new(out_dir, root, providers, embedders, shapes)).expect("new");
+        s.rates = RateRegistry::with_share(share);
+        s.fallback = fallback.map(crate::store::cache::Fallback::open).transpose()?;
+        Ok(Arc::new(s))
     }
 
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// The cache, if this run opened it.
+    pub fn opened_cache(&self) -> Option<Arc<Cache>> {
+        self.cache.lock().expect("cache").clone()
     }
 
     /// The cache database of the output directory (opened on first use).
@@ -209,6 +235,26 @@ impl Services {
             }
             Ok(None) => {}
             Err(e) => return Err(LlmError::new(ErrorKind::Unavailable, format!("cache: {e:#}"))),
+        }
+        if let Some(fallback) = &self.fallback {
+            match fallback.get(&key) {
+                Ok(Some(row)) => {
+                    if let Ok(response) = serde_json::from_str::<ChatResponse>(&row.response) {
+                        // Kept in this run's own cache too (a shard's cache is merged into its run's).
+                        let kept = match cache.journal_start(&key, &ctx.stage) {
+                            Ok(()) => cache.put_response(row, &usage).await,
+                            Err(e) => Err(e),
+                        };
+                        if let Err(e) = kept {
+                            return Err(LlmError::new(ErrorKind::Unavailable, format!("storing a cached response: {e:#}")));
+                        }
+                        ctx.progress.cache_hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        return Ok(Completed { response, cached: true, retries: 0 });
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!("the run's cache: {e:#}"),
+            }
         }
         // Identical requests in flight at the same time are sent once.
         let flight: Flight = self.inflight.lock().expect("inflight").entry(key.clone()).or_default().clone();

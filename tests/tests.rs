@@ -16,5 +16,6 @@ mod judge;
 mod llm;
 mod methods;
 mod scheduling;
+mod shard;
 mod tidy;
 mod train;

@@ -7,18 +7,22 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 mod cache;
+mod emit;
 mod graph;
 mod inspect;
 mod list;
 mod run;
 mod score;
 mod stats;
+mod status;
 mod validate;
 
 pub const EXIT_OK: i32 = 0;
 pub const EXIT_RUNTIME: i32 = 2;
 pub const EXIT_CONFIG: i32 = 78;
 pub const EXIT_INTERRUPTED: i32 = 130;
+/// A part of a sharded run whose prerequisites are not there yet (EX_TEMPFAIL).
+pub const EXIT_NOT_READY: i32 = 75;
 
 #[derive(Parser, Debug)]
 #[command(name = "synth", version, about = "Run data-synthesis pipelines declared in TOML", long_about = None)]
@@ -64,6 +68,112 @@ pub enum Command {
     /// The LLM response and embedding cache of an output directory.
     #[command(subcommand)]
     Cache(CacheCommand),
+    /// Where a run stands: its last outcome and, for sharded runs, each wave's shards
+    /// done and missing, with the retry set.
+    Status(StatusArgs),
+    /// Write what a scheduler needs to run a pipeline (Kubernetes Jobs, a Slurm script).
+    #[command(subcommand)]
+    Emit(EmitCommand),
+}
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// An output directory (or give --state).
+    pub dir: Option<PathBuf>,
+    /// The run's object store state (s3://..., file://...).
+    #[arg(long, value_name = "URL", conflicts_with = "dir")]
+    pub state: Option<String>,
+    /// Only the waves planned for this many shards.
+    #[arg(long, value_name = "N")]
+    pub shards: Option<u32>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum EmitCommand {
+    /// Kubernetes: a Job per coordinator step and an Indexed Job per wave (apply all at once).
+    K8s(EmitK8sArgs),
+    /// Slurm: a script submitting the steps and the `sbatch --array` waves in order.
+    Slurm(EmitSlurmArgs),
+}
+
+/// What every emitted job runs.
+#[derive(Args, Debug)]
+pub struct EmitArgs {
+    #[command(flatten)]
+    pub pipeline: PipelineArgs,
+    /// Number of shards of each wave.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub shards: u32,
+    /// Shards running at once (and the divisor of each provider's limits) [default: N].
+    #[arg(long)]
+    pub parallel: Option<u32>,
+    /// The run's state (s3://bucket/prefix, gs://, az://, file:///shared/path).
+    #[arg(long, value_name = "URL")]
+    pub state: Option<String>,
+    /// Instead of --state: an output directory on a file system every node shares.
+    #[arg(long = "out-dir", value_name = "DIR", conflicts_with = "state")]
+    pub out: Option<PathBuf>,
+    /// The synth program as the jobs call it.
+    #[arg(long, default_value = "synth")]
+    pub synth: String,
+    /// Name prefix of the jobs [default: the pipeline's name].
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Run id shared by the jobs [default: <pipeline>-<unix time>].
+    #[arg(long)]
+    pub run_id: Option<String>,
+    /// How long a job waits for what it needs before failing, in seconds.
+    #[arg(long, default_value_t = 86_400)]
+    pub wait: u64,
+    /// Write to this file instead of standard output.
+    #[arg(long = "output", short = 'o', value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct EmitK8sArgs {
+    #[command(flatten)]
+    pub common: EmitArgs,
+    /// Container image with synth and the project (pipelines, prompts, data).
+    #[arg(long)]
+    pub image: String,
+    /// A Secret whose keys become environment variables (OPENAI_API_KEY, AWS_ACCESS_KEY_ID, ...).
+    #[arg(long)]
+    pub secret: Option<String>,
+    #[arg(long)]
+    pub namespace: Option<String>,
+    #[arg(long)]
+    pub service_account: Option<String>,
+    /// The container's working directory (where the pipeline's paths resolve).
+    #[arg(long)]
+    pub workdir: Option<String>,
+    #[arg(long, default_value = "1")]
+    pub cpu: String,
+    #[arg(long, default_value = "2Gi")]
+    pub memory: String,
+    /// Retries of each failed index (Indexed Jobs) or step.
+    #[arg(long, default_value_t = 3)]
+    pub backoff_limit_per_index: u32,
+}
+
+#[derive(Args, Debug)]
+pub struct EmitSlurmArgs {
+    #[command(flatten)]
+    pub common: EmitArgs,
+    #[arg(long)]
+    pub partition: Option<String>,
+    /// Time limit of each job (sbatch --time).
+    #[arg(long)]
+    pub time: Option<String>,
+    #[arg(long, default_value_t = 1)]
+    pub cpus_per_task: u32,
+    #[arg(long)]
+    pub mem: Option<String>,
+    /// Folder of the jobs' logs.
+    #[arg(long, default_value = "slurm-logs")]
+    pub logs: String,
 }
 
 #[derive(Subcommand, Debug)]
@@ -234,6 +344,54 @@ pub struct RunArgs {
     /// Show what would run and what is up to date; run nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Keep outputs, state and caches in an object store instead of --out:
+    /// s3://bucket/prefix, gs://, az://, file:///path (credentials and endpoint from the
+    /// environment, as the providers' SDKs read them).
+    #[arg(long, value_name = "URL", conflicts_with = "out")]
+    pub state: Option<String>,
+    /// Local work directory for --state (its mirror, the shards' work) [default:
+    /// $SYNTH_WORK_DIR, else ~/.cache/synth/work/<hash of the URL>].
+    #[arg(long, value_name = "DIR")]
+    pub work: Option<PathBuf>,
+    /// Run the record-parallel stages as N shards (see "Sharded runs" in the README).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub shards: Option<u32>,
+    /// With --shards: run only shard I of --wave [default: $JOB_COMPLETION_INDEX
+    /// (Kubernetes Indexed Job), else $SLURM_ARRAY_TASK_ID].
+    #[arg(long, value_name = "I", requires = "shards", conflicts_with = "step")]
+    pub shard: Option<u32>,
+    /// With --shard: the wave the shard belongs to.
+    #[arg(long, value_name = "K", requires = "shards")]
+    pub wave: Option<u32>,
+    /// With --shards: run only coordinator step K (merge wave K, run the stages that
+    /// need their inputs whole, plan wave K+1).
+    #[arg(long, value_name = "K", requires = "shards")]
+    pub step: Option<u32>,
+    /// With --shards: run every step here and every shard as a local process (the
+    /// default when neither --shard nor --step is given).
+    #[arg(long, value_enum, requires = "shards")]
+    pub executor: Option<Executor>,
+    /// Shards running at once (the local executor starts this many; each provider's
+    /// limits are divided by it) [default: N].
+    #[arg(long, value_name = "P", requires = "shards", value_parser = clap::value_parser!(u32).range(1..))]
+    pub parallel: Option<u32>,
+    /// Wait up to this many seconds for the wave's plan or its shards instead of failing
+    /// at once (jobs a scheduler starts together).
+    #[arg(long, value_name = "SECONDS", requires = "shards")]
+    pub wait: Option<u64>,
+    /// Lifetime of leases on an object store (renewed every third of it).
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    pub lease_seconds: u64,
+    /// With --shards, for jobs started together (`synth emit`): accept only wave plans
+    /// written by a step with this run id.
+    #[arg(long, value_name = "ID", requires = "shards")]
+    pub run_id: Option<String>,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Executor {
+    /// Shards as processes of this machine.
+    Local,
 }
 
 #[derive(Args, Debug)]
@@ -327,12 +485,14 @@ pub fn main() -> i32 {
         Command::Validate(a) => validate::run(&a),
         Command::Graph(a) => graph::run(&a),
         Command::List => list::run(),
-        Command::Run(a) => run::run(&a, cli.quiet),
+        Command::Run(a) => run::run(&a, cli.quiet, cli.log_format),
         Command::Inspect(a) => inspect::run(&a),
         Command::Stats(a) => stats::run(&a),
         Command::Score(a) => score::run(&a),
         Command::Bench(b) => bench(b),
         Command::Cache(c) => cache::run(c),
+        Command::Status(a) => status::run(&a),
+        Command::Emit(e) => emit::run(&e),
     }
 }
 

@@ -6,25 +6,64 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_OK, EXIT_RUNTIME, RunArgs};
+use super::{EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_NOT_READY, EXIT_OK, EXIT_RUNTIME, RunArgs};
 use crate::dag::runner::{self, RunError, RunOptions, RunSummary};
+use crate::dag::shard::{self, ShardOutcome, Sharding};
 use crate::progress::ProgressHub;
+use crate::store::object::StateStore;
 use crate::store::state::StageStatus;
 
-pub fn run(args: &RunArgs, quiet: bool) -> i32 {
+/// What this process is in a sharded run.
+enum Part {
+    Whole,
+    Local(Sharding),
+    Step(Sharding, usize),
+    Shard(Sharding, usize, usize),
+}
+
+pub fn run(args: &RunArgs, quiet: bool, log_format: super::LogFormat) -> i32 {
     let p = match super::load_or_report(&args.pipeline) {
         Ok(p) => Arc::new(p),
         Err(code) => return code,
     };
     let out_dir = args.out.clone().unwrap_or_else(|| p.output_dir.clone());
+    let (state, work) = match &args.state {
+        None => (None, out_dir.clone()),
+        Some(url) => {
+            let work = work_dir(args, url);
+            match StateStore::open(url, &work) {
+                Ok(s) => (Some(s), work),
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    return EXIT_CONFIG;
+                }
+            }
+        }
+    };
+    let part = match part(args, work.clone()) {
+        Ok(part) => part,
+        Err(msg) => {
+            eprintln!("error: {msg}");
+            return EXIT_CONFIG;
+        }
+    };
+    if !matches!(part, Part::Whole) && (args.only.is_some() || args.from.is_some() || args.force) {
+        eprintln!(
+            "error: --only, --from and --force do not combine with --shards (a sharded run builds what is not up to date; remove outputs to rebuild them)"
+        );
+        return EXIT_CONFIG;
+    }
     let opts = RunOptions {
         out_dir,
+        state,
         only: args.only.clone(),
         from: args.from.clone(),
         until: args.until.clone(),
         limit: args.limit,
         force: args.force,
         dry_run: args.dry_run,
+        lease_ttl: Some(std::time::Duration::from_secs(args.lease_seconds.max(1))),
+        role: None,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
@@ -40,11 +79,37 @@ pub fn run(args: &RunArgs, quiet: bool) -> i32 {
         let hub = ProgressHub::auto(quiet || dry_run);
         let stop_ticker = CancellationToken::new();
         let ticker = tokio::spawn(hub.clone().tick(stop_ticker.clone()));
-        let result = runner::run(p, opts, hub, cancel).await;
+        let result = match &part {
+            Part::Whole => runner::run(p, opts, hub, cancel).await,
+            Part::Step(sh, k) => shard::step(p, &opts, sh, *k, hub, cancel).await,
+            Part::Shard(sh, k, i) => match shard::shard(p, &opts, sh, *k, *i, hub, cancel).await {
+                Ok(ShardOutcome::Done(summary)) => Ok(summary),
+                Ok(other) => {
+                    eprintln!(
+                        "{}",
+                        match other {
+                            ShardOutcome::Nothing => format!("wave {k}: nothing to run"),
+                            _ => format!("wave {k} shard {i}: already done"),
+                        }
+                    );
+                    return Ok(None);
+                }
+                Err(e) => Err(e),
+            },
+            Part::Local(sh) => {
+                let launch = launcher(args, sh, quiet, log_format);
+                shard::run_local(p, &opts, sh, &launch, hub, cancel).await
+            }
+        };
         stop_ticker.cancel();
         let _ = ticker.await;
-        result
+        result.map(Some)
     });
+    let result = match result {
+        Ok(None) => return EXIT_OK,
+        Ok(Some(s)) => Ok(s),
+        Err(e) => Err(e),
+    };
     match result {
         Ok(summary) if dry_run => {
             print_plan(&summary);
@@ -66,6 +131,121 @@ pub fn run(args: &RunArgs, quiet: bool) -> i32 {
             eprintln!("{msg}");
             EXIT_INTERRUPTED
         }
+        Err(RunError::NotReady(msg)) => {
+            eprintln!("not ready: {msg}");
+            EXIT_NOT_READY
+        }
+    }
+}
+
+/// The local work directory of an object-store state.
+fn work_dir(args: &RunArgs, url: &str) -> std::path::PathBuf {
+    if let Some(w) = &args.work {
+        return w.clone();
+    }
+    if let Some(w) = std::env::var_os("SYNTH_WORK_DIR") {
+        return w.into();
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("synth").join("work").join(&blake3::hash(url.as_bytes()).to_hex()[..16])
+}
+
+/// What this process is, from --shards, --shard / the scheduler's index, --step.
+fn part(args: &RunArgs, work: std::path::PathBuf) -> Result<Part, String> {
+    let Some(n) = args.shards else {
+        if args.shard.is_some() || args.step.is_some() {
+            return Err("--shard and --step need --shards".into());
+        }
+        return Ok(Part::Whole);
+    };
+    let n = n as usize;
+    let sh = Sharding {
+        shards: n,
+        parallel: args.parallel.map_or(n, |p| p as usize).min(n),
+        work,
+        lease_ttl: std::time::Duration::from_secs(args.lease_seconds.max(1)),
+        wait: args.wait.map(std::time::Duration::from_secs),
+        run_id: args.run_id.clone(),
+    };
+    if let Some(k) = args.step {
+        return Ok(Part::Step(sh, k as usize));
+    }
+    let index = match args.shard {
+        Some(i) => Some(i as usize),
+        None if args.executor.is_some() => None,
+        None => ["JOB_COMPLETION_INDEX", "SLURM_ARRAY_TASK_ID"]
+            .iter()
+            .find_map(|v| std::env::var(v).ok())
+            .map(|v| v.trim().parse::<usize>().map_err(|_| format!("the shard index \"{v}\" is not a number")))
+            .transpose()?,
+    };
+    match (index, args.wave) {
+        (Some(i), Some(k)) if k >= 1 => Ok(Part::Shard(sh, k as usize, i)),
+        (Some(_), _) => Err("a shard needs --wave K (K >= 1; `synth status` lists the waves)".into()),
+        (None, Some(_)) => Err("--wave needs --shard (or $JOB_COMPLETION_INDEX / $SLURM_ARRAY_TASK_ID)".into()),
+        (None, None) => Ok(Part::Local(sh)),
+    }
+}
+
+/// The command line of one shard of the local executor: this program with the same
+/// pipeline arguments, quiet, its log in `_synth/logs/` of the state (or work) folder.
+fn launcher(args: &RunArgs, sh: &Sharding, quiet: bool, log_format: super::LogFormat) -> impl Fn(usize, usize) -> tokio::process::Command + Send + Sync + use<> {
+    let exe = std::env::current_exe().unwrap_or_else(|_| "synth".into());
+    let mut base: Vec<std::ffi::OsString> = vec!["run".into(), args.pipeline.pipeline.clone().into()];
+    if let Some(p) = &args.pipeline.profile {
+        base.extend(["--profile".into(), p.into()]);
+    }
+    if args.pipeline.offline {
+        base.push("--offline".into());
+    }
+    for s in &args.pipeline.sets {
+        base.extend(["--set".into(), s.into()]);
+    }
+    if let Some(l) = args.limit {
+        base.extend(["--limit".into(), l.to_string().into()]);
+    }
+    match &args.state {
+        Some(url) => base.extend(["--state".into(), url.into(), "--work".into(), sh.work.clone().into()]),
+        None => {
+            if let Some(o) = &args.out {
+                base.extend(["--out".into(), o.clone().into()]);
+            }
+        }
+    }
+    base.extend([
+        "--shards".into(),
+        sh.shards.to_string().into(),
+        "--parallel".into(),
+        sh.parallel.to_string().into(),
+        "--lease-seconds".into(),
+        args.lease_seconds.to_string().into(),
+    ]);
+    if let Some(id) = &args.run_id {
+        base.extend(["--run-id".into(), id.into()]);
+    }
+    if matches!(log_format, super::LogFormat::Json) {
+        base.extend(["--log-format".into(), "json".into()]);
+    }
+    let _ = quiet;
+    let logs = sh.work.join(crate::store::state::INTERNAL_DIR).join("logs");
+    move |k: usize, i: usize| {
+        let mut cmd = tokio::process::Command::new(&exe);
+        cmd.args(&base).args(["--wave", &k.to_string(), "--shard", &i.to_string(), "-q"]);
+        let _ = std::fs::create_dir_all(&logs);
+        match std::fs::File::create(logs.join(format!("w{k}-s{i:05}.log"))) {
+            Ok(f) => {
+                cmd.stderr(f);
+            }
+            Err(_) => {
+                cmd.stderr(std::process::Stdio::inherit());
+            }
+        }
+        cmd.stdout(std::process::Stdio::null()).stdin(std::process::Stdio::null()).kill_on_drop(false);
+        cmd.env_remove("JOB_COMPLETION_INDEX").env_remove("SLURM_ARRAY_TASK_ID");
+        cmd
     }
 }
 
@@ -108,7 +288,7 @@ fn print_summary(summary: &RunSummary) {
         println!(
             "everything is up to date ({} stages); outputs in {}",
             summary.lines.iter().filter(|l| l.status == StageStatus::UpToDate).count(),
-            summary.out_dir.display()
+            summary.location
         );
         return;
     }
@@ -138,7 +318,7 @@ fn print_summary(summary: &RunSummary) {
             (None, _) => println!("{:width$}  {status}", l.stage),
         }
     }
-    println!("outputs in {}", summary.out_dir.display());
+    println!("outputs in {}", summary.location);
     // Records that failed are kept, with their reasons, and the run goes on: say so loudly.
     for l in &summary.lines {
         if let Some(f) = &l.failures {

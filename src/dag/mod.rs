@@ -5,6 +5,8 @@
 
 pub mod fingerprint;
 pub mod runner;
+pub mod shard;
+pub mod waves;
 
 use std::collections::BTreeSet;
 

@@ -23,22 +23,51 @@ use crate::stages::{Cancelled, Input, PrepareCtx, Prepared, Role, RunCtx, failur
 use crate::store::atomic::clean_debris;
 use crate::store::failures::write_failures;
 use crate::store::filehash::FileHasher;
-use crate::store::parquet::{FINGERPRINT_KEY, read_footer};
+use crate::store::lease::Lease;
+use crate::store::object::StateStore;
+use crate::store::parquet::FINGERPRINT_KEY;
 use crate::store::state::{
-    FingerprintParts, INTERNAL_DIR, Manifest, ManifestStage, OutputRecord, PipelineInfo, RunStatus, StageReport,
-    StageState, StageStatus, now_rfc3339, relative_to,
+    FingerprintParts, INTERNAL_DIR, MANIFEST, Manifest, ManifestStage, OutputRecord, PipelineInfo, RunStatus,
+    StageReport, StageState, StageStatus, now_rfc3339, relative_to,
 };
 
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct RunOptions {
+    /// The output directory (when `state` is `None`).
     pub out_dir: PathBuf,
+    /// Where outputs and state live when not in `out_dir`: an object store worked on
+    /// through a local mirror (`synth run --state URL`).
+    pub state: Option<StateStore>,
     pub only: Option<String>,
     pub from: Option<String>,
     pub until: Option<String>,
     pub limit: Option<u64>,
     pub force: bool,
     pub dry_run: bool,
+    /// Lifetime of the coordinator's lease on an object store (renewed every third).
+    pub lease_ttl: Option<std::time::Duration>,
+    /// A part of a sharded run (`dag::shard` sets it): which stages run how, and where
+    /// their inputs come from.
+    pub role: Option<Arc<super::shard::Role>>,
 }
+
+impl std::fmt::Debug for RunOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunOptions")
+            .field("out_dir", &self.out_dir)
+            .field("state", &self.state.as_ref().map(StateStore::display))
+            .field("only", &self.only)
+            .field("from", &self.from)
+            .field("until", &self.until)
+            .field("limit", &self.limit)
+            .field("force", &self.force)
+            .field("dry_run", &self.dry_run)
+            .finish()
+    }
+}
+
+/// Default lifetime of a lease (renewed every third of it while the holder works).
+pub const LEASE_TTL: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// How a run ended badly; each carries the message for the user.
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +81,10 @@ pub enum RunError {
     /// Stopped by a signal: exit 130.
     #[error("{0}")]
     Interrupted(String),
+    /// A sharded run's part whose prerequisites are not there yet (the wave is not
+    /// planned, shards are missing): exit 75, try again later.
+    #[error("{0}")]
+    NotReady(String),
 }
 
 /// One line of the run summary (or of a dry-run plan).
@@ -80,7 +113,11 @@ pub struct FailureNote {
 #[derive(Debug, Clone)]
 pub struct RunSummary {
     pub lines: Vec<StageLine>,
+    /// The local directory the run worked in (the output directory, or the mirror of
+    /// an object store).
     pub out_dir: PathBuf,
+    /// Where the outputs are: the output directory, or the object store URL.
+    pub location: String,
 }
 
 impl RunSummary {
@@ -89,14 +126,20 @@ impl RunSummary {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Mode {
     /// Run unless up to date (or forced).
     Run { forced: bool },
-    /// Only check it is up to date (an input of `--only`).
+    /// Only check it is up to date (an input of `--only`, or of a step of a sharded run).
     Check,
     /// Dry run: report, never run.
     Plan { forced: bool },
+    /// Complete elsewhere with this fingerprint: an input of a shard's wave, read from
+    /// the merged state (`dag::shard`).
+    Given(String),
+    /// Complete it by merging the parts its shards committed (`dag::shard`), unless up
+    /// to date.
+    Merge,
 }
 
 enum Outcome {
@@ -130,7 +173,8 @@ pub async fn run(
     cancel: CancellationToken,
 ) -> Result<RunSummary, RunError> {
     let n = p.stages.len();
-    let out_dir = opts.out_dir.clone();
+    let store = opts.state.clone().unwrap_or_else(|| StateStore::local(&opts.out_dir));
+    let out_dir = store.dir().to_path_buf();
 
     // Which stages take part, and how.
     let mut modes: Vec<Option<Mode>> = vec![Some(Mode::Run { forced: opts.force }); n];
@@ -168,26 +212,57 @@ pub async fn run(
             }
         }
     }
+    if let Some(role) = &opts.role {
+        modes = role.modes.clone();
+    }
     if opts.dry_run {
         for m in modes.iter_mut().flatten() {
-            *m = Mode::Plan { forced: matches!(m, Mode::Run { forced: true }) };
+            if let Mode::Run { forced } = m {
+                *m = Mode::Plan { forced: *forced };
+            }
         }
     }
 
-    // Output directory: create, lock, clear debris of interrupted runs.
+    // Output directory: create, lock, clear debris of interrupted runs; on an object
+    // store, take the coordinator's lease and bring the state records into the mirror.
     let _lock = if opts.dry_run { None } else { Some(prepare_out_dir(&out_dir)?) };
+    let lease = match (&opts.role, store.is_remote() && !opts.dry_run) {
+        (None, true) => Some(
+            Lease::acquire(&store, COORDINATOR_LEASE, opts.lease_ttl.unwrap_or(LEASE_TTL), "coordinator of this run")
+                .await
+                .map_err(|e| RunError::Failed(format!("{e:#}")))?,
+        ),
+        _ => None,
+    };
+    if let Some(lease) = &lease {
+        // A lost lease stops the run before its next commit.
+        let (lost, cancel) = (lease.lost(), cancel.clone());
+        tokio::spawn(async move {
+            lost.cancelled().await;
+            cancel.cancel();
+        });
+    }
+    store.pull_state().await.map_err(fail)?;
     let previous = Manifest::load(&out_dir).ok();
     let mut manifest = new_manifest(&p, &previous);
     if !opts.dry_run {
-        manifest.save(&out_dir).map_err(fail)?;
+        save_manifest(&mut manifest, &store).await.map_err(fail)?;
     }
     let hasher = Arc::new(Mutex::new(if opts.dry_run { FileHasher::ephemeral() } else { FileHasher::load(&out_dir) }));
-    let services =
-        Services::new(&out_dir, &p.root, p.providers.clone(), p.embedders.clone(), p.registry.shapes.clone());
+    let services = match &opts.role {
+        Some(role) => role.services(&p, &out_dir),
+        None => Services::new(&out_dir, &p.root, p.providers.clone(), p.embedders.clone(), p.registry.shapes.clone()),
+    };
 
-    let mut nodes: Vec<Node> = (0..n).map(|i| if modes[i].is_none() { Node::Skipped } else { Node::Pending }).collect();
+    let mut nodes: Vec<Node> = (0..n)
+        .map(|i| match &modes[i] {
+            None => Node::Skipped,
+            Some(Mode::Given(fp)) => Node::Done(Some(fp.clone())),
+            Some(_) => Node::Pending,
+        })
+        .collect();
     for (i, node) in nodes.iter().enumerate() {
-        if *node == Node::Skipped
+        if matches!(node, Node::Skipped | Node::Done(_))
             && let Some(ms) = manifest.stages.get_mut(&p.stages[i].name)
         {
             ms.status = StageStatus::Skipped;
@@ -231,7 +306,7 @@ pub async fn run(
                 let job = StageJob {
                     p: p.clone(),
                     idx: i,
-                    mode: modes[i].expect("selected"),
+                    mode: modes[i].clone().expect("selected"),
                     input_fps,
                     out_dir: out_dir.clone(),
                     limit: opts.limit,
@@ -239,6 +314,9 @@ pub async fn run(
                     hub: hub.clone(),
                     hasher: hasher.clone(),
                     services: services.clone(),
+                    store: store.clone(),
+                    role: opts.role.clone(),
+                    dry_run: opts.dry_run,
                 };
                 let task = async move {
                     let idx = job.idx;
@@ -304,14 +382,19 @@ pub async fn run(
             }
             Ok(Outcome::NotUpToDate { reason }) => {
                 nodes[idx] = Node::Failed;
-                let only = opts.only.clone().unwrap_or_default();
-                errors.push(format!(
-                    "stage \"{only}\" depends on \"{name}\", which is not up to date ({reason}); run without --only (or with --from {name})"
-                ));
+                errors.push(match (&opts.role, &opts.only) {
+                    (Some(role), _) => role.not_up_to_date(&name, &reason),
+                    (None, only) => format!(
+                        "stage \"{}\" depends on \"{name}\", which is not up to date ({reason}); run without --only (or with --from {name})",
+                        only.clone().unwrap_or_default()
+                    ),
+                });
                 line.status = StageStatus::Failed;
                 stopping = true;
             }
-            Ok(Outcome::Ran { fp, parts, ctx }) => match finish_stage(&out_dir, decl, &fp, parts, *ctx) {
+            Ok(Outcome::Ran { fp, parts, ctx }) => match finish_stage(&store, decl, &fp, parts, *ctx, &opts.role, &lease)
+                .await
+            {
                 Ok((state, failures)) => {
                     line.failures = failures;
                     let r = &state.report;
@@ -355,7 +438,7 @@ pub async fn run(
         }
         lines.insert(idx, line);
         if !opts.dry_run
-            && let Err(e) = manifest.save(&out_dir)
+            && let Err(e) = save_manifest(&mut manifest, &store).await
         {
             let why = crate::store::atomic::explain_disk_full(&e).unwrap_or_else(|| format!("{e:#}"));
             errors.push(format!("after stage \"{name}\", writing the manifest: {why}"));
@@ -368,7 +451,11 @@ pub async fn run(
         lines.entry(i).or_insert_with(|| StageLine {
             stage: p.stages[i].name.clone(),
             kind: p.stages[i].kind.name.to_string(),
-            status: if *node == Node::Skipped { StageStatus::Skipped } else { StageStatus::Cancelled },
+            // Given stages (inputs of a shard, complete elsewhere) count as not selected.
+            status: match node {
+                Node::Skipped | Node::Done(_) => StageStatus::Skipped,
+                _ => StageStatus::Cancelled,
+            },
             reason: None,
             report: None,
             fingerprint: None,
@@ -377,12 +464,19 @@ pub async fn run(
     }
     let mut ordered: Vec<StageLine> = p.graph.order.iter().filter_map(|i| lines.remove(i)).collect();
     ordered.extend(lines.into_values());
-    let summary = RunSummary { lines: ordered, out_dir: out_dir.clone() };
+    let summary = RunSummary { lines: ordered, out_dir: out_dir.clone(), location: store.display() };
     if opts.dry_run {
         return Ok(summary);
     }
     let _ = hasher.lock().expect("hasher").save();
-    let interrupted = cancel.is_cancelled();
+    let lost = lease.as_ref().is_some_and(|l| l.lost().is_cancelled());
+    if lost {
+        errors.push(format!(
+            "another process took over the lease of this run's state ({}): this process stopped committing",
+            store.display()
+        ));
+    }
+    let interrupted = cancel.is_cancelled() && !lost;
     manifest.finished_at = Some(now_rfc3339());
     manifest.status = if interrupted {
         RunStatus::Interrupted
@@ -394,20 +488,28 @@ pub async fn run(
     if !errors.is_empty() {
         manifest.error = Some(errors.join("\n"));
     }
-    manifest.save(&out_dir).map_err(fail)?;
+    if store.is_remote()
+        && let Err(e) = publish_cache(&services, &store).await
+    {
+        errors.push(format!("uploading the cache: {e:#}"));
+    }
+    save_manifest(&mut manifest, &store).await.map_err(fail)?;
+    if let Some(lease) = lease {
+        let _ = lease.release().await;
+    }
     if interrupted {
         let done =
             summary.lines.iter().filter(|l| matches!(l.status, StageStatus::Ran | StageStatus::UpToDate)).count();
         return Err(RunError::Interrupted(format!(
             "interrupted: {done} of {n} stages are complete and kept in {}; run the same command again to resume",
-            out_dir.display()
+            store.display()
         )));
     }
     if !errors.is_empty() {
         return Err(RunError::Failed(format!(
             "{}\ncompleted stages are kept in {}; fix the problem and run again to resume",
             errors.join("\n"),
-            out_dir.display()
+            store.display()
         )));
     }
     Ok(summary)
@@ -537,12 +639,15 @@ struct StageJob {
     hub: Arc<ProgressHub>,
     hasher: Arc<Mutex<FileHasher>>,
     services: Arc<Services>,
+    store: StateStore,
+    role: Option<Arc<super::shard::Role>>,
+    dry_run: bool,
 }
 
 impl StageJob {
     async fn run(self) -> Result<Outcome> {
         let decl = &self.p.stages[self.idx];
-        let dry = matches!(self.mode, Mode::Plan { .. });
+        let dry = self.dry_run;
         let prepare_ctx = PrepareCtx {
             name: &decl.name,
             services: &self.services,
@@ -562,7 +667,10 @@ impl StageJob {
         let parts = self.parts(&prepared).await?;
         let fp = combine(&parts);
         let state = StageState::load(&self.out_dir, &decl.name);
-        let up_to_date = state.as_ref().is_some_and(|s| s.fingerprint == fp && self.outputs_match(s, &fp));
+        let up_to_date = match &state {
+            Some(s) if s.fingerprint == fp => self.outputs_match(s, &fp).await,
+            _ => false,
+        };
         let forced = matches!(self.mode, Mode::Run { forced: true } | Mode::Plan { forced: true });
         let reason = || {
             if forced && up_to_date { "forced".to_string() } else { explain(state.as_ref().map(|s| &s.parts), &parts) }
@@ -575,15 +683,31 @@ impl StageJob {
             Mode::Plan { .. } => {
                 return Ok(Outcome::WouldRun { fp: Some(fp), reason: reason() });
             }
-            Mode::Run { .. } => {}
+            Mode::Given(_) => unreachable!("given stages do not run"),
+            Mode::Run { .. } | Mode::Merge => {}
         }
-        tracing::info!("stage \"{}\" ({}) starts: {}", decl.name, decl.kind.name, reason());
+        let merging = self.mode == Mode::Merge;
+        if merging {
+            tracing::info!("stage \"{}\" ({}): merging its shards ({})", decl.name, decl.kind.name, reason());
+        } else {
+            tracing::info!("stage \"{}\" ({}) starts: {}", decl.name, decl.kind.name, reason());
+        }
 
-        let inputs = decl
-            .inputs
-            .iter()
-            .map(|name| Input::open(name, output_path(&self.out_dir, name)))
-            .collect::<Result<Vec<_>>>()?;
+        let mut inputs = Vec::new();
+        if !merging {
+            for name in &decl.inputs {
+                let path = match self.role.as_ref().and_then(|r| r.input_path(self.idx, name)) {
+                    Some(path) => path,
+                    None => self.fetch_input(name).await?,
+                };
+                inputs.push(Input::open(name, path)?);
+            }
+        }
+        let whole_input = match self.role.as_ref().and_then(|r| r.whole_input(self.idx)) {
+            Some(path) => Some(Input::open(&decl.inputs[0], path)?),
+            None => None,
+        };
+        let lineage = self.role.as_ref().filter(|r| r.sharded(self.idx)).map(|_| Default::default());
         let progress = self.hub.start(&decl.name);
         let mut ctx = RunCtx {
             name: decl.name.clone(),
@@ -601,11 +725,25 @@ impl StageJob {
             services: self.services.clone(),
             output: None,
             artifacts: Vec::new(),
+            lineage,
+            whole_input,
         };
         let started = Instant::now();
-        let result = decl.stage.run(&mut ctx).await;
+        let result = match (merging, &self.role) {
+            (true, Some(role)) => role.merge(self.idx, &fp, &mut ctx, &self.store).await,
+            _ => decl.stage.run(&mut ctx).await,
+        };
         self.hub.finish(&progress);
         result?;
+        if merging {
+            // The shards' figures, summed by the merge; the wall time is the wave's.
+            return Ok(Outcome::Ran { fp, parts, ctx: Box::new(ctx) });
+        }
+        if let Some(role) = &self.role
+            && role.sharded(self.idx)
+        {
+            role.write_keys(self.idx, &mut ctx)?;
+        }
         let r = &mut ctx.report;
         r.wall_seconds = started.elapsed().as_secs_f64();
         r.requests = progress.requests.load(Ordering::Relaxed);
@@ -647,30 +785,62 @@ impl StageJob {
         })
     }
 
-    /// Committed outputs are on disk, unmodified, and the materialized Parquet
-    /// carries the fingerprint in its footer.
-    fn outputs_match(&self, state: &StageState, fp: &str) -> bool {
-        if !state.outputs_intact(&self.out_dir) {
-            return false;
+    /// Committed outputs are stored, unmodified, and the materialized Parquet carries
+    /// the fingerprint in its footer.
+    async fn outputs_match(&self, state: &StageState, fp: &str) -> bool {
+        for o in state.outputs.iter().chain(state.failures.iter()) {
+            let size = if std::path::Path::new(&o.path).is_absolute() {
+                std::fs::metadata(&o.path).ok().map(|m| m.len())
+            } else {
+                self.store.size(&o.path).await.ok().flatten()
+            };
+            if size != Some(o.bytes) {
+                return false;
+            }
         }
         let decl = &self.p.stages[self.idx];
         if decl.kind.role == Role::Sink {
             return true;
         }
-        read_footer(&output_path(&self.out_dir, &decl.name))
-            .map(|f| f.meta.get(FINGERPRINT_KEY).map(String::as_str) == Some(fp))
-            .unwrap_or(false)
+        let rel = relative_to(&self.out_dir, &output_path(&self.out_dir, &decl.name));
+        self.store.parquet_meta(&rel).await.and_then(|m| m.get(FINGERPRINT_KEY).cloned()).as_deref() == Some(fp)
+    }
+
+    /// The local path of an input's materialized output, fetched from the store (with
+    /// the files beside it, e.g. its summary) when the store is not this directory.
+    async fn fetch_input(&self, name: &str) -> Result<PathBuf> {
+        let local = output_path(&self.out_dir, name);
+        if !self.store.is_remote() {
+            return Ok(local);
+        }
+        let state = StageState::load(&self.out_dir, name)
+            .with_context(|| format!("input \"{name}\" has no state record in {}", self.store.display()))?;
+        for o in &state.outputs {
+            if !std::path::Path::new(&o.path).is_absolute() {
+                self.store.fetch(&o.path).await?;
+            }
+        }
+        Ok(local)
     }
 }
 
-/// Check the failure ratio, then commit: failures, outputs, state record.
-fn finish_stage(
-    out_dir: &Path,
+/// Check the failure ratio, then commit: failures, outputs, state record (each
+/// published to the store right after its local commit, in that order).
+async fn finish_stage(
+    store: &StateStore,
     decl: &crate::pipeline::StageDecl,
     fp: &str,
     parts: FingerprintParts,
     mut ctx: RunCtx,
+    role: &Option<Arc<super::shard::Role>>,
+    lease: &Option<Lease>,
 ) -> Result<(StageState, Option<FailureNote>)> {
+    if let Some(lease) = lease {
+        crate::store::lease::check(lease, "coordinator of this run")?;
+    }
+    let out_dir = store.dir();
+    // A shard sees only its share of the records: the merge checks the whole stage.
+    let check_ratio = !role.as_ref().is_some_and(|r| r.sharded_name(&decl.name));
     let failures = ctx.failures.take();
     let n_failed = failures.len() as u64;
     ctx.report.rows_failed = n_failed;
@@ -687,16 +857,19 @@ fn finish_stage(
         let pending = write_failures(&fpath, failures, ctx.footer_meta())?;
         let bytes = pending.bytes();
         pending.commit()?;
-        Some(OutputRecord { path: relative_to(out_dir, &fpath), bytes, rows: Some(n_failed) })
+        let rel = relative_to(out_dir, &fpath);
+        store.publish(&rel).await?;
+        Some(OutputRecord { path: rel, bytes, rows: Some(n_failed) })
     } else {
-        if fpath.exists() {
-            std::fs::remove_file(&fpath).with_context(|| format!("removing stale {}", fpath.display()))?;
+        let rel = relative_to(out_dir, &fpath);
+        if fpath.exists() || (store.is_remote() && store.size(&rel).await?.is_some()) {
+            store.remove(&rel).await?;
         }
         None
     };
     let denominator = ctx.report.rows_in.max(n_failed).max(1);
     let ratio = n_failed as f64 / denominator as f64;
-    if n_failed > 0 && ratio > decl.max_failure_ratio {
+    if check_ratio && n_failed > 0 && ratio > decl.max_failure_ratio {
         let first = first.map(|f| format!("; first: {}: {}", f.id, f.message)).unwrap_or_default();
         anyhow::bail!(
             "{n_failed} of {denominator} records failed ({:.1}% > max_failure_ratio {:.1}%){first}; all failures are in {}",
@@ -706,15 +879,15 @@ fn finish_stage(
         );
     }
     let mut outputs = Vec::new();
-    if let Some((pending, rows)) = ctx.output.take() {
+    let committed = ctx.output.take().map(|(p, rows)| (p, Some(rows))).into_iter().chain(ctx.artifacts.drain(..));
+    for (pending, rows) in committed.collect::<Vec<_>>() {
         let bytes = pending.bytes();
         let dest = pending.commit()?;
-        outputs.push(OutputRecord { path: relative_to(out_dir, &dest), bytes, rows: Some(rows) });
-    }
-    for (pending, rows) in ctx.artifacts.drain(..) {
-        let bytes = pending.bytes();
-        let dest = pending.commit()?;
-        outputs.push(OutputRecord { path: relative_to(out_dir, &dest), bytes, rows });
+        let rel = relative_to(out_dir, &dest);
+        if !std::path::Path::new(&rel).is_absolute() {
+            store.publish(&rel).await?;
+        }
+        outputs.push(OutputRecord { path: rel, bytes, rows });
     }
     let state = StageState {
         stage: decl.name.clone(),
@@ -727,5 +900,28 @@ fn finish_stage(
         finished_at: now_rfc3339(),
     };
     state.save(out_dir)?;
+    store.publish(&relative_to(out_dir, &crate::store::state::state_path(out_dir, &decl.name))).await?;
     Ok((state, note))
+}
+
+/// The lease of the coordinator of a run whose state is in an object store.
+pub const COORDINATOR_LEASE: &str = "_synth/leases/coordinator.json";
+
+/// Save the manifest locally, then publish it.
+async fn save_manifest(m: &mut Manifest, store: &StateStore) -> Result<()> {
+    m.save(store.dir())?;
+    store.publish(MANIFEST).await
+}
+
+/// Upload a consistent copy of the run's cache, if the run opened one.
+async fn publish_cache(services: &Services, store: &StateStore) -> Result<()> {
+    let Some(cache) = services.opened_cache() else { return Ok(()) };
+    let rel = format!("{INTERNAL_DIR}/{}", crate::store::cache::CACHE_FILE);
+    let snapshot = store.dir().join(format!("{INTERNAL_DIR}/cache.snapshot.sqlite"));
+    cache.flush().await?;
+    let s = snapshot.clone();
+    tokio::task::spawn_blocking(move || cache.snapshot(&s)).await.context("cache snapshot")??;
+    store.publish_as(&snapshot, &rel).await?;
+    let _ = std::fs::remove_file(&snapshot);
+    Ok(())
 }

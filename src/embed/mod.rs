@@ -136,6 +136,12 @@ pub fn build(decl: &Decl, root: &std::path::Path, rates: &RateRegistry) -> Resul
     }
 }
 
+/// Whether the embedder learns statistics of the corpus before embedding (its
+/// [`Embedder::fitter`]), read from its declaration: `hashing` with `idf`.
+pub fn fits_corpus(decl: &Decl) -> bool {
+    decl.kind == "hashing" && decl.options.get("idf").and_then(|v| v.as_bool()).unwrap_or(true)
+}
+
 /// The identity of an embedder without building it (for fingerprints).
 pub fn identity(decl: &Decl) -> Result<serde_json::Value> {
     let mut v = serde_json::json!({"kind": decl.kind});

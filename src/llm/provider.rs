@@ -224,6 +224,7 @@ impl Provider {
                     breaker_pause: Duration::from_secs_f64(o.breaker_pause_seconds.max(0.001)),
                     breaker_max_trips: o.breaker_max_trips,
                     learn_limits: o.learn_limits,
+                    ..Default::default()
                 };
                 let key_hash = blake3::hash(api_key.unwrap_or_default().as_bytes()).to_hex().to_string();
                 let rate = rates.get(&format!("openai|{}|{}|{key_hash}", r.base_url, r.model), name, cfg);

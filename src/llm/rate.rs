@@ -41,6 +41,10 @@ pub struct RateConfig {
     pub breaker_max_trips: u32,
     /// Pace by the limits the server advertises in its response headers.
     pub learn_limits: bool,
+    /// This process's share of the endpoint's limits (1 alone; 1/P for one of P shards
+    /// running at once): applied to the limits the server advertises, which are the
+    /// whole key's (configured limits are divided by `RateRegistry::with_share`).
+    pub limit_share: f64,
 }
 
 impl Default for RateConfig {
@@ -58,6 +62,7 @@ impl Default for RateConfig {
             breaker_pause: Duration::from_secs(30),
             breaker_max_trips: 5,
             learn_limits: true,
+            limit_share: 1.0,
         }
     }
 }
@@ -337,7 +342,7 @@ impl RateControl {
             return;
         }
         let effective = |configured: Option<u32>, advertised: u32| {
-            let share = ((advertised as f64 * ADVERTISED_SHARE).floor() as u32).max(1);
+            let share = ((advertised as f64 * ADVERTISED_SHARE * self.cfg.limit_share).floor() as u32).max(1);
             configured.map_or(share, |c| c.min(share))
         };
         let mut pause = None;
@@ -764,15 +769,43 @@ mod tests {
 
 /// One rate controller per endpoint identity (kind, base URL, model, key hash), shared
 /// by every provider and embedder of a run that points there.
-#[derive(Default)]
 pub struct RateRegistry {
     rates: std::sync::Mutex<std::collections::HashMap<String, Arc<RateControl>>>,
+    /// The share of every endpoint's limits this process may use.
+    share: f64,
+}
+
+impl Default for RateRegistry {
+    fn default() -> Self {
+        RateRegistry::with_share(1.0)
+    }
 }
 
 impl RateRegistry {
+    /// Controllers pacing at `share` of every limit (configured or advertised) and of
+    /// the concurrency: one of `1 / share` shards running at once. The AIMD
+    /// concurrency, the retries and the circuit breaker stay per process.
+    pub fn with_share(share: f64) -> RateRegistry {
+        RateRegistry { rates: Default::default(), share: share.clamp(f64::MIN_POSITIVE, 1.0) }
+    }
+
+    /// A configuration scaled to this registry's share.
+    pub fn shared(&self, mut cfg: RateConfig) -> RateConfig {
+        if self.share < 1.0 {
+            let part = |x: u32| ((x as f64 * self.share).floor() as u32).max(1);
+            cfg.requests_per_minute = cfg.requests_per_minute.map(part);
+            cfg.tokens_per_minute = cfg.tokens_per_minute.map(part);
+            cfg.max_concurrency = ((cfg.max_concurrency as f64 * self.share).ceil() as usize).max(1);
+            cfg.initial_concurrency = cfg.initial_concurrency.min(cfg.max_concurrency);
+            cfg.limit_share = self.share;
+        }
+        cfg
+    }
+
     /// The controller for `key`, made with `cfg` on first use; a later user with other
     /// limits shares the first one's (and is warned).
     pub fn get(&self, key: &str, name: &str, cfg: RateConfig) -> Arc<RateControl> {
+        let cfg = self.shared(cfg);
         let mut rates = self.rates.lock().expect("rates");
         if let Some(r) = rates.get(key) {
             if r.cfg != cfg {

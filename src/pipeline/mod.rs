@@ -17,7 +17,9 @@ use crate::config::node::{self, Node, SourceFile, Span, Table, Value};
 use crate::config::options::{CheckCtx, OptionSpans, OptionSpec, RATIO, Ty, UINT, check_table};
 use crate::dag::Graph;
 use crate::registry::Registry;
-use crate::stages::{Arity, BuildCtx, COMMON_OPTIONS, KindInfo, PlanCtx, PlanInput, Role, Stage};
+use crate::stages::{
+    Arity, BuildCtx, COMMON_OPTIONS, KindInfo, PartitionCtx, Partitioning, PlanCtx, PlanInput, Role, Sharding, Stage,
+};
 
 /// Top-level tables of a pipeline file.
 pub const TOP_LEVEL: &[&str] = &["pipeline", "stages", "providers", "embedders", "profiles"];
@@ -64,6 +66,8 @@ pub struct StageDecl {
     pub planned_schema: Option<SchemaRef>,
     /// Local files the stage reads (from planning), hashed into its fingerprint.
     pub files: Vec<PathBuf>,
+    /// How it can be split in a sharded run (its kind's answer, then its `shard` option).
+    pub partitioning: Partitioning,
 }
 
 /// A checked pipeline: safe to run.
@@ -474,6 +478,7 @@ fn check_stage(
         stage,
         planned_schema: None,
         files: Vec::new(),
+        partitioning: Partitioning::Whole,
     });
     Some(raw)
 }
@@ -583,9 +588,26 @@ fn plan(
             PlanCtx { name: &d.name, spans: &d.spans, root, inputs, providers, embedders, diags, files: Vec::new() };
         let schema = d.stage.plan(&mut ctx);
         let files = std::mem::take(&mut ctx.files);
+        let own = d.stage.partitioning(&PartitionCtx { providers, embedders });
+        let partitioning = match (d.options.get("shard").and_then(|v| v.as_bool()), own) {
+            (Some(false), _) => Partitioning::Whole,
+            (Some(true), Partitioning::Whole) => {
+                ctx.error(
+                    "shard",
+                    format!(
+                        "a \"{}\" stage cannot run as shards: it needs its inputs whole (remove `shard`)",
+                        d.kind.name
+                    ),
+                );
+                Partitioning::Whole
+            }
+            (Some(true), Partitioning::ByRecord(s)) => Partitioning::ByRecord(Sharding { heavy: true, ..s }),
+            (None, p) => p,
+        };
         let d = raws[i].decl.as_mut().expect("checked");
         d.planned_schema = schema;
         d.files = files;
+        d.partitioning = partitioning;
     }
 }
 

@@ -12,7 +12,10 @@ use arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 
-use super::{Arity, BuildCtx, Cancelled, KindInfo, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Stage};
+use super::{
+    Arity, BuildCtx, Cancelled, KindInfo, PartitionCtx, Partitioning, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Sharding,
+    Stage,
+};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, POSITIVE, Ty};
 use crate::data::{self, Row};
@@ -205,6 +208,12 @@ impl Stage for Embed {
         )])))
     }
 
+    fn partitioning(&self, ctx: &PartitionCtx<'_>) -> Partitioning {
+        // An embedder fitted on the corpus (hashing with IDF) sees the whole input first.
+        let fits = ctx.embedders.get(&self.opts.embedder).is_some_and(crate::embed::fits_corpus);
+        Partitioning::ByRecord(Sharding { heavy: true, fits_whole_input: fits })
+    }
+
     async fn prepare(&self, ctx: &PrepareCtx<'_>) -> Result<Option<Prepared>> {
         let decl = ctx.services.embedder_decl(&self.opts.embedder)?;
         let mut p = Prepared::default();
@@ -218,9 +227,11 @@ impl Stage for Embed {
             .embedder(&self.opts.embedder)
             .with_context(|| format!("embedder \"{}\"", self.opts.embedder))?;
         let input = ctx.inputs[0].clone();
-        // Fit corpus statistics first when the embedder needs them.
+        // Fit corpus statistics first when the embedder needs them (on the whole input,
+        // also when this run is one shard of it).
         if let Some(mut fitter) = embedder.fitter() {
-            let mut rx = stream_batches(input.path.clone(), 4096);
+            let whole = ctx.whole_input.as_ref().unwrap_or(&input);
+            let mut rx = stream_batches(whole.path.clone(), 4096);
             while let Some(batch) = rx.recv().await {
                 let batch = batch?;
                 for text in self.texts(&batch).await? {
@@ -263,6 +274,9 @@ impl Stage for Embed {
                         *keep_row = false;
                     }
                 }
+            }
+            if let Some(lineage) = &ctx.lineage {
+                lineage.push_kept(rows_in, &keep);
             }
             let kept = arrow::compute::filter_record_batch(&batch, &arrow::array::BooleanArray::from(keep))?;
             let vectors: Vec<Option<Vec<f32>>> = if embedder.cacheable() {

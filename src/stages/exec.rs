@@ -6,7 +6,7 @@
 use std::future::Future;
 
 use anyhow::{Context, Result, bail};
-use arrow::array::RecordBatch;
+use arrow::array::{Array, RecordBatch};
 use arrow::datatypes::SchemaRef;
 use futures::StreamExt;
 use tokio::sync::mpsc;
@@ -25,8 +25,63 @@ const ROW_BATCH: usize = 256;
 /// Whether a batch transform keeps (a subset of) its input's ids unchanged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ids {
+    /// The output is a subset of the input's rows, in order, ids unchanged.
     Kept,
+    /// One output row per input row that did not fail (recorded in the failure log with
+    /// its input id), in order, under new ids.
     Changed,
+}
+
+/// For a stage running as a shard of a wave: the input row (index in its first
+/// input) each output row came from, in output order. The merge of the shards puts
+/// rows back in the order of the whole input by it (`dag::shard`).
+#[derive(Clone, Default)]
+pub struct Lineage {
+    rows: std::sync::Arc<std::sync::Mutex<Vec<u64>>>,
+}
+
+impl Lineage {
+    /// `n` output rows from input row `input_row`.
+    pub fn push(&self, input_row: u64, n: usize) {
+        self.rows.lock().expect("lineage").extend(std::iter::repeat_n(input_row, n));
+    }
+
+    /// The input rows `first..` whose `keep` flag is set, one output row each.
+    pub fn push_kept(&self, first: u64, keep: &[bool]) {
+        let mut rows = self.rows.lock().expect("lineage");
+        rows.extend(keep.iter().enumerate().filter(|(_, k)| **k).map(|(i, _)| first + i as u64));
+    }
+
+    /// Output rows that keep their input's ids, a subset of `input` in order.
+    pub fn push_same_ids(&self, first: u64, input: &RecordBatch, output: &RecordBatch) -> Result<()> {
+        let (ins, outs) = (data::ids(input), data::ids(output));
+        let mut rows = self.rows.lock().expect("lineage");
+        let mut at = 0;
+        for j in 0..outs.len() {
+            let id = outs.value(j);
+            while at < ins.len() && ins.value(at) != id {
+                at += 1;
+            }
+            if at == ins.len() {
+                bail!("output record \"{id}\" is not among the input's records in order (cannot run as shards)");
+            }
+            rows.push(first + at as u64);
+            at += 1;
+        }
+        Ok(())
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows.lock().expect("lineage").len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn take(&self) -> Vec<u64> {
+        std::mem::take(&mut *self.rows.lock().expect("lineage"))
+    }
 }
 
 /// Transform each input batch with `f` on a blocking thread and write the results.
@@ -43,6 +98,7 @@ where
     let cancel = ctx.cancel.clone();
     let progress = ctx.progress.clone();
     let failures = ctx.failures.clone();
+    let lineage = ctx.lineage.clone().filter(|_| input == 0);
     progress.set_total(ctx.inputs[input].num_rows);
     let (out, rows_in) = tokio::task::spawn_blocking(move || -> Result<(ParquetOut, u64)> {
         let reader = open_reader(&path, BATCH_ROWS)?;
@@ -52,8 +108,26 @@ where
                 bail!(Cancelled);
             }
             let batch = batch.with_context(|| format!("reading {}", path.display()))?;
-            rows_in += batch.num_rows() as u64;
+            let failed_before = failures.len();
             let result = f(&batch, &failures)?;
+            if let Some(lineage) = &lineage {
+                match ids {
+                    Ids::Kept => lineage.push_same_ids(rows_in, &batch, &result)?,
+                    Ids::Changed => {
+                        let failed: std::collections::HashSet<String> = failures.ids_since(failed_before);
+                        let keep: Vec<bool> = data::ids(&batch).iter().map(|id| !failed.contains(id.unwrap_or(""))).collect();
+                        let kept = keep.iter().filter(|k| **k).count();
+                        if kept != result.num_rows() {
+                            bail!(
+                                "{kept} input rows did not fail but {} rows came out (cannot run as shards)",
+                                result.num_rows()
+                            );
+                        }
+                        lineage.push_kept(rows_in, &keep);
+                    }
+                }
+            }
+            rows_in += batch.num_rows() as u64;
             out.write(&result)?;
             progress.inc(batch.num_rows() as u64);
         }
@@ -154,7 +228,7 @@ where
         .buffered(concurrency.max(1))
     );
 
-    let mut pending: Vec<(String, Option<String>, Vec<Row>)> = Vec::new();
+    let mut pending: Vec<Group> = Vec::new();
     let mut n_pending = 0usize;
     let mut rows_in = 0u64;
     while let Some(item) = results.next().await {
@@ -165,12 +239,13 @@ where
                 break;
             }
         };
+        let input_row = rows_in;
         rows_in += 1;
         ctx.progress.inc(1);
         match out {
             Ok(rows) => {
                 n_pending += rows.len();
-                pending.push((id, record, rows));
+                pending.push(Group { input_row, id, record, rows });
             }
             Err(e) if e.fatal => {
                 // Records in flight are dropped with the stream; their requests are
@@ -196,32 +271,42 @@ where
     ctx.set_output(out)
 }
 
+/// The rows one input record produced.
+struct Group {
+    input_row: u64,
+    id: String,
+    record: Option<String>,
+    rows: Vec<Row>,
+}
+
 /// Convert gathered rows to a batch; a record whose rows do not fit the schema fails.
-async fn flush_rows(
-    ctx: &RunCtx,
-    schema: &SchemaRef,
-    writer: &WriterTask,
-    mut groups: Vec<(String, Option<String>, Vec<Row>)>,
-) -> Result<()> {
+async fn flush_rows(ctx: &RunCtx, schema: &SchemaRef, writer: &WriterTask, mut groups: Vec<Group>) -> Result<()> {
     loop {
-        let rows: Vec<Row> = groups.iter().flat_map(|g| g.2.iter().cloned()).collect();
+        let rows: Vec<Row> = groups.iter().flat_map(|g| g.rows.iter().cloned()).collect();
         if rows.is_empty() {
             return Ok(());
         }
         match data::rows_to_batch(schema, &rows) {
-            Ok(batch) => return writer.write(batch).await,
+            Ok(batch) => {
+                if let Some(lineage) = &ctx.lineage {
+                    for g in &groups {
+                        lineage.push(g.input_row, g.rows.len());
+                    }
+                }
+                return writer.write(batch).await;
+            }
             Err((bad_row, e)) => {
                 // Find the record that produced the bad row and fail it.
                 let mut seen = 0;
                 let idx = groups
                     .iter()
                     .position(|g| {
-                        seen += g.2.len();
+                        seen += g.rows.len();
                         seen > bad_row
                     })
                     .expect("row index within groups");
-                let (id, record, _) = groups.remove(idx);
-                ctx.fail(&id, FailureKind::Schema, format!("output does not fit the stage schema: {e}"), record);
+                let g = groups.remove(idx);
+                ctx.fail(&g.id, FailureKind::Schema, format!("output does not fit the stage schema: {e}"), g.record);
             }
         }
     }

@@ -10,7 +10,7 @@ use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use serde::Deserialize;
 
-use super::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use super::{Arity, BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, Role, RunCtx, Sharding, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data;
@@ -62,6 +62,10 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
 
 #[async_trait]
 impl Stage for Filter {
+    fn partitioning(&self, _ctx: &PartitionCtx<'_>) -> Partitioning {
+        Sharding::LIGHT
+    }
+
     fn plan(&self, ctx: &mut PlanCtx<'_>) -> Option<SchemaRef> {
         ctx.check_variables("where", "expression", self.vars.iter().map(String::as_str), &[data::ID]);
         ctx.input_schema(0)

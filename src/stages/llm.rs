@@ -17,7 +17,9 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::exec::{RowError, map_rows};
-use super::{Arity, BuildCtx, KindInfo, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Stage};
+use super::{
+    Arity, BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Sharding, Stage,
+};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, POSITIVE, RATIO, Ty};
 use crate::data::chat::Role as ChatRole;
@@ -283,6 +285,10 @@ impl Llm {
 
 #[async_trait]
 impl Stage for Llm {
+    fn partitioning(&self, _ctx: &PartitionCtx<'_>) -> Partitioning {
+        Sharding::HEAVY
+    }
+
     fn plan(&self, ctx: &mut PlanCtx<'_>) -> Option<SchemaRef> {
         check_provider(ctx, &self.opts.provider);
         for (option, vars) in &self.vars {

@@ -15,7 +15,9 @@ use serde_json::Value;
 
 use super::exec::{RowError, map_rows};
 use super::llm::{CONCURRENCY, KEEP_COLUMNS};
-use super::{Arity, BuildCtx, KindInfo, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Stage};
+use super::{
+    Arity, BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Sharding, Stage,
+};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, Row};
@@ -118,6 +120,10 @@ impl LoglikStage {
 
 #[async_trait]
 impl Stage for LoglikStage {
+    fn partitioning(&self, _ctx: &PartitionCtx<'_>) -> Partitioning {
+        Sharding::HEAVY
+    }
+
     fn plan(&self, ctx: &mut PlanCtx<'_>) -> Option<SchemaRef> {
         super::llm::check_provider(ctx, &self.opts.provider);
         ctx.require_columns("context", 0, [self.opts.context.as_str()]);

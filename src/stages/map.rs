@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use super::{Arity, BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, Role, RunCtx, Sharding, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, ID, Row};
@@ -206,6 +206,10 @@ fn no_column(col: &str, schema: &Schema) -> String {
 
 #[async_trait]
 impl Stage for MapStage {
+    fn partitioning(&self, _ctx: &PartitionCtx<'_>) -> Partitioning {
+        Sharding::LIGHT
+    }
+
     fn plan(&self, ctx: &mut PlanCtx<'_>) -> Option<SchemaRef> {
         for (option, vars) in &self.vars {
             ctx.check_variables(option, "template", vars.iter().map(String::as_str), &[]);

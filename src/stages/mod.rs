@@ -81,6 +81,40 @@ pub enum Role {
     Sink,
 }
 
+/// How a stage can be split across machines (`dag::waves` places it): kinds that
+/// process each record of their first input on its own, in input order, say so for
+/// the configuration at hand; everything else needs its inputs whole and runs once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Partitioning {
+    /// The stage needs its inputs whole (sampling, joins, aggregates, exports, sources).
+    Whole,
+    /// Each record of the first input is processed on its own, in input order; other
+    /// inputs are read whole. The stage reports, per output row, the input row it came
+    /// from ([`exec::Lineage`]): the merge restores the input order by it.
+    ByRecord(Sharding),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Sharding {
+    /// Worth a wave of its own (LLM calls, embeddings), unlike a filter or a map.
+    pub heavy: bool,
+    /// The stage first fits statistics on its whole first input (a TF-IDF): in a shard it
+    /// reads the merged input for fitting ([`RunCtx::whole_input`]) and its share of the
+    /// records for the work.
+    pub fits_whole_input: bool,
+}
+
+impl Sharding {
+    pub const LIGHT: Partitioning = Partitioning::ByRecord(Sharding { heavy: false, fits_whole_input: false });
+    pub const HEAVY: Partitioning = Partitioning::ByRecord(Sharding { heavy: true, fits_whole_input: false });
+}
+
+/// What a stage may look at to say how it can be split: the declarations it refers to.
+pub struct PartitionCtx<'a> {
+    pub providers: &'a BTreeMap<String, Decl>,
+    pub embedders: &'a BTreeMap<String, Decl>,
+}
+
 /// How many inputs a stage kind takes.
 #[derive(Debug, Clone, Copy)]
 pub enum Arity {
@@ -128,6 +162,12 @@ pub const COMMON_OPTIONS: &[OptionSpec] = &[
         "abort the run when more than this share of records fail (default: [pipeline] max_failure_ratio)",
     ),
     OptionSpec::optional("description", crate::config::options::Ty::Str, "free text").runtime_only(),
+    OptionSpec::optional(
+        "shard",
+        crate::config::options::Ty::Bool,
+        "in a sharded run (`--shards N`): false runs this record-parallel stage once; true gives a cheap one (filter, map) a wave of its own",
+    )
+    .runtime_only(),
 ];
 
 /// The one trait every stage kind implements.
@@ -151,6 +191,12 @@ pub trait Stage: Send + Sync {
     /// it on the network runtime, `llm/net.rs`, where its calls need no hand-over).
     fn network_bound(&self, _services: &Services) -> bool {
         false
+    }
+
+    /// Whether the stage can run as shards of a wave (`synth run --shards N`); the
+    /// default, [`Partitioning::Whole`], runs it once.
+    fn partitioning(&self, _ctx: &PartitionCtx<'_>) -> Partitioning {
+        Partitioning::Whole
     }
 }
 
@@ -344,6 +390,13 @@ pub struct RunCtx {
     pub services: Arc<Services>,
     pub(crate) output: Option<(PendingFile, u64)>,
     pub(crate) artifacts: Vec<(PendingFile, Option<u64>)>,
+    /// In a shard of a wave: the input row of every output row, in output order (the
+    /// exec helpers fill it); `None` otherwise.
+    pub lineage: Option<exec::Lineage>,
+    /// In a shard of a wave, for a kind that fits statistics on its whole first input
+    /// ([`Sharding::fits_whole_input`]): that whole input (the stage's `inputs[0]` holds
+    /// only this shard's records). `None` otherwise.
+    pub whole_input: Option<Input>,
 }
 
 impl RunCtx {

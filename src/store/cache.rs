@@ -450,6 +450,84 @@ impl Cache {
         self.send(Cmd::Flush(done))?;
         wait.await.map_err(|_| anyhow!("the cache writer stopped"))?
     }
+
+    /// Write a consistent copy of the database to `dest` (after [`Cache::flush`]: what
+    /// was acknowledged is in it), for upload to a run's object store.
+    pub fn snapshot(&self, dest: &Path) -> Result<()> {
+        let _ = std::fs::remove_file(dest);
+        let conn = self.conn.lock().expect("cache connection");
+        conn.execute("VACUUM INTO ?1", params![dest.to_string_lossy()])
+            .with_context(|| format!("copying the cache to {}", dest.display()))?;
+        Ok(())
+    }
+}
+
+/// A cache another process wrote, read-only: where a shard of a sharded run looks for
+/// an answer its own cache lacks (its run's cache, merged from earlier runs), so a
+/// request answered before is not paid for again whatever the shard count.
+pub struct Fallback {
+    conn: Mutex<Connection>,
+}
+
+impl Fallback {
+    pub fn open(path: &Path) -> Result<Fallback> {
+        let uri = format!("file:{}?immutable=1", path.to_string_lossy());
+        let conn = Connection::open_with_flags(
+            &uri,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_URI,
+        )
+        .with_context(|| format!("opening cache {}", path.display()))?;
+        Ok(Fallback { conn: Mutex::new(conn) })
+    }
+
+    /// The stored response of `key`, whole (to be stored in the caller's own cache).
+    pub fn get(&self, key: &str) -> Result<Option<ResponseRow>> {
+        let conn = self.conn.lock().expect("fallback cache");
+        let mut stmt = conn.prepare_cached(
+            "SELECT provider, base_url, model, request, response, tokens_in, tokens_out, cost_usd \
+             FROM responses WHERE id = ?1 AND key = ?2",
+        )?;
+        Ok(stmt
+            .query_row(params![row_id(key), key], |r| {
+                Ok(ResponseRow {
+                    key: key.to_string(),
+                    provider: r.get(0)?,
+                    base_url: r.get(1)?,
+                    model: r.get(2)?,
+                    request: r.get(3)?,
+                    response: r.get(4)?,
+                    tokens_in: r.get::<_, i64>(5)? as u64,
+                    tokens_out: r.get::<_, i64>(6)? as u64,
+                    cost_usd: r.get(7)?,
+                })
+            })
+            .optional()?)
+    }
+}
+
+/// Add every entry of the cache database `other` that the cache in `dir` lacks
+/// (entries are content-addressed, so merging two caches never conflicts): a shard's
+/// cache into its run's, or a cache another machine uploaded into the local one.
+/// Returns the number of responses added. The cache in `dir` must not be open.
+pub fn import(dir: &Path, other: &Path) -> Result<u64> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join(CACHE_FILE);
+    let conn = open(&path, false)?;
+    conn.execute_batch(SCHEMA).with_context(|| format!("creating cache tables in {}", path.display()))?;
+    conn.execute("ATTACH DATABASE ?1 AS other", params![other.to_string_lossy()])
+        .with_context(|| format!("opening {}", other.display()))?;
+    let before: i64 = conn.query_row("SELECT count(*) FROM responses", [], |r| r.get(0))?;
+    conn.execute_batch(
+        "BEGIN;
+         INSERT OR IGNORE INTO main.responses SELECT * FROM other.responses;
+         INSERT OR IGNORE INTO main.embeddings SELECT * FROM other.embeddings;
+         INSERT OR IGNORE INTO main.uses SELECT * FROM other.uses;
+         COMMIT;",
+    )
+    .with_context(|| format!("merging {} into {}", other.display(), path.display()))?;
+    let after: i64 = conn.query_row("SELECT count(*) FROM responses", [], |r| r.get(0))?;
+    conn.execute_batch("DETACH DATABASE other")?;
+    Ok((after - before).max(0) as u64)
 }
 
 /// Queue a command, waking the writer only when it would not wake by itself.

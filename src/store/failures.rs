@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use anyhow::Result;
-use arrow::array::{RecordBatch, StringArray};
+use arrow::array::{Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 
 use super::atomic::PendingFile;
@@ -121,6 +121,11 @@ impl FailureLog {
         self.len() == 0
     }
 
+    /// Ids of the failures recorded after the first `n`.
+    pub fn ids_since(&self, n: usize) -> std::collections::HashSet<String> {
+        self.inner.lock().expect("failure log poisoned").iter().skip(n).map(|f| f.id.clone()).collect()
+    }
+
     pub fn first(&self) -> Option<Failure> {
         self.inner.lock().expect("failure log poisoned").first().cloned()
     }
@@ -159,4 +164,33 @@ pub fn write_failures(dest: &Path, mut failures: Vec<Failure>, meta: Vec<(String
         out.write(&batch)?;
     }
     Ok(out.finish()?.0)
+}
+
+/// Read a failure table back (a shard's part, to be merged).
+pub fn read_failures(path: &Path) -> Result<Vec<Failure>> {
+    let (_, batches) = super::parquet::read_all(path)?;
+    let mut out = Vec::new();
+    for b in &batches {
+        let col = |name: &str| -> Result<&StringArray> {
+            b.column_by_name(name)
+                .and_then(|c| c.as_any().downcast_ref::<StringArray>())
+                .ok_or_else(|| anyhow::anyhow!("{}: not a failure table (column {name})", path.display()))
+        };
+        let (id, kind, message, record) = (col("id")?, col("kind")?, col("message")?, col("record")?);
+        for i in 0..b.num_rows() {
+            let k = kind.value(i);
+            let kind = FailureKind::ALL
+                .iter()
+                .copied()
+                .find(|x| x.as_str() == k)
+                .ok_or_else(|| anyhow::anyhow!("{}: unknown failure kind \"{k}\"", path.display()))?;
+            out.push(Failure {
+                id: id.value(i).to_string(),
+                kind,
+                message: message.value(i).to_string(),
+                record: (!record.is_null(i)).then(|| record.value(i).to_string()),
+            });
+        }
+    }
+    Ok(out)
 }

@@ -1,12 +1,15 @@
 //! Everything synth persists: crash-safe files, Parquet outputs, failure tables,
 //! per-stage state records, the run manifest, input file hashes, and the SQLite
-//! cache and journal of LLM responses and vectors.
+//! cache and journal of LLM responses and vectors; where they live (a local directory
+//! or an object store, `object`) and the leases of sharded runs (`lease`).
 
 pub mod atomic;
 pub mod cache;
 pub mod failures;
 pub mod filehash;
 pub mod idcheck;
+pub mod lease;
+pub mod object;
 pub mod parquet;
 pub mod state;
 pub mod summary;

@@ -28,6 +28,15 @@ pub const STAGE_KEY: &str = "synth.stage";
 /// Rows per row group: large enough for good compression, small enough to stream.
 const ROW_GROUP_ROWS: usize = 64 * 1024;
 
+/// Rows per call into the Parquet writer. The writer cuts pages (and falls back from
+/// dictionary encoding) only between the calls it is given, so a file's bytes would
+/// depend on how a stage happened to batch its rows; every output is therefore fed in
+/// calls of exactly this many rows (the last one shorter), aligned to the file's start,
+/// which makes the bytes a function of the rows alone: a merge of sharded parts writes
+/// the same file as one process (`dag::shard`). It divides [`ROW_GROUP_ROWS`], so row
+/// groups hold whole calls.
+pub const WRITE_CHUNK_ROWS: usize = 8192;
+
 /// Writer properties shared by every output so identical data gives identical bytes.
 pub fn writer_properties(meta: Vec<(String, String)>) -> WriterProperties {
     WriterProperties::builder()
@@ -44,6 +53,9 @@ pub struct ParquetOut {
     pending: PendingFile,
     rows: u64,
     ids: Option<IdCheck>,
+    /// Rows received but not yet written (fewer than [`WRITE_CHUNK_ROWS`]).
+    held: Vec<RecordBatch>,
+    held_rows: usize,
 }
 
 impl ParquetOut {
@@ -54,7 +66,7 @@ impl ParquetOut {
         let writer = ArrowWriter::try_new(file, schema, Some(writer_properties(meta)))
             .with_context(|| format!("starting Parquet file {}", pending.tmp.display()))?;
         let ids = check_ids.then(|| IdCheck::new(dest.parent().unwrap_or(Path::new("."))));
-        Ok(ParquetOut { writer, pending, rows: 0, ids })
+        Ok(ParquetOut { writer, pending, rows: 0, ids, held: Vec::new(), held_rows: 0 })
     }
 
     pub fn write(&mut self, batch: &RecordBatch) -> Result<()> {
@@ -66,9 +78,43 @@ impl ParquetOut {
                 ids.push(id)?;
             }
         }
-        self.writer.write(batch).with_context(|| format!("writing {}", self.pending.tmp.display()))?;
         self.rows += batch.num_rows() as u64;
+        // Whole chunks go to the writer as they fill; the rest waits for more rows.
+        let mut at = 0;
+        let n = batch.num_rows();
+        while at < n {
+            let take = (WRITE_CHUNK_ROWS - self.held_rows).min(n - at);
+            if self.held_rows == 0 && take == WRITE_CHUNK_ROWS {
+                self.write_chunk(&batch.slice(at, take))?;
+            } else {
+                self.held.push(batch.slice(at, take));
+                self.held_rows += take;
+                if self.held_rows == WRITE_CHUNK_ROWS {
+                    self.flush_held()?;
+                }
+            }
+            at += take;
+        }
         Ok(())
+    }
+
+    fn flush_held(&mut self) -> Result<()> {
+        if self.held_rows == 0 {
+            return Ok(());
+        }
+        let held = std::mem::take(&mut self.held);
+        self.held_rows = 0;
+        let chunk = if held.len() == 1 {
+            held.into_iter().next().expect("one")
+        } else {
+            arrow::compute::concat_batches(&held[0].schema(), &held)
+                .with_context(|| format!("writing {}", self.pending.tmp.display()))?
+        };
+        self.write_chunk(&chunk)
+    }
+
+    fn write_chunk(&mut self, chunk: &RecordBatch) -> Result<()> {
+        self.writer.write(chunk).with_context(|| format!("writing {}", self.pending.tmp.display()))
     }
 
     pub fn rows(&self) -> u64 {
@@ -76,7 +122,8 @@ impl ParquetOut {
     }
 
     /// Finish the file (footer, fsync). It stays temporary until committed.
-    pub fn finish(self) -> Result<(PendingFile, u64)> {
+    pub fn finish(mut self) -> Result<(PendingFile, u64)> {
+        self.flush_held()?;
         let file = self.writer.into_inner().with_context(|| format!("finishing {}", self.pending.tmp.display()))?;
         finish_file(file, &self.pending)?;
         if let Some(ids) = self.ids
@@ -117,6 +164,25 @@ pub fn read_footer(path: &Path) -> Result<Footer> {
         .map(|kvs| kvs.iter().filter_map(|kv| Some((kv.key.clone(), kv.value.clone()?))).collect())
         .unwrap_or_default();
     Ok(Footer { schema: builder.schema().clone(), num_rows: md.num_rows() as u64, meta })
+}
+
+/// The Arrow schema a file was written with, exactly (the one its writer embedded).
+/// Reading a file merges its footer's key-value pairs into the schema's metadata, so a
+/// schema read back differs from the writer's where the writer's came from its input
+/// (which carried the input's fingerprint): a merge of sharded parts writes with this
+/// one to give the same bytes as one process.
+pub fn writer_schema(path: &Path) -> Result<SchemaRef> {
+    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+        .with_context(|| format!("{}: not a readable Parquet file", path.display()))?;
+    let md = builder.metadata().file_metadata();
+    let embedded: Vec<KeyValue> = md
+        .key_value_metadata()
+        .map(|kvs| kvs.iter().filter(|kv| kv.key == parquet::arrow::ARROW_SCHEMA_META_KEY).cloned().collect())
+        .unwrap_or_default();
+    let schema = parquet::arrow::parquet_to_arrow_schema(md.schema_descr(), Some(&embedded))
+        .with_context(|| format!("{}: reading its Arrow schema", path.display()))?;
+    Ok(Arc::new(schema))
 }
 
 /// A blocking batch reader over a Parquet file.
@@ -166,4 +232,55 @@ pub fn schema_of(path: &Path) -> Result<SchemaRef> {
 
 pub fn arc_schema(schema: arrow::datatypes::Schema) -> SchemaRef {
     Arc::new(schema)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{ArrayRef, Int64Array, ListArray, StringArray};
+    use arrow::datatypes::{DataType, Field, Int64Type, Schema};
+
+    /// 150k rows: past the writer's 20,000-row page limit and a 64k row group, with a
+    /// nested column, so page cuts would show any dependence on the callers' batching.
+    fn rows(from: usize, to: usize, schema: &SchemaRef) -> RecordBatch {
+        let ids = StringArray::from_iter_values((from..to).map(|i| format!("r{i}")));
+        let n = Int64Array::from_iter_values((from..to).map(|i| (i * 7919 % 1000) as i64));
+        let lists = ListArray::from_iter_primitive::<Int64Type, _, _>(
+            (from..to).map(|i| Some((0..(i % 4) as i64).map(Some).collect::<Vec<_>>())),
+        );
+        let cols: Vec<ArrayRef> = vec![Arc::new(ids), Arc::new(n), Arc::new(lists)];
+        RecordBatch::try_new(schema.clone(), cols).unwrap()
+    }
+
+    #[test]
+    fn bytes_depend_on_the_rows_not_on_the_batching() {
+        let schema: SchemaRef = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Utf8, false),
+            Field::new("n", DataType::Int64, false),
+            Field::new("l", DataType::List(Arc::new(Field::new_list_field(DataType::Int64, true))), true),
+        ]));
+        let dir = tempfile::tempdir().unwrap();
+        let total = 150_000;
+        let mut files = Vec::new();
+        for (k, sizes) in [vec![256], vec![8192], vec![1000, 7, 30_000], vec![total]].into_iter().enumerate() {
+            let dest = dir.path().join(format!("f{k}.parquet"));
+            let mut out = ParquetOut::create(&dest, schema.clone(), vec![("k".into(), "v".into())], true).unwrap();
+            let (mut at, mut i) = (0, 0);
+            while at < total {
+                let n = sizes[i % sizes.len()].min(total - at);
+                out.write(&rows(at, at + n, &schema)).unwrap();
+                at += n;
+                i += 1;
+            }
+            let (pending, written) = out.finish().unwrap();
+            assert_eq!(written, total as u64);
+            pending.commit().unwrap();
+            files.push(std::fs::read(&dest).unwrap());
+        }
+        for (k, f) in files.iter().enumerate().skip(1) {
+            assert!(f == &files[0], "batching {k} gave other bytes");
+        }
+        let back = read_all(&dir.path().join("f0.parquet")).unwrap().1;
+        assert_eq!(back.iter().map(|b| b.num_rows()).sum::<usize>(), total);
+    }
 }

@@ -47,6 +47,9 @@ pub struct Behaviour {
     pub models: Vec<String>,
     /// 400 for requests whose last user message contains this text.
     pub reject_marker: Option<String>,
+    /// A 429 storm on some requests: those whose last user message contains this text
+    /// are refused (429, Retry-After) until this many refusals have been sent.
+    pub storm: Option<(String, u64)>,
     /// Answer for a request body.
     pub responder: Arc<dyn Fn(&serde_json::Value) -> String + Send + Sync>,
     pub embedding_dim: usize,
@@ -72,6 +75,7 @@ impl Default for Behaviour {
             api_key: None,
             models: Vec::new(),
             reject_marker: None,
+            storm: None,
             responder: Arc::new(default_answer),
             embedding_dim: 8,
             token_logprob: Arc::new(|_, _| -1.0),
@@ -116,6 +120,11 @@ pub struct Counters {
     pub by_body: Mutex<HashMap<String, u64>>,
     /// body hash -> successful (200) answers
     pub ok_by_body: Mutex<HashMap<String, u64>>,
+    /// Requests whose body had already been answered with a 200 (a request repeated
+    /// after its success).
+    pub repeated_after_ok: AtomicU64,
+    /// 429s sent by the storm.
+    pub storm_429: AtomicU64,
     /// (time since start, last user message) of every request
     pub log: Mutex<Vec<(Duration, String)>>,
 }
@@ -234,6 +243,9 @@ async fn answer(
     c.total.fetch_add(1, Ordering::SeqCst);
     let hash = blake3::hash(&body).to_hex().to_string();
     *c.by_body.lock().unwrap().entry(hash.clone()).or_default() += 1;
+    if c.ok_by_body.lock().unwrap().get(&hash).is_some_and(|n| *n > 0) {
+        c.repeated_after_ok.fetch_add(1, Ordering::SeqCst);
+    }
     let json: serde_json::Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(_) => {
@@ -270,6 +282,15 @@ async fn answer(
     {
         c.s400.fetch_add(1, Ordering::SeqCst);
         return error(StatusCode::BAD_REQUEST, "this request is not acceptable", "invalid_request_error", None);
+    }
+    if let Some((marker, n)) = &s.b.storm
+        && last_user(&json).contains(marker.as_str())
+        && c.storm_429.fetch_add(1, Ordering::SeqCst) < *n
+    {
+        c.s429.fetch_add(1, Ordering::SeqCst);
+        let mut r = error(StatusCode::TOO_MANY_REQUESTS, "Rate limit reached", "requests", Some("rate_limit_exceeded"));
+        r.headers_mut().insert("retry-after", "0".parse().unwrap());
+        return r;
     }
     // Rate limit: token bucket refilled at rpm/60 per second, burst rpm/60.
     if let Some(rpm) = s.b.rpm {

@@ -3,3 +3,4 @@
 mod e2e;
 mod judge;
 mod parsers;
+mod shard;

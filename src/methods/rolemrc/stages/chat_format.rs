@@ -28,7 +28,7 @@ use crate::config::options::{OptionSpec, Ty};
 use crate::data::chat;
 use crate::data::{self, Row};
 use crate::stages::exec::{Ids, map_batches};
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use crate::stages::{Arity, BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, Role, RunCtx, Sharding, Stage};
 use crate::store::failures::FailureKind;
 
 const OPTIONS: &[OptionSpec] = &[
@@ -262,6 +262,10 @@ impl Options {
 
 #[async_trait]
 impl Stage for ChatFormat {
+    fn partitioning(&self, _ctx: &PartitionCtx<'_>) -> Partitioning {
+        Sharding::LIGHT
+    }
+
     fn plan(&self, ctx: &mut PlanCtx<'_>) -> Option<SchemaRef> {
         ctx.require_columns("inputs", 0, self.opts.columns());
         Some(output_schema())
