@@ -45,6 +45,9 @@ pub struct Services {
     net: Mutex<Option<Arc<NetRuntime>>>,
     /// A read-only cache consulted on a miss (a shard's run cache, `dag::shard`).
     fallback: Option<crate::store::cache::Fallback>,
+    /// Claims shared with the other shards of a wave, so a request two shards both
+    /// need is paid once (`store::claims`).
+    claims: Option<crate::store::claims::Claims>,
 }
 
 impl Services {
@@ -70,6 +73,7 @@ impl Services {
             warned_price: Mutex::new(Default::default()),
             net: Mutex::new(None),
             fallback: None,
+            claims: None,
         })
     }
 
@@ -84,10 +88,12 @@ impl Services {
         shapes: Arc<[&'static OfflineShape]>,
         share: f64,
         fallback: Option<&Path>,
+        claims: Option<crate::store::claims::Claims>,
     ) -> Result<Arc<Services>> {
         let mut s = Arc::into_inner(Services::new(out_dir, root, providers, embedders, shapes)).expect("new");
         s.rates = RateRegistry::with_share(share);
         s.fallback = fallback.map(crate::store::cache::Fallback::open).transpose()?;
+        s.claims = claims;
         Ok(Arc::new(s))
     }
 
@@ -260,6 +266,35 @@ impl Services {
         let flight: Flight = self.inflight.lock().expect("inflight").entry(key.clone()).or_default().clone();
         let result = flight
             .get_or_init(|| async {
+                if let Some(claims) = &self.claims {
+                    match claims.claim(&key).await {
+                        Ok(crate::store::claims::Claim::Mine) => {}
+                        Ok(crate::store::claims::Claim::Answered(bytes)) => {
+                            // Another shard paid for it: keep its answer in this cache too.
+                            let row: ResponseRow = serde_json::from_slice(&bytes).map_err(|e| {
+                                LlmError::new(ErrorKind::Unavailable, format!("a shared answer: {e}"))
+                            })?;
+                            let response: ChatResponse = serde_json::from_str(&row.response).map_err(|e| {
+                                LlmError::new(ErrorKind::Unavailable, format!("a shared answer: {e}"))
+                            })?;
+                            let kept = match cache.journal_start(&key, &ctx.stage) {
+                                Ok(()) => cache.put_response(row, &usage).await,
+                                Err(e) => Err(e),
+                            };
+                            if let Err(e) = kept {
+                                return Err(LlmError::new(
+                                    ErrorKind::Unavailable,
+                                    format!("storing a shared answer: {e:#}"),
+                                ));
+                            }
+                            ctx.progress.cache_hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            return Ok(Completed { response, cached: true, retries: 0 });
+                        }
+                        Err(e) => {
+                            return Err(LlmError::new(ErrorKind::Unavailable, format!("claiming a request: {e:#}")));
+                        }
+                    }
+                }
                 if let Err(e) = cache.journal_start(&key, &ctx.stage) {
                     return Err(LlmError::new(ErrorKind::Unavailable, format!("cache journal: {e:#}")));
                 }
@@ -291,6 +326,13 @@ impl Services {
                             tokens_out: tout,
                             cost_usd: cost,
                         };
+                        // Shared with the wave's other shards before it is journaled: once
+                        // journaled here, nobody sends it again.
+                        if let Some(claims) = &self.claims
+                            && let Err(e) = claims.answer(&key, &serde_json::to_vec(&row).expect("serializable")).await
+                        {
+                            tracing::warn!("sharing an answer with the other shards: {e:#}");
+                        }
                         // Durable before the record counts as done.
                         if let Err(e) = cache.put_response(row, &usage).await {
                             return Err(LlmError::new(
@@ -306,6 +348,9 @@ impl Services {
                     }
                     Err(e) => {
                         cache.journal_end(&key);
+                        if let Some(claims) = &self.claims {
+                            claims.release(&key).await;
+                        }
                         Err(e)
                     }
                 }

@@ -57,6 +57,9 @@ const DONE: &str = "_done.json";
 const MERGED: &str = "merged.json";
 const PLAN: &str = "plan.json";
 const SHARD_LEASE: &str = "lease.json";
+/// A claim on a request held this long by a process of another host counts as abandoned
+/// (a process of this host: as soon as it is gone).
+const CLAIM_STALE: Duration = Duration::from_secs(900);
 
 /// How a sharded run is laid out.
 #[derive(Debug, Clone)]
@@ -160,9 +163,11 @@ pub struct Role {
     merging: Option<(WavePlan, usize)>,
     /// What to do when an earlier stage is not up to date.
     hint: String,
-    /// A shard's services: its share of the limits and the run's cache to look in.
+    /// A shard's services: its share of the limits, the run's cache to look in, and the
+    /// wave's claims on requests.
     share: f64,
     fallback: Option<PathBuf>,
+    claims: Option<crate::store::claims::Claims>,
 }
 
 impl Role {
@@ -189,7 +194,7 @@ impl Role {
     pub(crate) fn services(&self, p: &Pipeline, out_dir: &Path) -> Arc<Services> {
         let plain =
             || Services::new(out_dir, &p.root, p.providers.clone(), p.embedders.clone(), p.registry.shapes.clone());
-        if self.share >= 1.0 && self.fallback.is_none() {
+        if self.share >= 1.0 && self.fallback.is_none() && self.claims.is_none() {
             return plain();
         }
         match Services::for_shard(
@@ -200,6 +205,7 @@ impl Role {
             p.registry.shapes.clone(),
             self.share,
             self.fallback.as_deref(),
+            self.claims.clone(),
         ) {
             Ok(s) => s,
             Err(e) => {
@@ -547,6 +553,7 @@ pub async fn step(
         hint: "run the earlier steps and waves of this sharded run first (`synth status` lists them)".into(),
         share: 1.0,
         fallback: None,
+        claims: None,
     };
     let shard_caches: Vec<String> = match &merging {
         Some((plan, _)) => (0..plan.shards).map(|i| format!("{}/{INTERNAL_DIR}/cache.sqlite", plan.shard_dir(i))).collect(),
@@ -565,6 +572,10 @@ pub async fn step(
         && !plan.stages.is_empty()
     {
         let _ = store.create(&format!("{}/{MERGED}", plan.dir), br#"{"merged": true}"#).await.map_err(fail)?;
+        // The wave's shared answers are in the run's cache now.
+        if let Err(e) = store.remove_all(&format!("{}/requests", plan.dir)).await {
+            tracing::warn!("removing the wave's request claims: {e:#}");
+        }
     }
     if k < w.n_waves {
         let next = plan_wave(&p, &w, &summary, sel.as_ref(), k + 1, sh);
@@ -788,6 +799,7 @@ pub async fn shard(
         hint: format!("wave {k} shard {i} reads it as planned; plan the wave again (run step {})", k - 1),
         share: 1.0 / plan.rate_split.max(1) as f64,
         fallback,
+        claims: Some(crate::store::claims::Claims::new(parent.clone(), &format!("{}/requests", plan.dir), CLAIM_STALE)),
     };
     tracing::info!(
         "wave {k} shard {i} of {}: {} (limits divided by {})",

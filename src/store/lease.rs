@@ -62,7 +62,7 @@ pub fn hostname() -> String {
     String::from_utf8_lossy(&buf[..end]).to_string()
 }
 
-fn alive(pid: u32) -> bool {
+pub fn alive(pid: u32) -> bool {
     // SAFETY: signal 0 checks for the process without sending anything.
     let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
     rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)

@@ -5,6 +5,7 @@
 
 pub mod atomic;
 pub mod cache;
+pub mod claims;
 pub mod failures;
 pub mod filehash;
 pub mod idcheck;

@@ -361,6 +361,24 @@ impl StateStore {
         Ok(())
     }
 
+    /// Remove every object under `rel_prefix` (a folder).
+    pub async fn remove_all(&self, rel_prefix: &str) -> Result<()> {
+        let rel_prefix = format!("{}/", rel_prefix.trim_end_matches('/'));
+        if self.remote.is_none() {
+            let dir = self.path_of(&rel_prefix);
+            return match std::fs::remove_dir_all(&dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(e).with_context(|| format!("removing {}", dir.display()))
+                }
+                _ => Ok(()),
+            };
+        }
+        for (rel, _) in self.list(&rel_prefix).await? {
+            self.remove(&rel).await?;
+        }
+        Ok(())
+    }
+
     /// Size of a committed file, `None` when there is none.
     pub async fn size(&self, rel: &str) -> Result<Option<u64>> {
         match &self.remote {
