@@ -252,7 +252,10 @@ impl Services {
                             Err(e) => Err(e),
                         };
                         if let Err(e) = kept {
-                            return Err(LlmError::new(ErrorKind::Unavailable, format!("storing a cached response: {e:#}")));
+                            return Err(LlmError::new(
+                                ErrorKind::Unavailable,
+                                format!("storing a cached response: {e:#}"),
+                            ));
                         }
                         ctx.progress.cache_hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         return Ok(Completed { response, cached: true, retries: 0 });
@@ -271,12 +274,10 @@ impl Services {
                         Ok(crate::store::claims::Claim::Mine) => {}
                         Ok(crate::store::claims::Claim::Answered(bytes)) => {
                             // Another shard paid for it: keep its answer in this cache too.
-                            let row: ResponseRow = serde_json::from_slice(&bytes).map_err(|e| {
-                                LlmError::new(ErrorKind::Unavailable, format!("a shared answer: {e}"))
-                            })?;
-                            let response: ChatResponse = serde_json::from_str(&row.response).map_err(|e| {
-                                LlmError::new(ErrorKind::Unavailable, format!("a shared answer: {e}"))
-                            })?;
+                            let row: ResponseRow = serde_json::from_slice(&bytes)
+                                .map_err(|e| LlmError::new(ErrorKind::Unavailable, format!("a shared answer: {e}")))?;
+                            let response: ChatResponse = serde_json::from_str(&row.response)
+                                .map_err(|e| LlmError::new(ErrorKind::Unavailable, format!("a shared answer: {e}")))?;
                             let kept = match cache.journal_start(&key, &ctx.stage) {
                                 Ok(()) => cache.put_response(row, &usage).await,
                                 Err(e) => Err(e),

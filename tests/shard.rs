@@ -125,11 +125,13 @@ fn an_unsharded_state_is_up_to_date_for_a_sharded_run() {
     let reference = reference(&p);
     let run = p.synth(&["run", "p.toml", "--out", "reference", "--shards", "4"]).ok();
     assert!(run.stdout.contains("everything is up to date"), "{}{}", run.stdout, run.stderr);
-    assert!(!reference.join("_synth/waves/w1-n4.json").exists() || {
-        let plan: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(reference.join("_synth/waves/w1-n4.json")).unwrap()).unwrap();
-        plan["stages"].as_array().unwrap().is_empty()
-    });
+    assert!(
+        !reference.join("_synth/waves/w1-n4.json").exists() || {
+            let plan: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(reference.join("_synth/waves/w1-n4.json")).unwrap()).unwrap();
+            plan["stages"].as_array().unwrap().is_empty()
+        }
+    );
 }
 
 #[test]
@@ -158,11 +160,8 @@ fn steps_and_shards_run_one_by_one_and_status_names_the_retry_set() {
     // The step refuses to merge an incomplete wave.
     let step = run(&["--step", "1"]).code(75);
     assert!(step.stderr.contains("missing: 1") && step.stderr.contains("retry set: 1"), "{}", step.stderr);
-    p.synth_env(
-        &["run", "p.toml", "--out", "out", "--shards", "3", "--wave", "1"],
-        &[("JOB_COMPLETION_INDEX", "1")],
-    )
-    .ok();
+    p.synth_env(&["run", "p.toml", "--out", "out", "--shards", "3", "--wave", "1"], &[("JOB_COMPLETION_INDEX", "1")])
+        .ok();
     // A shard run again after its marker does nothing.
     let again = run(&["--wave", "1", "--shard", "1"]).ok();
     assert!(again.stderr.contains("already done"), "{}", again.stderr);
@@ -243,7 +242,16 @@ impl Moto {
         let moto = Moto { child, endpoint };
         // A bucket (moto's REST API: PUT /bucket).
         let out = std::process::Command::new("curl")
-            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "PUT", &format!("{}/synth-test", moto.endpoint)])
+            .args([
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "-X",
+                "PUT",
+                &format!("{}/synth-test", moto.endpoint),
+            ])
             .output();
         match out {
             Ok(o) if String::from_utf8_lossy(&o.stdout) == "200" => Some(moto),
@@ -377,10 +385,7 @@ fn leases_keep_a_second_holder_out() {
             synth::store::object::Conditional::Lost => panic!("the conditional update against the version read failed"),
         }
         // A write conditional on an old version fails (If-Match).
-        assert!(matches!(
-            store.update("a.json", &bytes, &v).await.unwrap(),
-            synth::store::object::Conditional::Lost
-        ));
+        assert!(matches!(store.update("a.json", &bytes, &v).await.unwrap(), synth::store::object::Conditional::Lost));
         // Create-only on an existing object fails (If-None-Match).
         assert!(matches!(store.create("a.json", b"{}").await.unwrap(), synth::store::object::Conditional::Lost));
         tokio::time::timeout(std::time::Duration::from_secs(10), second.lost().cancelled())

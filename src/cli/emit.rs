@@ -80,8 +80,7 @@ fn plan(a: &EmitArgs) -> Result<Plan, i32> {
 
 /// A Kubernetes object name: lowercase alphanumerics and '-'.
 fn dns_name(s: &str) -> String {
-    let mut out: String =
-        s.to_lowercase().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
+    let mut out: String = s.to_lowercase().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
     out = out.trim_matches('-').to_string();
     out.truncate(40);
     if out.is_empty() { "synth".into() } else { out }
@@ -331,6 +330,6 @@ mod tests {
     fn shell_words() {
         assert_eq!(sh("a-b/c.toml"), "a-b/c.toml");
         assert_eq!(sh("it's x"), "'it'\\''s x'");
-        assert_eq!(dns_name("RoleMRC_offline"), "rolemrc-offline");
+        assert_eq!(dns_name("My_Pipeline v2"), "my-pipeline-v2");
     }
 }

@@ -47,6 +47,12 @@ pub fn run(args: &RunArgs, quiet: bool, log_format: super::LogFormat) -> i32 {
             return EXIT_CONFIG;
         }
     };
+    // A dry run of a sharded run: what would run, and where (wave or step).
+    let placement = match (&part, args.dry_run) {
+        (Part::Whole, _) | (_, false) => None,
+        (_, true) => Some((shard::waves(&p), p.clone())),
+    };
+    let part = if placement.is_some() { Part::Whole } else { part };
     if !matches!(part, Part::Whole) && (args.only.is_some() || args.from.is_some() || args.force) {
         eprintln!(
             "error: --only, --from and --force do not combine with --shards (a sharded run builds what is not up to date; remove outputs to rebuild them)"
@@ -112,7 +118,7 @@ pub fn run(args: &RunArgs, quiet: bool, log_format: super::LogFormat) -> i32 {
     };
     match result {
         Ok(summary) if dry_run => {
-            print_plan(&summary);
+            print_plan(&summary, placement.as_ref().map(|(w, p)| (w, p.as_ref(), args.shards.unwrap_or(1))));
             EXIT_OK
         }
         Ok(summary) => {
@@ -192,7 +198,12 @@ fn part(args: &RunArgs, work: std::path::PathBuf) -> Result<Part, String> {
 
 /// The command line of one shard of the local executor: this program with the same
 /// pipeline arguments, quiet, its log in `_synth/logs/` of the state (or work) folder.
-fn launcher(args: &RunArgs, sh: &Sharding, quiet: bool, log_format: super::LogFormat) -> impl Fn(usize, usize) -> tokio::process::Command + Send + Sync + use<> {
+fn launcher(
+    args: &RunArgs,
+    sh: &Sharding,
+    quiet: bool,
+    log_format: super::LogFormat,
+) -> impl Fn(usize, usize) -> tokio::process::Command + Send + Sync + use<> {
     let exe = std::env::current_exe().unwrap_or_else(|_| "synth".into());
     let mut base: Vec<std::ffi::OsString> = vec!["run".into(), args.pipeline.pipeline.clone().into()];
     if let Some(p) = &args.pipeline.profile {
@@ -319,6 +330,13 @@ fn print_summary(summary: &RunSummary) {
         }
     }
     println!("outputs in {}", summary.location);
+    if summary.traffic != (0, 0) {
+        println!(
+            "object store traffic: {:.1} MiB up, {:.1} MiB down",
+            summary.traffic.0 as f64 / (1 << 20) as f64,
+            summary.traffic.1 as f64 / (1 << 20) as f64
+        );
+    }
     // Records that failed are kept, with their reasons, and the run goes on: say so loudly.
     for l in &summary.lines {
         if let Some(f) = &l.failures {
@@ -333,8 +351,20 @@ fn print_summary(summary: &RunSummary) {
     }
 }
 
-fn print_plan(summary: &RunSummary) {
+fn print_plan(summary: &RunSummary, waves: Option<(&crate::dag::waves::Waves, &crate::pipeline::Pipeline, u32)>) {
     let width = summary.lines.iter().map(|l| l.stage.len()).max().unwrap_or(5);
+    if let Some((w, p, n)) = waves {
+        println!("{} wave(s) of {n} shards; steps 0 to {} run once:", w.n_waves, w.n_waves);
+        for l in &summary.lines {
+            let Some(i) = p.stage_index(&l.stage) else { continue };
+            let at = match w.placement[i] {
+                crate::dag::waves::Placement::Wave(k) => format!("wave {k} ({n} shards)"),
+                crate::dag::waves::Placement::Step(k) => format!("step {k}"),
+            };
+            println!("{:width$}  {at}", l.stage);
+        }
+        println!();
+    }
     let mut n_run = 0;
     for l in &summary.lines {
         let (what, why) = match l.status {

@@ -176,11 +176,8 @@ fn render(r: &Report) -> String {
         );
         if !w.missing.is_empty() {
             let _ = writeln!(out, "  missing shards: {}", w.retry_indices);
-            let _ = writeln!(
-                out,
-                "  retry set: Kubernetes indices {}; Slurm --array={}",
-                w.retry_indices, w.retry_array
-            );
+            let _ =
+                writeln!(out, "  retry set: Kubernetes indices {}; Slurm --array={}", w.retry_indices, w.retry_array);
         }
     }
     out

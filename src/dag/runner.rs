@@ -118,6 +118,9 @@ pub struct RunSummary {
     pub out_dir: PathBuf,
     /// Where the outputs are: the output directory, or the object store URL.
     pub location: String,
+    /// Bytes this run (and, for a sharded run, its shards) sent to and read from an
+    /// object store: (up, down); zero for a local directory.
+    pub traffic: (u64, u64),
 }
 
 impl RunSummary {
@@ -392,35 +395,35 @@ pub async fn run(
                 line.status = StageStatus::Failed;
                 stopping = true;
             }
-            Ok(Outcome::Ran { fp, parts, ctx }) => match finish_stage(&store, decl, &fp, parts, *ctx, &opts.role, &lease)
-                .await
-            {
-                Ok((state, failures)) => {
-                    line.failures = failures;
-                    let r = &state.report;
-                    tracing::info!(
-                        "stage \"{name}\" done: {} in, {} out, {} failed, {:.2}s",
-                        r.rows_in,
-                        r.rows_out,
-                        r.rows_failed,
-                        r.wall_seconds
-                    );
-                    line.fingerprint = Some(fp.clone());
-                    nodes[idx] = Node::Done(Some(fp.clone()));
-                    line.status = StageStatus::Ran;
-                    line.report = Some(state.report.clone());
-                    set_manifest(&mut manifest, &name, StageStatus::Ran, Some(fp), Some(&state), None);
+            Ok(Outcome::Ran { fp, parts, ctx }) => {
+                match finish_stage(&store, decl, &fp, parts, *ctx, &opts.role, &lease).await {
+                    Ok((state, failures)) => {
+                        line.failures = failures;
+                        let r = &state.report;
+                        tracing::info!(
+                            "stage \"{name}\" done: {} in, {} out, {} failed, {:.2}s",
+                            r.rows_in,
+                            r.rows_out,
+                            r.rows_failed,
+                            r.wall_seconds
+                        );
+                        line.fingerprint = Some(fp.clone());
+                        nodes[idx] = Node::Done(Some(fp.clone()));
+                        line.status = StageStatus::Ran;
+                        line.report = Some(state.report.clone());
+                        set_manifest(&mut manifest, &name, StageStatus::Ran, Some(fp), Some(&state), None);
+                    }
+                    Err(e) => {
+                        let msg = stage_error(&name, &e, &out_dir);
+                        tracing::error!("{msg}");
+                        errors.push(msg.clone());
+                        nodes[idx] = Node::Failed;
+                        line.status = StageStatus::Failed;
+                        set_manifest(&mut manifest, &name, StageStatus::Failed, None, None, Some(msg));
+                        stopping = true;
+                    }
                 }
-                Err(e) => {
-                    let msg = stage_error(&name, &e, &out_dir);
-                    tracing::error!("{msg}");
-                    errors.push(msg.clone());
-                    nodes[idx] = Node::Failed;
-                    line.status = StageStatus::Failed;
-                    set_manifest(&mut manifest, &name, StageStatus::Failed, None, None, Some(msg));
-                    stopping = true;
-                }
-            },
+            }
             Err(e) if e.downcast_ref::<Cancelled>().is_some() => {
                 nodes[idx] = Node::Cancelled;
                 line.status = StageStatus::Cancelled;
@@ -464,7 +467,8 @@ pub async fn run(
     }
     let mut ordered: Vec<StageLine> = p.graph.order.iter().filter_map(|i| lines.remove(i)).collect();
     ordered.extend(lines.into_values());
-    let summary = RunSummary { lines: ordered, out_dir: out_dir.clone(), location: store.display() };
+    let mut summary =
+        RunSummary { lines: ordered, out_dir: out_dir.clone(), location: store.display(), traffic: (0, 0) };
     if opts.dry_run {
         return Ok(summary);
     }
@@ -497,6 +501,7 @@ pub async fn run(
     if let Some(lease) = lease {
         let _ = lease.release().await;
     }
+    summary.traffic = store.moved();
     if interrupted {
         let done =
             summary.lines.iter().filter(|l| matches!(l.status, StageStatus::Ran | StageStatus::UpToDate)).count();
@@ -562,7 +567,11 @@ fn prepare_out_dir(out_dir: &Path) -> Result<std::fs::File, RunError> {
         let _ = clean_debris(&dir);
         if let Ok(read) = std::fs::read_dir(&dir) {
             for entry in read.flatten() {
-                if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) && entry.file_name() != "hub" {
+                // Shards clean their own folders (`_synth/waves/`), maybe while this runs.
+                if entry.file_type().map(|t| t.is_dir()).unwrap_or(false)
+                    && entry.file_name() != "hub"
+                    && entry.path() != internal.join("waves")
+                {
                     stack.push(entry.path());
                 }
             }

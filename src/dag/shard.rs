@@ -115,6 +115,11 @@ pub struct Done {
     pub stages: BTreeMap<String, StageReport>,
     pub finished_at: String,
     pub host: String,
+    /// Bytes the shard sent to and read from the object store (0 for a directory).
+    #[serde(default)]
+    pub bytes_up: u64,
+    #[serde(default)]
+    pub bytes_down: u64,
 }
 
 impl WavePlan {
@@ -379,7 +384,11 @@ fn merge_parts(parts: &[(PathBuf, PathBuf)], dest: &Path, meta: Vec<(String, Str
                 match best {
                     Some((bk, _)) if bk < k => {}
                     Some((bk, bi)) if bk == k => {
-                        bail!("{} and {} both hold rows of input position {k}", cursors[bi].path.display(), c.path.display())
+                        bail!(
+                            "{} and {} both hold rows of input position {k}",
+                            cursors[bi].path.display(),
+                            c.path.display()
+                        )
                     }
                     _ => best = Some((k, ci)),
                 }
@@ -388,7 +397,11 @@ fn merge_parts(parts: &[(PathBuf, PathBuf)], dest: &Path, meta: Vec<(String, Str
         let Some((_, ci)) = best else { break };
         let needs_batch = cursors[ci].batch.as_ref().is_none_or(|b| cursors[ci].row >= b.num_rows());
         if needs_batch {
-            let next = cursors[ci].reader.next().transpose().with_context(|| format!("reading {}", cursors[ci].path.display()))?;
+            let next = cursors[ci]
+                .reader
+                .next()
+                .transpose()
+                .with_context(|| format!("reading {}", cursors[ci].path.display()))?;
             let Some(b) = next else {
                 bail!("{}: fewer rows than keys", cursors[ci].path.display());
             };
@@ -556,7 +569,9 @@ pub async fn step(
         claims: None,
     };
     let shard_caches: Vec<String> = match &merging {
-        Some((plan, _)) => (0..plan.shards).map(|i| format!("{}/{INTERNAL_DIR}/cache.sqlite", plan.shard_dir(i))).collect(),
+        Some((plan, _)) => {
+            (0..plan.shards).map(|i| format!("{}/{INTERNAL_DIR}/cache.sqlite", plan.shard_dir(i))).collect()
+        }
         None => Vec::new(),
     };
     let opts = RunOptions { state: Some(store.clone()), role: Some(Arc::new(role)), ..base.clone() };
@@ -652,7 +667,12 @@ fn plan_wave(
     }
 }
 
-async fn wait_for_plan(store: &StateStore, k: usize, sh: &Sharding, cancel: &CancellationToken) -> Result<WavePlan, RunError> {
+async fn wait_for_plan(
+    store: &StateStore,
+    k: usize,
+    sh: &Sharding,
+    cancel: &CancellationToken,
+) -> Result<WavePlan, RunError> {
     let deadline = sh.wait.map(|w| std::time::Instant::now() + w);
     loop {
         match WavePlan::load(store, k, sh.shards).await {
@@ -752,7 +772,13 @@ pub async fn shard(
     }
 
     // Which stages run here, and where their inputs come from.
-    let index = |name: &str| p.stage_index(name).ok_or_else(|| RunError::Failed(format!("the plan names an unknown stage \"{name}\": the pipeline differs from the one planned")));
+    let index = |name: &str| {
+        p.stage_index(name).ok_or_else(|| {
+            RunError::Failed(format!(
+                "the plan names an unknown stage \"{name}\": the pipeline differs from the one planned"
+            ))
+        })
+    };
     let planned: BTreeMap<usize, &PlannedStage> =
         plan.stages.iter().map(|s| Ok((index(&s.name)?, s))).collect::<Result<_, RunError>>()?;
     let mut modes: Vec<Option<Mode>> = vec![None; p.stages.len()];
@@ -852,6 +878,8 @@ pub async fn shard(
             .collect(),
         finished_at: crate::store::state::now_rfc3339(),
         host: crate::store::lease::hostname(),
+        bytes_up: parent.moved().0,
+        bytes_down: parent.moved().1,
     };
     let bytes = serde_json::to_vec_pretty(&done).expect("serializable");
     if let Conditional::Lost = parent.create(&plan.done_path(i), &bytes).await.map_err(fail)? {
@@ -884,6 +912,7 @@ pub async fn run_local(
     let fail = |e: anyhow::Error| RunError::Failed(format!("{e:#}"));
     let mut best: BTreeMap<String, runner::StageLine> = BTreeMap::new();
     let mut last = None;
+    let mut ran_here: BTreeSet<String> = BTreeSet::new();
     for k in 0..=w.n_waves {
         let summary = step(p.clone(), base, sh, k, hub.clone(), cancel.clone()).await?;
         for l in &summary.lines {
@@ -899,13 +928,15 @@ pub async fn run_local(
         if k == w.n_waves || base.dry_run {
             break;
         }
-        let plan = WavePlan::load(&store, k + 1, sh.shards).await.map_err(fail)?.ok_or_else(|| {
-            RunError::Failed(format!("step {k} did not plan wave {}", k + 1))
-        })?;
+        let plan = WavePlan::load(&store, k + 1, sh.shards)
+            .await
+            .map_err(fail)?
+            .ok_or_else(|| RunError::Failed(format!("step {k} did not plan wave {}", k + 1)))?;
         if plan.stages.is_empty() {
             continue;
         }
         let todo = plan.missing(&store).await.map_err(fail)?;
+        ran_here.insert(plan.dir.clone());
         tracing::info!(
             "wave {}: {} shard(s) to run, {} at a time ({} already done)",
             k + 1,
@@ -951,7 +982,20 @@ pub async fn run_local(
             )));
         }
     }
+    // Traffic: the steps' (each summary has this process's so far) and the shards'.
+    let mut traffic = last.as_ref().map_or((0, 0), |s| s.traffic);
+    for (rel, _) in store.list(&format!("{WAVES_DIR}/")).await.map_err(fail)? {
+        if rel.ends_with(DONE)
+            && let Some(bytes) = store.read(&rel).await.map_err(fail)?
+            && let Ok(done) = serde_json::from_slice::<Done>(&bytes)
+            && ran_here.contains(rel.rsplit_once("/s").map_or("", |(dir, _)| dir))
+        {
+            traffic.0 += done.bytes_up;
+            traffic.1 += done.bytes_down;
+        }
+    }
     let mut summary = last.expect("step 0 ran");
+    summary.traffic = traffic;
     for l in summary.lines.iter_mut() {
         if let Some(b) = best.remove(&l.stage) {
             *l = b;
@@ -990,7 +1034,9 @@ fn describe_exit(s: &std::process::ExitStatus) -> String {
 /// The local path of a merged (or global) stage output, fetched from the state.
 async fn fetch_merged(store: &StateStore, stage: &str) -> Result<PathBuf> {
     let state = match store.read(&relative_to(store.dir(), &state_path(store.dir(), stage))).await? {
-        Some(b) => serde_json::from_slice::<StageState>(&b).with_context(|| format!("the state record of \"{stage}\""))?,
+        Some(b) => {
+            serde_json::from_slice::<StageState>(&b).with_context(|| format!("the state record of \"{stage}\""))?
+        }
         None => bail!("stage \"{stage}\" has no state record in {}: its step has not run", store.display()),
     };
     for o in &state.outputs {
@@ -1002,7 +1048,14 @@ async fn fetch_merged(store: &StateStore, stage: &str) -> Result<PathBuf> {
 }
 
 /// This shard's records of a merged input (made once per input fingerprint).
-async fn entry(merged: &Path, dir: &Path, input: &str, fp: &str, shard: usize, shards: usize) -> Result<(PathBuf, PathBuf)> {
+async fn entry(
+    merged: &Path,
+    dir: &Path,
+    input: &str,
+    fp: &str,
+    shard: usize,
+    shards: usize,
+) -> Result<(PathBuf, PathBuf)> {
     let data = dir.join(format!("{input}.parquet"));
     let keys = dir.join(format!("{input}.keys"));
     let stamp = dir.join(format!("{input}.json"));

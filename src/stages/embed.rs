@@ -13,8 +13,8 @@ use async_trait::async_trait;
 use serde::Deserialize;
 
 use super::{
-    Arity, BuildCtx, Cancelled, KindInfo, PartitionCtx, Partitioning, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Sharding,
-    Stage,
+    Arity, BuildCtx, Cancelled, KindInfo, PartitionCtx, Partitioning, PlanCtx, PrepareCtx, Prepared, Role, RunCtx,
+    Sharding, Stage,
 };
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, POSITIVE, Ty};

@@ -115,7 +115,8 @@ where
                     Ids::Kept => lineage.push_same_ids(rows_in, &batch, &result)?,
                     Ids::Changed => {
                         let failed: std::collections::HashSet<String> = failures.ids_since(failed_before);
-                        let keep: Vec<bool> = data::ids(&batch).iter().map(|id| !failed.contains(id.unwrap_or(""))).collect();
+                        let keep: Vec<bool> =
+                            data::ids(&batch).iter().map(|id| !failed.contains(id.unwrap_or(""))).collect();
                         let kept = keep.iter().filter(|k| **k).count();
                         if kept != result.num_rows() {
                             bail!(

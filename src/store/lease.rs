@@ -88,7 +88,9 @@ impl Lease {
             Conditional::Done(v) => v,
             Conditional::Lost => {
                 let Some((old, v)) = store.read_versioned(rel).await? else {
-                    return Err(LeaseError::Held(format!("the lease of the {what} changed while it was read; try again")));
+                    return Err(LeaseError::Held(format!(
+                        "the lease of the {what} changed while it was read; try again"
+                    )));
                 };
                 let old: Option<Body> = serde_json::from_slice(&old).ok();
                 let free = match &old {
@@ -202,7 +204,8 @@ impl Lease {
             let _ = r.await;
         }
         if let Some((store, rel, me)) = self.state.take() {
-            let body = Body { holder: me, host: hostname(), pid: std::process::id(), expires_ms: 0, what: String::new() };
+            let body =
+                Body { holder: me, host: hostname(), pid: std::process::id(), expires_ms: 0, what: String::new() };
             let v = self.version.lock().expect("lease version").clone();
             if let Err(e) = store.update(&rel, &serde_json::to_vec(&body).expect("serializable"), &v).await {
                 tracing::warn!("releasing the lease {rel}: {e:#}");

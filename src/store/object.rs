@@ -115,8 +115,8 @@ impl StateStore {
             }
             "memory" => (Arc::new(object_store::memory::InMemory::new()), ObjPath::from(parsed.path()), None),
             "s3" | "s3a" | "gs" | "az" | "abfs" | "abfss" | "azure" | "http" | "https" => {
-                let (store, path) = object_store::parse_url_opts(&parsed, options)
-                    .map_err(|e| anyhow!("--state {url}: {e}"))?;
+                let (store, path) =
+                    object_store::parse_url_opts(&parsed, options).map_err(|e| anyhow!("--state {url}: {e}"))?;
                 (Arc::from(store), path, None)
             }
             other => bail!("--state {url}: unknown scheme \"{other}\" (s3://, gs://, az://, file://)"),
@@ -539,7 +539,9 @@ impl StateStore {
             Some(r) => {
                 let base = join(&r.prefix, rel_prefix);
                 let mut stream = r.store.list(Some(&base));
-                while let Some(m) = stream.try_next().await.with_context(|| format!("listing {}/{rel_prefix}", r.url))? {
+                while let Some(m) =
+                    stream.try_next().await.with_context(|| format!("listing {}/{rel_prefix}", r.url))?
+                {
                     let full = m.location.as_ref();
                     let rel = full.strip_prefix(r.prefix.as_ref()).unwrap_or(full).trim_start_matches('/');
                     out.push((rel.to_string(), m.size));
