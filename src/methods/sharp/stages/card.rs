@@ -95,7 +95,8 @@ impl Stage for CardStage {
             inputs.push(json!({"name": input.name, "rows": rows.len()}));
             let has = |c: &str| schema.field_with_name(c).is_ok();
             if has("factual_claim") && has("label") && claims.is_none() {
-                let mut by: BTreeMap<&str, BTreeMap<String, u64>> = BTreeMap::new();
+                let mut by: BTreeMap<&str, BTreeMap<String, u64>> =
+                    ["label", "rule", "relation", "lang", "render", "license", "dataset", "verified"].into_iter().map(|k| (k, BTreeMap::new())).collect();
                 for r in &rows {
                     for (k, col) in [("label", "label"), ("rule", "cf_rule"), ("relation", "rel"), ("lang", "lang"), ("render", "render"), ("license", "license"), ("dataset", "dataset")] {
                         if let Some(v) = text(r, col) {

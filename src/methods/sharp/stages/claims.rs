@@ -76,6 +76,12 @@ const OPTIONS: &[OptionSpec] = &[
         "[R] rules tried from a seeded start in rotation; a claim no rule fits stays factual",
     ),
     OptionSpec::default(
+        "llm_fallback",
+        Ty::Bool,
+        "false",
+        "[R] a claim picked to be counterfactual that no rule fits is left to an LLM rewrite step (cf_rule \"llm\", text unchanged); sharp_turns refuses it if nothing rewrote it",
+    ),
+    OptionSpec::default(
         "rules",
         Ty::Str,
         "\"rules/sharp\"",
@@ -131,6 +137,7 @@ struct Options {
     counterfactual_share: f64,
     counterfactuals: Option<u64>,
     counterfactual_rules: Vec<String>,
+    llm_fallback: bool,
     rules: String,
     antonym_sources: Vec<String>,
     disruption: String,
@@ -636,6 +643,9 @@ impl ClaimsStage {
                     .filter(|c| c.claim != k.claim)
                     .map(|c| (c.claim, rule.clone(), c.detail))
             });
+            if cf[i].is_none() && self.o.llm_fallback {
+                cf[i] = Some((k.claim.clone(), "llm".into(), "no rule fits: left to the LLM rewrite step".into()));
+            }
             made += u64::from(cf[i].is_some());
         }
         let opt = |v: &Option<String>| v.clone().map(Value::String).unwrap_or(Value::Null);

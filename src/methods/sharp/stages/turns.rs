@@ -170,6 +170,11 @@ impl Stage for TurnsStage {
             for i in 0..b.num_rows() {
                 let r = data::row_json(b, i);
                 let (id, claim) = (text(&r, data::ID), text(&r, &self.o.claim_column));
+                if text(&r, "cf_rule") == "llm" && r.get("factual_claim").and_then(Value::as_str) == Some(claim.as_str()) {
+                    let why = format!("{id}: a counterfactual left to the LLM rewrite step (cf_rule \"llm\") that no step rewrote: it still reads as the factual claim");
+                    ctx.fail(&id, crate::store::failures::FailureKind::Input, why, Some(Value::Object(r.clone()).to_string()));
+                    continue;
+                }
                 for (role, carried) in &roles {
                     let turn = roles::render_turn(&role.role, &claim, &self.o.lang, self.o.keep_case, self.o.zh_ascii_punct);
                     let mut row = Row::from_iter([
