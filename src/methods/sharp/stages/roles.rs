@@ -148,7 +148,7 @@ impl RolesStage {
             let script = text(row, &self.o.script_column).unwrap_or_default();
             let main = self.o.main.clone().or_else(|| text(row, &self.o.main_column)).unwrap_or_default();
             let carried: Row = self.o.carry.iter().map(|c| (c.clone(), row.get(c).cloned().unwrap_or(Value::Null))).collect();
-            let score = |v: Option<&Value>| v.and_then(Value::as_f64);
+            let score = |v: Option<&Value>| v.and_then(|v| v.as_f64().or_else(|| v.as_str()?.trim().parse().ok()));
             match row.get(&self.o.relations_column).and_then(Value::as_array) {
                 Some(items) => {
                     for item in items {
@@ -189,7 +189,7 @@ impl RolesStage {
             Some(class) => self.rules.get(&class.to_lowercase()).copied().ok_or_else(|| {
                 format!("relationship class \"{class}\" is not in {} (add it there, or set unmapped)", self.o.affection_rules)
             }),
-            None => Err("no affection, affection_score or relation".into()),
+            None => Err("no affection, affection_score or relation (no row in the relationship table?)".into()),
         }
     }
 }
