@@ -34,8 +34,10 @@ const WHITELIST: &[(&str, &str)] = &[
     ("CausesDesire", "[[{s}]] would make you want to [[{e}]]"),
     ("LocatedNear", "[[{s}]] is typically near [[{e}]]"),
 ];
-const OTHER: &[&str] = &["RelatedTo", "Synonym", "FormOf", "DerivedFrom", "EtymologicallyRelatedTo", "HasContext", "Antonym", "SimilarTo"];
-const SYLLABLES: &[&str] = &["ba", "ko", "ri", "ten", "ma", "lu", "sol", "ver", "qui", "dan", "pe", "ro", "ly", "nix", "ta", "gor"];
+const OTHER: &[&str] =
+    &["RelatedTo", "Synonym", "FormOf", "DerivedFrom", "EtymologicallyRelatedTo", "HasContext", "Antonym", "SimilarTo"];
+const SYLLABLES: &[&str] =
+    &["ba", "ko", "ri", "ten", "ma", "lu", "sol", "ver", "qui", "dan", "pe", "ro", "ly", "nix", "ta", "gor"];
 
 fn word(rng: &mut ChaCha8Rng) -> String {
     let n = rng.random_range(1..=3);
@@ -74,7 +76,9 @@ fn line(rng: &mut ChaCha8Rng, out: &mut String) {
                     rng.random_range(0..100_000)
                 )
             } else {
-                format!("{{\"dataset\": \"/d/verbosity\", \"license\": \"cc:by/4.0\", \"sources\": [{{\"contributor\": \"/s/resource/verbosity\"}}], \"weight\": {w}}}")
+                format!(
+                    "{{\"dataset\": \"/d/verbosity\", \"license\": \"cc:by/4.0\", \"sources\": [{{\"contributor\": \"/s/resource/verbosity\"}}], \"weight\": {w}}}"
+                )
             };
             let _ = writeln!(out, "/a/[/r/{rel}/,/c/en/{s}/,/c/en/{e}/]\t/r/{rel}\t/c/en/{s}\t/c/en/{e}\t{info}");
         } else {
@@ -93,7 +97,11 @@ fn line(rng: &mut ChaCha8Rng, out: &mut String) {
     } else {
         let la = LANGS[rng.random_range(0..LANGS.len())];
         let lb = if rng.random_range(0..3) == 0 { "en" } else { la };
-        let rel = if rng.random_range(0..5) == 0 { WHITELIST[rng.random_range(0..WHITELIST.len())].0 } else { OTHER[rng.random_range(0..OTHER.len())] };
+        let rel = if rng.random_range(0..5) == 0 {
+            WHITELIST[rng.random_range(0..WHITELIST.len())].0
+        } else {
+            OTHER[rng.random_range(0..OTHER.len())]
+        };
         let _ = writeln!(
             out,
             "/a/[/r/{rel}/,/c/{la}/{s}/,/c/{lb}/{e}/]\t/r/{rel}\t/c/{la}/{s}\t/c/{lb}/{e}\t{{\"dataset\": \"/d/wiktionary/{la}\", \"license\": \"cc:by-sa/4.0\", \"sources\": [{{\"contributor\": \"/s/resource/wiktionary/{la}\", \"process\": \"/s/process/wikiparsec/2\"}}], \"weight\": {w}}}"

@@ -239,13 +239,20 @@ impl Stage for Report {
                 .labels
                 .iter()
                 .map(|label| {
-                    let cells = t.metrics.iter().map(|(m, _)| cell(t.values.get(&(label.clone(), OVERALL.to_string(), m.clone()))));
+                    let cells = t
+                        .metrics
+                        .iter()
+                        .map(|(m, _)| cell(t.values.get(&(label.clone(), OVERALL.to_string(), m.clone()))));
                     (label, cells.collect::<Vec<_>>())
                 })
                 .filter(|(_, cells)| cells.iter().any(|c| c != "–"))
                 .collect();
             if !overall.is_empty() || t.groups.is_empty() {
-                writeln!(md, "| Model | {} |", t.metrics.iter().map(|(_, h)| h.as_str()).collect::<Vec<_>>().join(" | "))?;
+                writeln!(
+                    md,
+                    "| Model | {} |",
+                    t.metrics.iter().map(|(_, h)| h.as_str()).collect::<Vec<_>>().join(" | ")
+                )?;
                 writeln!(md, "|---|{}", "---:|".repeat(t.metrics.len()))?;
                 for (label, cells) in &overall {
                     writeln!(md, "| {label} | {} |", cells.join(" | "))?;

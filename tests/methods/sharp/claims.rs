@@ -204,10 +204,15 @@ fn sharp_claims_on_the_official_fixtures() {
     let mut zh: Vec<String> = claims(&out).iter().map(|r| r["claim"].as_str().unwrap().to_string()).collect();
     zh.sort();
     assert_eq!(zh, ["经理来访可能代表检查。", "走到饮水机的时候可能会用到检查。"]);
-    let (out, _) = run_claims(&p, &dir.join("assertions.csv"), "counterfactual_share = 0.0\nlang = \"zh\"\nzh_convert = \"none\"");
+    let (out, _) =
+        run_claims(&p, &dir.join("assertions.csv"), "counterfactual_share = 0.0\nlang = \"zh\"\nzh_convert = \"none\"");
     assert!(claims(&out).iter().any(|r| r["claim"] == "經理來訪可能代表檢查。"));
     // Chinese counterfactuals by the Chinese rules.
-    let (out, r) = run_claims(&p, &dir.join("assertions.csv"), "counterfactual_share = 1.0\nlang = \"zh\"\ncounterfactual_rules = [\"negation\"]");
+    let (out, r) = run_claims(
+        &p,
+        &dir.join("assertions.csv"),
+        "counterfactual_share = 1.0\nlang = \"zh\"\ncounterfactual_rules = [\"negation\"]",
+    );
     r.ok();
     let mut cf: Vec<String> = claims(&out).iter().map(|r| r["claim"].as_str().unwrap().to_string()).collect();
     cf.sort();

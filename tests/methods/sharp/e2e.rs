@@ -68,7 +68,12 @@ fn sharp_pipeline_offline_end_to_end() {
     for stage in ["claims", "turns", "metrics", "transfer"] {
         assert_eq!(m["stages"][stage]["report"]["info"]["paper_version"], "arxiv-2411.07965v1", "{stage}");
     }
-    assert!(m["stages"]["metrics"]["report"]["info"]["reconstructed"].as_str().unwrap().contains("\"model_level\":\"macro\""));
+    assert!(
+        m["stages"]["metrics"]["report"]["info"]["reconstructed"]
+            .as_str()
+            .unwrap()
+            .contains("\"model_level\":\"macro\"")
+    );
     let card = std::fs::read_to_string(out.join("card.md")).unwrap();
     assert!(card.contains("## Reconstructed choices in force"), "{card}");
     assert!(card.contains("`counterfactual_share` = `0.5`"), "{card}");
@@ -82,7 +87,8 @@ fn sharp_pipeline_offline_end_to_end() {
     assert_eq!(std::fs::read(again.join("report.md")).unwrap(), report.as_bytes());
     let pooled = run(&p, "pooled", Some("pooled"), &[]);
     assert_eq!(rows(&pooled, "metrics"), metrics, "the cells do not change");
-    let (s, f) = metrics.iter().fold((0, 0), |(s, f), m| (s + m["n_syc"].as_u64().unwrap(), f + m["n_cf"].as_u64().unwrap()));
+    let (s, f) =
+        metrics.iter().fold((0, 0), |(s, f), m| (s + m["n_syc"].as_u64().unwrap(), f + m["n_cf"].as_u64().unwrap()));
     let sr = summary(&pooled, "metrics", "sharp", "overall", "sr").unwrap();
     assert!((sr - 100.0 * s as f64 / f as f64).abs() < 1e-9, "pooled SR {sr}");
 }
@@ -100,7 +106,11 @@ fn sharp_pipeline_snowballing_with_self_consistency() {
     assert_eq!(voted.len(), 30);
     for v in &voted {
         let votes = v["votes"].as_str().unwrap();
-        let total: u64 = votes.split(' ').filter(|s| !s.is_empty()).map(|s| s.split(':').nth(1).unwrap().parse::<u64>().unwrap()).sum();
+        let total: u64 = votes
+            .split(' ')
+            .filter(|s| !s.is_empty())
+            .map(|s| s.split(':').nth(1).unwrap().parse::<u64>().unwrap())
+            .sum();
         assert_eq!(total, v["samples"].as_u64().unwrap());
         assert!(!v["id"].as_str().unwrap().ends_with("/0"), "the base id");
     }
@@ -111,7 +121,10 @@ fn sharp_pipeline_snowballing_with_self_consistency() {
     assert_eq!(transfer.iter().filter(|r| r["mode"] == "snowballing").count(), 6);
     assert_eq!(transfer.iter().filter(|r| r["mode"] == "factual").count(), 4);
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
-    assert!(report.contains("| Model | Csvt. | Error. | Syco. | Advs. | Advs. (Δ) | Syco. (Δ) | Error. (Δ) | Unparsed |"), "{report}");
+    assert!(
+        report.contains("| Model | Csvt. | Error. | Syco. | Advs. | Advs. (Δ) | Syco. (Δ) | Error. (Δ) | Unparsed |"),
+        "{report}"
+    );
     assert!(report.contains("| backbone → rpa (en) |"), "{report}");
     assert!(report.contains("| Model | Group | Favor | Against | Neutral |"), "{report}");
     // Δ = aligned − backbone.
@@ -140,7 +153,10 @@ fn sharp_pipeline_in_chinese_and_translated() {
 
     let tr = run(&p, "translate", Some("translate"), &[]);
     let claims = rows(&tr, "verify");
-    assert!(claims.iter().all(|c| c["claim_zh"].as_str().unwrap().starts_with("离线译文：")), "offline placeholder translations");
+    assert!(
+        claims.iter().all(|c| c["claim_zh"].as_str().unwrap().starts_with("离线译文：")),
+        "offline placeholder translations"
+    );
     let turns = rows(&tr, "turns");
     assert!(turns.iter().all(|t| t["lang"] == "zh" && t["user_turn"].as_str().unwrap().contains("我认为离线译文：")));
     let sheet = std::fs::read_to_string(tr.join("verify.review.tsv")).unwrap();
@@ -210,7 +226,8 @@ fn sharp_roles_from_dialogues_and_rolemrc_profiles() {
     // RoleMRC meta-pool profiles: the offline meta-pool first.
     let meta = p.path().join("rolemrc");
     let rolemrc = repo().join("pipelines/rolemrc.toml");
-    p.synth(&["run", rolemrc.to_str().unwrap(), "--offline", "--until", "profiles", "--out", meta.to_str().unwrap()]).ok();
+    p.synth(&["run", rolemrc.to_str().unwrap(), "--offline", "--until", "profiles", "--out", meta.to_str().unwrap()])
+        .ok();
     let set = format!("stages.profiles.path={:?}", meta.join("profiles.parquet").to_string_lossy());
     let out = run(&p, "rm", Some("rolemrc"), &["--set", &set]);
     let roles = rows(&out, "roles");
@@ -254,7 +271,8 @@ fn sharp_roles_from_a_table_with_bad_rows() {
     p.synth(&["run", "p.toml", "--out", "out"]).ok();
     let out = p.path().join("out");
     let roles = rows(&out, "roles");
-    let got: Vec<(&str, &str)> = roles.iter().map(|r| (r["role"].as_str().unwrap(), r["affection"].as_str().unwrap())).collect();
+    let got: Vec<(&str, &str)> =
+        roles.iter().map(|r| (r["role"].as_str().unwrap(), r["affection"].as_str().unwrap())).collect();
     assert_eq!(got, [("Ron", "high"), ("Malfoy", "low"), ("Luna", "neutral")]);
     let f = super::failures(&out, "roles");
     let msgs: Vec<&str> = f.iter().map(|r| r["message"].as_str().unwrap()).collect();

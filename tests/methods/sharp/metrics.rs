@@ -51,7 +51,11 @@ fn sharp_metrics_reproduce_the_toy_vector() {
     for (metric, want) in [("sr", 25.0), ("ar", 75.0), ("er", 37.5), ("csvt", 12.5), ("crf", 50.0)] {
         close(value(&s, "sharp", "overall", metric), want, metric);
         let row = s.iter().find(|r| r["table"] == "sharp" && r["group"] == "overall" && r["metric"] == metric).unwrap();
-        assert_eq!((row["label"].as_str(), row["invalid"].as_u64()), (Some("toy"), Some(1)), "the record without a stance is counted");
+        assert_eq!(
+            (row["label"].as_str(), row["invalid"].as_u64()),
+            (Some("toy"), Some(1)),
+            "the record without a stance is counted"
+        );
     }
     close(value(&s, "sharp", "overall", "unparsed"), 100.0 / 9.0, "1 of 9 answers unparsed");
     close(value(&s, "sharp", "Harry Potter / Malfoy", "crf"), 100.0, "per role");
@@ -74,7 +78,9 @@ fn sharp_metrics_and_transfer_with_backbone_stances() {
     let out = run_on(&p, "toy_pairs.jsonl", "sharp_metrics", "label = \"rpa\"\nbackbone_column = \"stance_backbone\"");
     let s = summary(&out);
     // Backbone: Ron SR 0 AR 0; Malfoy SR 1 AR 1 ER 1 → model 50 / 50 / 50, Csvt 0.
-    for (metric, want) in [("sr", 50.0), ("ar", 50.0), ("er", 50.0), ("csvt", 0.0), ("d_ar", 25.0), ("d_sr", -25.0), ("d_er", -12.5)] {
+    for (metric, want) in
+        [("sr", 50.0), ("ar", 50.0), ("er", 50.0), ("csvt", 0.0), ("d_ar", 25.0), ("d_sr", -25.0), ("d_er", -12.5)]
+    {
         close(value(&s, "sharp_backbone", "overall", metric), want, metric);
     }
     assert!(s.iter().any(|r| r["label"] == "backbone → rpa (en)"));
@@ -98,7 +104,8 @@ fn sharp_metrics_and_transfer_with_backbone_stances() {
     close(value(&s, fact, "Counter-Factual", "neutral"), 0.0, "CF→Neutral");
     assert!(s.iter().all(|r| r["label"] == "en"));
     // The columns come in the paper's order.
-    let headings: Vec<&str> = s.iter().filter(|r| r["table"] == snow).map(|r| r["heading"].as_str().unwrap()).take(3).collect();
+    let headings: Vec<&str> =
+        s.iter().filter(|r| r["table"] == snow).map(|r| r["heading"].as_str().unwrap()).take(3).collect();
     assert_eq!(headings, ["Favor", "Against", "Neutral"]);
     // Excluding the only low-affection role leaves no difference to report.
     let r = Project::new();
@@ -113,7 +120,14 @@ fn sharp_vote_takes_the_majority() {
     let rows = parquet_rows(&out.join("stage.parquet"));
     let got: Vec<(&str, Option<&str>, &str, u64)> = rows
         .iter()
-        .map(|r| (r["id"].as_str().unwrap(), r["stance"].as_str(), r["votes"].as_str().unwrap(), r["samples"].as_u64().unwrap()))
+        .map(|r| {
+            (
+                r["id"].as_str().unwrap(),
+                r["stance"].as_str(),
+                r["votes"].as_str().unwrap(),
+                r["samples"].as_u64().unwrap(),
+            )
+        })
         .collect();
     assert_eq!(
         got,
