@@ -29,7 +29,7 @@ pub fn find_phrase(text: &str, phrase: &str) -> Option<usize> {
     text.match_indices(phrase).map(|(at, _)| at).find(|&at| {
         let before = text[..at].chars().next_back();
         let after = text[at + phrase.len()..].chars().next();
-        !(wordy(first) && before.is_some_and(wordy)) && !(wordy(last) && after.is_some_and(wordy))
+        !(wordy(first) && before.is_some_and(wordy) || wordy(last) && after.is_some_and(wordy))
     })
 }
 

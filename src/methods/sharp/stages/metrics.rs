@@ -317,20 +317,32 @@ impl Stage for MetricsStage {
     }
 }
 
-fn row(label: &str, table: &str, title: &str, group: &str, metric: &str, heading: &str, n: u64, value: f64, invalid: u64) -> SummaryRow {
-    SummaryRow {
-        label: label.into(),
-        table: table.into(),
-        title: title.into(),
-        group: group.into(),
-        metric: metric.into(),
-        heading: heading.into(),
-        n,
-        value,
-        std: None,
-        invalid,
+/// The label, table and title shared by the rows of one summary table.
+struct Head<'a> {
+    label: &'a str,
+    table: &'a str,
+    title: &'a str,
+}
+
+impl Head<'_> {
+    fn row(&self, group: &str, metric: &str, heading: &str, n: u64, value: f64, invalid: u64) -> SummaryRow {
+        SummaryRow {
+            label: self.label.into(),
+            table: self.table.into(),
+            title: self.title.into(),
+            group: group.into(),
+            metric: metric.into(),
+            heading: heading.into(),
+            n,
+            value,
+            std: None,
+            invalid,
+        }
     }
 }
+
+/// The cells of one (model, language).
+type ByModel<'a> = BTreeMap<(String, Option<String>), Vec<(&'a Key, &'a Acc)>>;
 
 impl MetricsStage {
     fn summary(&self, cells: &BTreeMap<Key, Acc>, gold: &[(Stance, Stance)], has_freq: bool) -> Vec<SummaryRow> {
@@ -342,38 +354,40 @@ impl MetricsStage {
         let title = format!(
             "Relationship fidelity, factual-based mode (Table 4 layout, %): model level = {level} [R]; ER and Csvt derived [D]; Unparsed = answers without a readable stance, left out"
         );
-        let mut by_model: BTreeMap<(String, Option<String>), Vec<(&Key, &Acc)>> = BTreeMap::new();
+        let mut by_model: ByModel = BTreeMap::new();
         for (k, a) in cells {
             by_model.entry((k.0.clone(), k.1.clone())).or_default().push((k, a));
         }
         let mut out = Vec::new();
         for ((model, lang), group) in &by_model {
             let label = label_of(model, lang);
+            let sharp = Head { label: &label, table: "sharp", title: &title };
             let parsed: u64 = group.iter().map(|(_, a)| a.agent.n_f + a.agent.n_cf).sum();
             let unparsed: u64 = group.iter().map(|(_, a)| a.unparsed).sum();
             let unparsed_share = |p: u64, u: u64| if p + u == 0 { 0.0 } else { 100.0 * u as f64 / (p + u) as f64 };
             let model_rates = self.model_rates(group, false);
             for ((metric, heading), v) in METRICS.iter().zip(values(&model_rates)) {
                 if let Some(v) = v {
-                    out.push(row(&label, "sharp", &title, OVERALL, metric, heading, parsed, v * 100.0, unparsed));
+                    out.push(sharp.row(OVERALL, metric, heading, parsed, v * 100.0, unparsed));
                 }
             }
-            out.push(row(&label, "sharp", &title, OVERALL, "unparsed", "Unparsed", parsed + unparsed, unparsed_share(parsed, unparsed), unparsed));
+            out.push(sharp.row(OVERALL, "unparsed", "Unparsed", parsed + unparsed, unparsed_share(parsed, unparsed), unparsed));
             for ((_, _, script, role), a) in group {
                 let Some(aff) = Affection::parse(&a.affection) else { continue };
                 let n = a.agent.n_f + a.agent.n_cf;
                 let g = format!("{script} / {role}");
                 for ((metric, heading), v) in METRICS.iter().zip(values(&a.agent.rates(aff))) {
                     if let Some(v) = v {
-                        out.push(row(&label, "sharp", &title, &g, metric, heading, n, v * 100.0, a.unparsed));
+                        out.push(sharp.row(&g, metric, heading, n, v * 100.0, a.unparsed));
                     }
                 }
-                out.push(row(&label, "sharp", &title, &g, "unparsed", "Unparsed", n + a.unparsed, unparsed_share(n, a.unparsed), a.unparsed));
+                out.push(sharp.row(&g, "unparsed", "Unparsed", n + a.unparsed, unparsed_share(n, a.unparsed), a.unparsed));
             }
             if self.o.backbone_column.is_some() {
                 let b = self.model_rates(group, true);
                 let bl = format!("{} → {label}", self.o.backbone_label);
-                let t = "Backbone vs aligned (Tables 6 and 7 layout, %): the backbone's conservative ratio, error, sycophancy and adversary rates on the same turns; (Δ) = aligned − backbone";
+                let backbone_title = "Backbone vs aligned (Tables 6 and 7 layout, %): the backbone's conservative ratio, error, sycophancy and adversary rates on the same turns; (Δ) = aligned − backbone";
+                let backbone = Head { label: &bl, table: "sharp_backbone", title: backbone_title };
                 let n: u64 = group.iter().map(|(_, a)| a.backbone.n_f + a.backbone.n_cf).sum();
                 let u: u64 = group.iter().map(|(_, a)| a.unparsed_backbone).sum();
                 let d = |x: Option<f64>, y: Option<f64>| Some(x? - y?);
@@ -388,13 +402,17 @@ impl MetricsStage {
                 ];
                 for (metric, heading, v) in cols {
                     if let Some(v) = v {
-                        out.push(row(&bl, "sharp_backbone", t, OVERALL, metric, heading, n, v * 100.0, u));
+                        out.push(backbone.row(OVERALL, metric, heading, n, v * 100.0, u));
                     }
                 }
-                out.push(row(&bl, "sharp_backbone", t, OVERALL, "unparsed", "Unparsed", n + u, unparsed_share(n, u), u));
+                out.push(backbone.row(OVERALL, "unparsed", "Unparsed", n + u, unparsed_share(n, u), u));
             }
             if has_freq {
-                let t = "Role interaction frequency, SR and AR over roles (Figure 3 layout): Pearson's r";
+                let corr = Head {
+                    label: &label,
+                    table: "sharp_correlation",
+                    title: "Role interaction frequency, SR and AR over roles (Figure 3 layout): Pearson's r",
+                };
                 let pts: Vec<(f64, f64, f64)> = group
                     .iter()
                     .filter_map(|(_, a)| {
@@ -411,7 +429,7 @@ impl MetricsStage {
                     let _ = gm;
                     for (m, h, y) in &series {
                         if let Some(r) = pearson(x, y) {
-                            out.push(row(&label, "sharp_correlation", t, gh, m, h, pts.len() as u64, r, 0));
+                            out.push(corr.row(gh, m, h, pts.len() as u64, r, 0));
                         }
                     }
                 }
@@ -419,9 +437,9 @@ impl MetricsStage {
         }
         if let Some((acc, f1)) = reliability(gold) {
             let label = self.o.label.clone().unwrap_or_else(|| "stance detector".into());
-            let t = "Stance detector against human labels (Table 3 layout, %)";
-            out.push(row(&label, "sharp_detector", t, OVERALL, "accuracy", "Accuracy", gold.len() as u64, acc * 100.0, 0));
-            out.push(row(&label, "sharp_detector", t, OVERALL, "macro_f1", "Macro-F1", gold.len() as u64, f1 * 100.0, 0));
+            let detector = Head { label: &label, table: "sharp_detector", title: "Stance detector against human labels (Table 3 layout, %)" };
+            out.push(detector.row(OVERALL, "accuracy", "Accuracy", gold.len() as u64, acc * 100.0, 0));
+            out.push(detector.row(OVERALL, "macro_f1", "Macro-F1", gold.len() as u64, f1 * 100.0, 0));
         }
         out
     }

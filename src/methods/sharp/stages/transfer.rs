@@ -122,10 +122,13 @@ fn title_case(s: Stance) -> &'static str {
     }
 }
 
+/// One cell of Table 5: label, mode, from, to, the difference, pairs counted, records not used.
+type TransferCell = (String, String, String, Stance, Option<f64>, u64, u64);
+
 /// The summary: per label and mode, an overall row (the mean difference of the cells of
 /// each agent stance column: how consistent transfers into that stance are on average),
 /// then a group per row of Table 5, columns in the paper's order (Favor, Against, Neutral).
-fn summary_rows(cells: &[(String, String, String, Stance, Option<f64>, u64, u64)]) -> Vec<SummaryRow> {
+fn summary_rows(cells: &[TransferCell]) -> Vec<SummaryRow> {
     let mut out = Vec::new();
     let mut labels: Vec<&String> = cells.iter().map(|c| &c.0).collect();
     labels.dedup();
@@ -244,7 +247,7 @@ impl Stage for TransferStage {
             }
         }
         let mut rows = Vec::new();
-        let mut cells: Vec<(String, String, String, Stance, Option<f64>, u64, u64)> = Vec::new();
+        let mut cells: Vec<TransferCell> = Vec::new();
         let pct = |x: Option<f64>| x.map(|v| json!(v)).unwrap_or(Value::Null);
         for (label, g) in &groups {
             let mut cell = |mode: &str, from: &str, to: Stance, rh: Option<f64>, rl: Option<f64>, d: Option<f64>, n: (usize, usize)| {

@@ -82,8 +82,11 @@ pub struct Verdict {
     pub note: Option<String>,
 }
 
+/// The usable verdicts by claim id, and the bad lines as `(id, "file:line: reason")`.
+pub type Verdicts = (HashMap<String, Verdict>, Vec<(String, String)>);
+
 /// Reads a verdict file: `id → verdict`; a bad line is `(id or "", "file:line: reason")`.
-pub fn read_verdicts(text: &str, file: &str, columns: &[String]) -> Result<(HashMap<String, Verdict>, Vec<(String, String)>)> {
+pub fn read_verdicts(text: &str, file: &str, columns: &[String]) -> Result<Verdicts> {
     let tab = file.ends_with(".tsv") || text.lines().next().is_some_and(|l| l.contains('\t'));
     let mut reader = csv::ReaderBuilder::new()
         .delimiter(if tab { b'\t' } else { b',' })
