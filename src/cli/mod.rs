@@ -234,6 +234,10 @@ pub struct RunArgs {
     /// Show what would run and what is up to date; run nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Stages in batch mode stop once their batches are submitted (exit 0); run the same
+    /// command again later to collect the results.
+    #[arg(long)]
+    pub detach: bool,
 }
 
 #[derive(Args, Debug)]
