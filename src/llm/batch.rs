@@ -221,6 +221,12 @@ pub trait BatchApi: Send + Sync {
     /// when they are apart); a file that does not exist stays absent.
     async fn download(&self, info: &BatchInfo, output: &Path, errors: &Path) -> Result<(), LlmError>;
 
+    /// Batches whose metadata names this output directory (`synth batch status --refresh`
+    /// lists those its journal does not hold); empty where batches carry no metadata.
+    async fn list_tagged(&self, _dir_tag: &str) -> Result<Vec<BatchInfo>, LlmError> {
+        Ok(Vec::new())
+    }
+
     /// Remove a file at the provider (after its results are stored); no-op by default.
     async fn delete_file(&self, _id: &str) -> Result<(), LlmError> {
         Ok(())

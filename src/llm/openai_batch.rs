@@ -248,6 +248,37 @@ impl BatchApi for OpenAiBatches {
         }
     }
 
+    async fn list_tagged(&self, dir_tag: &str) -> Result<Vec<BatchInfo>, LlmError> {
+        let mut out = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let mut query = vec![("limit", "100".to_string())];
+            if let Some(a) = &after {
+                query.push(("after", a.clone()));
+            }
+            let list: BatchList = super::batch::with_retries(TRIES, || {
+                let query = query.clone();
+                async move {
+                    let batches = self.client.batches();
+                    let batches =
+                        batches.query(&query).map_err(|e| LlmError::new(ErrorKind::Rejected, e.to_string()))?;
+                    observed(batches.list_byot()).await
+                }
+            })
+            .await?;
+            let last = list.last_id.clone().or_else(|| list.data.last().map(|b| b.id.clone()));
+            for b in list.data {
+                if b.metadata.as_ref().is_some_and(|m| m["synth_dir"].as_str() == Some(dir_tag)) {
+                    out.push(b.info()?);
+                }
+            }
+            match (list.has_more, last) {
+                (true, Some(last)) => after = Some(last),
+                _ => return Ok(out),
+            }
+        }
+    }
+
     async fn retrieve(&self, id: &str) -> Result<BatchInfo, LlmError> {
         let b: BatchObject = super::batch::with_retries(TRIES, || async move {
             let batches = self.client.batches();

@@ -22,7 +22,6 @@
 //!   stops the stage once everything is submitted ([`Detached`]).
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -297,8 +296,7 @@ impl BatchStage {
             routes: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
         });
-        let dir = std::fs::canonicalize(services.out_dir()).unwrap_or_else(|_| services.out_dir().to_path_buf());
-        let dir_tag = blake3::hash(dir.to_string_lossy().as_bytes()).to_hex()[..16].to_string();
+        let dir_tag = dir_tag(services.out_dir());
         let this = Arc::new(BatchStage {
             services: services.clone(),
             provider: provider.clone(),
@@ -862,7 +860,9 @@ fn custom_id(line: &str) -> Option<String> {
     serde_json::from_str::<Id>(line).ok().map(|i| i.custom_id)
 }
 
-/// Where a batch stage's part files are, for a provider name (used by `synth batch`).
-pub fn parts_dir(out_dir: &std::path::Path) -> PathBuf {
-    out_dir.join(crate::store::state::INTERNAL_DIR).join(crate::store::batch::BATCH_DIR)
+/// The tag of an output directory in its batches' metadata (`synth_dir`): a hash of
+/// its canonical path, so two directories never adopt each other's batches.
+pub fn dir_tag(out_dir: &std::path::Path) -> String {
+    let dir = std::fs::canonicalize(out_dir).unwrap_or_else(|_| out_dir.to_path_buf());
+    blake3::hash(dir.to_string_lossy().as_bytes()).to_hex()[..16].to_string()
 }
