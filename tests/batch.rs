@@ -140,3 +140,154 @@ fn batch_outputs_equal_online_outputs() {
         assert!(!p.read(&format!("out/{f}")).contains(KEY), "the key leaked into {f}");
     }
 }
+
+/// Rows of the stage's output keyed by id.
+fn rows_by_id(path: &std::path::Path) -> std::collections::BTreeMap<String, serde_json::Map<String, serde_json::Value>> {
+    parquet_rows(path).into_iter().map(|r| (r["id"].as_str().unwrap().to_string(), r)).collect()
+}
+
+#[test]
+fn expired_failed_and_errored_lines_lose_nothing_and_pay_nothing_twice() {
+    let n = 40;
+    let (reference, _online) = reference(n, "");
+    // Batches of at most 30 lines: the first expires for 30% of its lines, the second
+    // fails as a whole; answers come out of order; "item 7" is rejected (400) and
+    // "item 5" fails with a 500 the first time.
+    let server = batch_server::start(Behaviour {
+        fate: Arc::new(|i| match i {
+            0 => Fate::Expire(0.3),
+            1 => Fate::Fail("server_error".into(), "the batch could not be processed".into()),
+            _ => Fate::Complete,
+        }),
+        reject_marker: Some("item 7 ".into()),
+        flaky_marker: Some("item 5 ".into()),
+        ..batch_behaviour()
+    });
+    let p = project(n, &openai_provider(&server.base_url(), "batch = true\nbatch_max_requests = 30"), "");
+    let out = run(&p, "out", &[]).ok();
+    let dir = p.path().join("out");
+    // The rejected record failed, with the provider's reason; both its samples were asked once.
+    let failures = support::failures(&dir, "answers");
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!(failures[0]["id"], "records-7");
+    assert!(failures[0]["message"].as_str().unwrap().contains("HTTP 400"), "{failures:?}");
+    assert!(out.stderr.contains("1 record(s) failed"), "{}", out.stderr);
+    // Every other record has the answers the online run got.
+    let want = rows_by_id(&reference.path().join("out/answers.parquet"));
+    let got = rows_by_id(&dir.join("answers.parquet"));
+    assert_eq!(got.len(), want.len() - 2);
+    for (id, row) in &got {
+        assert_eq!(row, &want[id], "{id}");
+    }
+    // Paid once each: expired, failed and 500 lines were asked again, answered lines never.
+    assert_answered_once(&server, requests_of(n) - 2);
+    let processed = server.counters.processed.lock().unwrap().clone();
+    assert!(processed.values().all(|n| *n <= 2), "{processed:?}");
+    // First answers in batches of 30, 30, 20; then the failed batch's 30 lines and the
+    // first batch's 9 expired and 2 flaky lines again (a part per batch); then the re-asks.
+    let mut sizes = server.counters.batch_sizes.lock().unwrap().clone();
+    assert_eq!(&sizes[..3], &[30, 30, 20], "{sizes:?}");
+    sizes.sort();
+    assert_eq!(sizes, [8, 11, 20, 30, 30, 30]);
+    // Resubmitted: 9 expired, 30 of the failed batch, the 2 flaky lines.
+    let m = support::manifest(&dir);
+    let r = &m["stages"]["answers"]["report"]["metrics"];
+    assert_eq!(r["batch.resubmitted"].as_f64(), Some(41.0), "{r}");
+    assert_eq!(r["batch.rejected"].as_f64(), Some(2.0), "{r}");
+    // `synth batch status` lists every batch, done.
+    let status = p.synth(&["batch", "status", "out"]).ok();
+    assert!(status.stdout.lines().filter(|l| l.contains(" done ")).count() >= 6, "{}", status.stdout);
+    assert!(!status.stdout.contains("not yet collected"), "{}", status.stdout);
+}
+
+#[test]
+fn batch_fallback_online_sends_unanswered_lines_online() {
+    let n = 10;
+    let (reference, _online) = reference(n, "");
+    let server = batch_server::start(Behaviour {
+        fate: Arc::new(|i| if i == 0 { Fate::Expire(0.5) } else { Fate::Complete }),
+        ..batch_behaviour()
+    });
+    let p = project(n, &openai_provider(&server.base_url(), "batch = true"), "batch_fallback = \"online\"");
+    run(&p, "out", &[]).ok();
+    assert_same_outputs(&reference.path().join("out"), &p.path().join("out"));
+    // The first batch held the 20 first answers; its 10 expired lines went online.
+    assert_eq!(server.counters.online.load(Ordering::SeqCst), 10);
+    assert_answered_once(&server, requests_of(n) - 10);
+    let m = support::manifest(&p.path().join("out"));
+    assert_eq!(m["stages"]["answers"]["report"]["metrics"]["batch.online_fallback"].as_f64(), Some(10.0));
+}
+
+fn spawn(p: &Project, out: &str, extra: &[&str]) -> std::process::Child {
+    std::process::Command::new(support::synth_bin())
+        .args(["run", "p.toml", "--out", out])
+        .args(extra)
+        .current_dir(p.path())
+        .env("SYNTH_TEST_KEY", KEY)
+        .env("CI", "1")
+        .env_remove("SYNTH_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(p.path().join(format!("{out}.log"))).unwrap())
+        .spawn()
+        .expect("spawn synth")
+}
+
+/// Wait (at most a minute) until `ready`, then SIGKILL the child; it must not have ended.
+fn kill_when(p: &Project, out: &str, child: &mut std::process::Child, what: &str, ready: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !ready() && std::time::Instant::now() < deadline {
+        assert!(child.try_wait().unwrap().is_none(), "{what}: synth ended first:\n{}", p.read(&format!("{out}.log")));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(ready(), "{what}: never reached:\n{}", p.read(&format!("{out}.log")));
+    child.kill().unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.code().is_none(), "{what}: synth ended before the kill");
+}
+
+#[test]
+fn sigkill_during_upload_create_polling_or_download_then_resume_pays_each_request_once() {
+    let n = 30;
+    let (reference, _online) = reference(n, "");
+    type Ready = fn(&batch_server::Counters) -> bool;
+    let scenarios: [(&str, Behaviour, Ready); 4] = [
+        (
+            "during the upload",
+            Behaviour { upload_delay: Duration::from_secs(2), ..batch_behaviour() },
+            |c| c.uploads_received.load(Ordering::SeqCst) >= 1,
+        ),
+        (
+            "after the create",
+            Behaviour { create_delay: Duration::from_secs(2), ..batch_behaviour() },
+            |c| c.creates.load(Ordering::SeqCst) >= 1,
+        ),
+        (
+            "while polling",
+            Behaviour { processing: Duration::from_millis(1500), ..batch_behaviour() },
+            |c| c.retrieves.load(Ordering::SeqCst) >= 2,
+        ),
+        (
+            "during the download",
+            Behaviour { content_delay: Duration::from_secs(2), ..batch_behaviour() },
+            |c| c.contents_requested.load(Ordering::SeqCst) >= 1,
+        ),
+    ];
+    for (what, behaviour, ready) in scenarios {
+        let server = batch_server::start(behaviour);
+        let p = project(n, &openai_provider(&server.base_url(), "batch = true"), "");
+        let mut child = spawn(&p, "out", &[]);
+        let c = server.counters.clone();
+        kill_when(&p, "out", &mut child, what, || ready(&c));
+        let resumed = run(&p, "out", &[]).ok();
+        assert_same_outputs(&reference.path().join("out"), &p.path().join("out"));
+        assert_answered_once(&server, requests_of(n));
+        // One batch for the first answers, one for the re-asks: none created twice, and
+        // the killed upload was found by its name rather than sent again.
+        assert_eq!(c.creates.load(Ordering::SeqCst), 2, "{what}: batches created\n{}", resumed.stderr);
+        assert_eq!(c.uploads_received.load(Ordering::SeqCst), 2, "{what}: files uploaded\n{}", resumed.stderr);
+        if what == "after the create" {
+            assert!(resumed.stderr.contains("created before the restart"), "{}", resumed.stderr);
+            assert!(c.lists.load(Ordering::SeqCst) >= 1);
+        }
+    }
+}
