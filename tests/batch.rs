@@ -291,3 +291,78 @@ fn sigkill_during_upload_create_polling_or_download_then_resume_pays_each_reques
         }
     }
 }
+
+#[test]
+fn detach_then_collect_and_ctrl_c_leaves_batches_running() {
+    let n = 12;
+    let (reference, _online) = reference(n, "");
+    let server = batch_server::start(Behaviour { processing: Duration::from_millis(1500), ..batch_behaviour() });
+    let p = project(n, &openai_provider(&server.base_url(), "batch = true"), "");
+    // --detach: exit 0 once the batch is submitted; what depends on the stage waits.
+    let out = run(&p, "out", &["--detach"]).ok();
+    assert!(out.stderr.contains("run the same command again to collect"), "{}", out.stderr);
+    assert!(out.stdout.contains("waiting"), "{}", out.stdout);
+    let dir = p.path().join("out");
+    assert_eq!(support::manifest(&dir)["status"], "detached");
+    assert_eq!(support::statuses(&dir)["answers"], "waiting");
+    assert!(!dir.join("answers.parquet").exists());
+    let status = p.synth(&["batch", "status", "out"]).ok();
+    assert!(status.stdout.contains("batch_0001") || status.stdout.contains("batch_0"), "{}", status.stdout);
+    assert!(status.stdout.contains("not yet collected"), "{}", status.stdout);
+    let json = p.synth(&["batch", "status", "out", "--json", "--refresh"]).ok();
+    let v: serde_json::Value = serde_json::from_str(json.stdout.trim()).unwrap();
+    assert_eq!(v["batches"].as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(v["orphans"].as_array().unwrap().len(), 0, "{v}");
+    // The next run collects it (and the re-asks), creating nothing twice.
+    run(&p, "out", &[]).ok();
+    assert_same_outputs(&reference.path().join("out"), &dir);
+    assert_eq!(server.counters.creates.load(Ordering::SeqCst), 2);
+    assert_answered_once(&server, requests_of(n));
+
+    // Ctrl-C while polling: exit 130, the batch keeps running, the next run collects it.
+    let server = batch_server::start(Behaviour { processing: Duration::from_millis(1500), ..batch_behaviour() });
+    let p = project(n, &openai_provider(&server.base_url(), "batch = true"), "");
+    let mut child = spawn(&p, "out", &[]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while server.counters.retrieves.load(Ordering::SeqCst) < 1 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGINT);
+    }
+    let status = child.wait().unwrap();
+    let log = p.read("out.log");
+    assert_eq!(status.code(), Some(130), "{log}");
+    assert!(log.contains("keep running at the provider") && log.contains("run the same command again"), "{log}");
+    assert_eq!(server.counters.cancels.load(Ordering::SeqCst), 0, "Ctrl-C cancelled a batch");
+    run(&p, "out", &[]).ok();
+    assert_same_outputs(&reference.path().join("out"), &p.path().join("out"));
+    assert_eq!(server.counters.creates.load(Ordering::SeqCst), 2);
+    assert_answered_once(&server, requests_of(n));
+}
+
+#[test]
+fn waves_stay_under_the_enqueued_token_limit() {
+    let n = 40;
+    let (reference, _online) = reference(n, "");
+    // Each prompt is ~16 tokens: 80 first answers are ~1,300 tokens; the limit takes ~25.
+    let limit = 400;
+    let server = batch_server::start(Behaviour { enqueued_limit: Some(limit), ..batch_behaviour() });
+    let extra = format!("batch = true\nbatch_enqueued_tokens = {limit}");
+    let p = project(n, &openai_provider(&server.base_url(), &extra), "");
+    run(&p, "out", &[]).ok();
+    assert_same_outputs(&reference.path().join("out"), &p.path().join("out"));
+    assert_answered_once(&server, requests_of(n));
+    let c = &server.counters;
+    assert!(c.enqueued_max.load(Ordering::SeqCst) <= limit, "{}", c.enqueued_max.load(Ordering::SeqCst));
+    let sizes = c.batch_sizes.lock().unwrap().clone();
+    assert!(sizes.len() >= 4, "several waves: {sizes:?}");
+    // Without the client-side limit the server refuses batches past its limit; they are
+    // submitted again once the ones ahead end, and still answered once.
+    let server = batch_server::start(Behaviour { enqueued_limit: Some(limit), ..batch_behaviour() });
+    let p = project(n, &openai_provider(&server.base_url(), "batch = true\nbatch_max_requests = 20"), "");
+    let out = run(&p, "out", &[]).ok();
+    assert!(out.stderr.contains("token_limit_exceeded"), "{}", out.stderr);
+    assert_same_outputs(&reference.path().join("out"), &p.path().join("out"));
+    assert_answered_once(&server, requests_of(n));
+}
