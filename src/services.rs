@@ -33,8 +33,11 @@ use crate::store::cache::{Cache, ResponseRow, Use};
 type Flight = Arc<tokio::sync::OnceCell<Result<Completed, LlmError>>>;
 
 /// Completion tokens a request without `max_tokens` is assumed to take at most (batch
-/// token and cost estimates; the cost cap).
-const DEFAULT_MAX_OUT: u32 = 1024;
+/// token and cost estimates; the cost cap: set `max_tokens` for a cap that holds
+/// whatever the model answers).
+const DEFAULT_MAX_OUT: u32 = 4096;
+/// Tokens a chat format adds per message (role, separators), counted by the cost cap.
+const MESSAGE_OVERHEAD: u64 = 8;
 
 /// Shared services of one run.
 pub struct Services {
@@ -225,16 +228,19 @@ impl Services {
             Call::Chat(req) => &req.params,
             Call::Loglik(_) => &no_params,
         });
-        // The prompt's tokens and the most the answer may take (estimates).
-        let (doc, prompt, max_out) = match &call {
+        // The prompt's tokens (an estimate), the most they can be (UTF-8 bytes: no
+        // byte-level tokenizer makes more), and the most the answer may take.
+        let (doc, prompt, max_in, max_out) = match &call {
             Call::Chat(req) => (
                 Provider::request_doc(provider, req, &params),
                 req.messages.iter().map(|m| estimate_tokens(&m.content)).sum::<u64>(),
+                req.messages.iter().map(|m| m.content.len() as u64 + MESSAGE_OVERHEAD).sum::<u64>(),
                 params.max_tokens.map(u64::from),
             ),
             Call::Loglik(req) => (
                 Provider::loglik_doc(provider, req, &params),
                 estimate_tokens(&req.context) + estimate_tokens(&req.continuation),
+                (req.context.len() + req.continuation.len()) as u64 + MESSAGE_OVERHEAD,
                 Some(1),
             ),
         };
@@ -264,7 +270,7 @@ impl Services {
                             format!("provider \"{}\" cannot send this request in a batch", provider.name),
                         )
                     })?;
-                    route.defer(Deferred { key, doc: doc_text, body, tokens_in: prompt, max_out })?;
+                    route.defer(Deferred { key, doc: doc_text, body, tokens_in: prompt, max_in, max_out })?;
                     return Err(crate::llm::batch::deferred());
                 }
                 Route::Fail(e) => return Err(e),
@@ -273,7 +279,7 @@ impl Services {
         }
         // The most this call may cost, held against `max_cost_usd` until it is paid.
         let reserved = if self.costs.capped(&ctx.stage) {
-            let most = provider.price.map(|p| p.cost(prompt, max_out)).unwrap_or(0.0);
+            let most = provider.price.map(|p| p.cost(max_in, max_out)).unwrap_or(0.0);
             self.costs.reserve(&ctx.stage, most)?
         } else {
             cost::Reserved(0.0)

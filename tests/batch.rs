@@ -366,3 +366,60 @@ fn waves_stay_under_the_enqueued_token_limit() {
     assert_same_outputs(&reference.path().join("out"), &p.path().join("out"));
     assert_answered_once(&server, requests_of(n));
 }
+
+#[test]
+fn batch_price_in_the_manifest_and_stats_and_max_cost_usd_stops_before_the_cap() {
+    let n = 30;
+    // $1 per token either way, so every figure is a token count.
+    let price = "price_input_per_mtok = 1000000\nprice_output_per_mtok = 1000000";
+    let online = openai_server::start(openai_server::Behaviour { responder: Arc::new(responder), ..Default::default() });
+    let reference = project(n, &openai_provider(&online.base_url(), price), "max_tokens = 32");
+    run(&reference, "out", &[]).ok();
+    let online_cost = support::manifest(&reference.path().join("out"))["totals"]["cost_usd"].as_f64().unwrap();
+    assert!(online_cost > 100.0, "{online_cost}");
+
+    let server = batch_server::start(batch_behaviour());
+    let p = project(n, &openai_provider(&server.base_url(), &format!("batch = true\n{price}")), "max_tokens = 32");
+    run(&p, "out", &[]).ok();
+    let m = support::manifest(&p.path().join("out"));
+    let cost = m["totals"]["cost_usd"].as_f64().unwrap();
+    assert!((cost - online_cost / 2.0).abs() < 1e-6 * online_cost, "batch {cost} vs online {online_cost}");
+    let r = &m["stages"]["answers"]["report"]["metrics"];
+    assert!((r["batch.online_cost_usd"].as_f64().unwrap() - online_cost).abs() < 1e-6 * online_cost, "{r}");
+    let stats = p.synth(&["stats", "out"]).ok();
+    assert!(stats.stdout.contains("batch: stage \"answers\"") && stats.stdout.contains("(x0.5)"), "{}", stats.stdout);
+
+    // A cap: a part of 10 lines may cost up to 10 x (~74 prompt bytes + 8 + 32) x 0.5 =
+    // ~$570 (its answers cost ~$180); $800 lets one run at a time, and after two have
+    // run a third could pass it, so nothing more is submitted.
+    let server = batch_server::start(batch_behaviour());
+    let provider = openai_provider(&server.base_url(), &format!("batch = true\nbatch_max_requests = 10\n{price}"));
+    let p = project(n, &provider, "max_tokens = 32\nmax_cost_usd = 800");
+    let out = run(&p, "out", &[]).code(2);
+    assert!(out.stderr.contains("max_cost_usd of stage \"answers\" ($800.0000) would be passed"), "{}", out.stderr);
+    assert_eq!(server.counters.creates.load(Ordering::SeqCst), 2, "{}", out.stderr);
+    let paid: f64 = cache_costs(&p.path().join("out"));
+    assert!(paid <= 800.0 && paid > 250.0, "{paid}");
+    // Raised, the run goes on and pays nothing twice.
+    let p2 = p.read("p.toml").replace("max_cost_usd = 800", "max_cost_usd = 100000");
+    p.write("p.toml", p2);
+    run(&p, "out", &[]).ok();
+    assert_answered_once(&server, requests_of(n));
+
+    // Online, the run's cap ([pipeline] max_cost_usd) stops sending too.
+    let online = openai_server::start(openai_server::Behaviour { responder: Arc::new(responder), ..Default::default() });
+    let p = project(n, &openai_provider(&online.base_url(), &format!("{price}\nmax_concurrency = 2")), "max_tokens = 32");
+    let toml = p.read("p.toml").replace("output_dir = \"out\"", "output_dir = \"out\"\nmax_cost_usd = 500");
+    p.write("p.toml", toml);
+    let out = run(&p, "out", &[]).code(2);
+    assert!(out.stderr.contains("max_cost_usd of the run ($500.0000) would be passed"), "{}", out.stderr);
+    let paid = cache_costs(&p.path().join("out"));
+    assert!(paid <= 500.0, "{paid}");
+    assert!((online.counters.ok.load(Ordering::SeqCst) as usize) < requests_of(n));
+}
+
+/// What the responses in an output directory's cache cost.
+fn cache_costs(out: &std::path::Path) -> f64 {
+    let conn = rusqlite::Connection::open(out.join("_synth/cache.sqlite")).unwrap();
+    conn.query_row("SELECT COALESCE(SUM(cost_usd), 0) FROM responses", [], |r| r.get(0)).unwrap()
+}

@@ -57,6 +57,8 @@ pub struct Deferred {
     pub body: BatchBody,
     /// Estimated prompt tokens (what the enqueued-token limit counts).
     pub tokens_in: u64,
+    /// The most prompt tokens it can be (what the cost cap counts).
+    pub max_in: u64,
     /// Most completion tokens it may cost (its `max_tokens`, or a default).
     pub max_out: u64,
 }

@@ -103,10 +103,11 @@ impl Collector {
         if w.requests == 0 {
             return Ok(());
         }
-        let (part, requests, bytes, tokens, max_out) = (w.part.clone(), w.requests, w.bytes, w.tokens, w.max_out);
+        let (part, requests, bytes, tokens) = (w.part.clone(), w.requests, w.bytes, w.tokens);
+        let (max_in, max_out) = (w.max_in, w.max_out);
         w.finish()?;
         let settings = self.provider.batch.as_ref().expect("batch settings");
-        let max_cost = self.provider.price.map(|p| p.cost(tokens, max_out)).unwrap_or(0.0) * settings.price_factor;
+        let max_cost = self.provider.price.map(|p| p.cost(max_in, max_out)).unwrap_or(0.0) * settings.price_factor;
         self.log.append(&Record::Part(PartInfo {
             part,
             stage: self.stage.clone(),
@@ -184,6 +185,7 @@ impl BatchRoute for Collector {
             doc: item.doc,
             endpoint: item.body.endpoint.path().to_string(),
             tokens_in: item.tokens_in,
+            max_in: item.max_in,
             max_out: item.max_out,
         };
         let (max_requests, max_bytes, max_tokens) = self.limits;
@@ -380,7 +382,6 @@ impl BatchStage {
                 self.progress.set_note(String::new());
                 return Ok(());
             }
-            let mut capped: Option<LlmError> = None;
             let limit = self.settings().enqueued_tokens;
             for p in live.iter().filter(|p| p.phase != Phase::Created) {
                 if self.cancel.is_cancelled() {
@@ -398,10 +399,13 @@ impl BatchStage {
                 } else {
                     match self.services.costs.reserve(&self.stage, p.info.max_cost_usd) {
                         Ok(r) => r,
-                        Err(e) => {
-                            capped = Some(e);
+                        // With batches of ours in flight, their answers may cost less than
+                        // reserved: wait for them and try again; with none, this is final.
+                        Err(e) if self.live_parts().iter().any(|q| q.phase == Phase::Created) => {
+                            let _ = e;
                             break;
                         }
+                        Err(e) => bail!("{}", e.message),
                     }
                 };
                 match self.submit(p).await {
@@ -430,11 +434,6 @@ impl BatchStage {
                 continue;
             }
             let submitted: Vec<&PartState> = live.iter().filter(|p| p.phase == Phase::Created).collect();
-            if let Some(e) = capped
-                && submitted.is_empty()
-            {
-                bail!("stage \"{}\": {}", self.stage, e.message);
-            }
             if self.cancel.is_cancelled() {
                 self.say_running(&submitted);
                 bail!(Interrupted);
@@ -495,7 +494,7 @@ impl BatchStage {
     async fn submit(&self, p: &PartState) -> Result<()> {
         let part = p.info.part.clone();
         let r = self.part_ref(&p.info);
-        let what = |step: &str| format!("stage \"{}\": batch part {part}: {step}", self.stage);
+        let what = |step: &str| format!("batch part {part}: {step}");
         let mut file = p.file.clone();
         if matches!(p.phase, Phase::Planned | Phase::Uploading) {
             let found = if p.phase == Phase::Uploading {
@@ -560,12 +559,12 @@ impl BatchStage {
                         .api
                         .find_batch(r, since, &known)
                         .await
-                        .map_err(|e| anyhow!("stage \"{}\": batch part {}: looking for its batch: {e}", self.stage, r.part))?
+                        .map_err(|e| anyhow!("batch part {}: looking for its batch: {e}", r.part))?
                     {
                         return Ok(info);
                     }
                 }
-                Err(e) => bail!("stage \"{}\": batch part {}: creating the batch: {e}", self.stage, r.part),
+                Err(e) => bail!("batch part {}: creating the batch: {e}", r.part),
             }
         }
     }
@@ -577,7 +576,7 @@ impl BatchStage {
             .api
             .retrieve(&id)
             .await
-            .map_err(|e| anyhow!("stage \"{}\": batch {id}: {e}", self.stage))?;
+            .map_err(|e| anyhow!("batch {id}: {e}"))?;
         let status = info.state.as_str().to_string();
         if p.status.as_deref() != Some(&status) || p.completed != info.completed || p.failed != info.failed {
             self.journal(Record::Status {
@@ -650,7 +649,7 @@ impl BatchStage {
             self.api
                 .download(&info, &files.output, &files.errors)
                 .await
-                .map_err(|e| anyhow!("stage \"{}\": batch {}: downloading its results: {e}", self.stage, info.id))?;
+                .map_err(|e| anyhow!("batch {}: downloading its results: {e}", info.id))?;
         }
         let keys = read_keys(&dir, &part)?;
         let mut by_key: HashMap<String, KeyLine> = keys.into_iter().map(|k| (k.key.clone(), k)).collect();
@@ -834,7 +833,7 @@ impl BatchStage {
                 w.push(line, k)?;
             }
         }
-        let (requests, bytes, tokens, max_out) = (w.requests, w.bytes, w.tokens, w.max_out);
+        let (requests, bytes, tokens, max_in, max_out) = (w.requests, w.bytes, w.tokens, w.max_in, w.max_out);
         w.finish()?;
         let factor = self.settings().price_factor;
         self.journal(Record::Part(PartInfo {
@@ -842,7 +841,7 @@ impl BatchStage {
             requests,
             bytes,
             tokens,
-            max_cost_usd: self.provider.price.map(|p| p.cost(tokens, max_out)).unwrap_or(0.0) * factor,
+            max_cost_usd: self.provider.price.map(|p| p.cost(max_in, max_out)).unwrap_or(0.0) * factor,
             attempt: parent.info.attempt + 1,
             parent: Some(parent.info.part.clone()),
             at: now(),

@@ -52,7 +52,7 @@ pub struct PartInfo {
     pub bytes: u64,
     /// Estimated prompt tokens (what an enqueued-token limit counts).
     pub tokens: u64,
-    /// The most it can cost at the batch price (prompt estimate + every max_tokens).
+    /// The most it can cost at the batch price (every prompt's bound + every max_tokens).
     pub max_cost_usd: f64,
     /// 1 for a first submission; a resubmission of a part's unanswered lines counts on.
     pub attempt: u32,
@@ -369,6 +369,10 @@ pub struct KeyLine {
     pub doc: String,
     pub endpoint: String,
     pub tokens_in: u64,
+    /// The most prompt tokens it can be (its UTF-8 bytes: a byte-level tokenizer's bound),
+    /// which the cost cap counts.
+    #[serde(default)]
+    pub max_in: u64,
     pub max_out: u64,
 }
 
@@ -381,6 +385,7 @@ pub struct PartWriter {
     pub requests: u64,
     pub bytes: u64,
     pub tokens: u64,
+    pub max_in: u64,
     pub max_out: u64,
 }
 
@@ -397,6 +402,7 @@ impl PartWriter {
             requests: 0,
             bytes: 0,
             tokens: 0,
+            max_in: 0,
             max_out: 0,
         })
     }
@@ -411,6 +417,7 @@ impl PartWriter {
         self.requests += 1;
         self.bytes += line.len() as u64 + 1;
         self.tokens += key.tokens_in;
+        self.max_in += key.max_in;
         self.max_out += key.max_out;
         Ok(())
     }
@@ -468,7 +475,14 @@ mod tests {
         {
             let log = BatchLog::open(dir.path()).unwrap();
             let mut w = PartWriter::create(&log.dir(), "a1").unwrap();
-            let key = KeyLine { key: "k".into(), doc: "{}".into(), endpoint: "/v1/chat/completions".into(), tokens_in: 3, max_out: 7 };
+            let key = KeyLine {
+                key: "k".into(),
+                doc: "{}".into(),
+                endpoint: "/v1/chat/completions".into(),
+                tokens_in: 3,
+                max_in: 12,
+                max_out: 7,
+            };
             w.push("{\"custom_id\":\"k\"}", &key).unwrap();
             w.finish().unwrap();
             log.append(&Record::Part(info("a1"))).unwrap();
