@@ -423,3 +423,117 @@ fn cache_costs(out: &std::path::Path) -> f64 {
     let conn = rusqlite::Connection::open(out.join("_synth/cache.sqlite")).unwrap();
     conn.query_row("SELECT COALESCE(SUM(cost_usd), 0) FROM responses", [], |r| r.get(0)).unwrap()
 }
+
+fn anthropic_provider(url: &str, extra: &str) -> String {
+    format!(
+        "kind = \"anthropic\"\nbase_url = \"{url}\"\nmodel = \"claude-test\"\napi_key_env = \"SYNTH_TEST_KEY\"\nmax_retries = 3\nbackoff_initial_ms = 10\nbatch_poll_seconds = 0.05\n{extra}"
+    )
+}
+
+#[test]
+fn anthropic_message_batches_equal_the_messages_api_and_survive_a_lost_create() {
+    let n = 20;
+    let server = batch_server::start(Behaviour { create_delay: Duration::from_millis(1500), ..batch_behaviour() });
+    let reference = project(n, &anthropic_provider(&server.anthropic_url(), ""), "");
+    run(&reference, "out", &[]).ok();
+    assert_eq!(server.counters.online.load(Ordering::SeqCst) as usize, requests_of(n));
+    assert_eq!(server.counters.creates.load(Ordering::SeqCst), 0);
+    let p = project(n, &anthropic_provider(&server.anthropic_url(), "batch = true"), "");
+    // Killed while the create's answer is on its way: the batch exists, its id is not
+    // journaled; the next run finds it (no metadata here: by its request count and time).
+    let mut child = spawn(&p, "out", &[]);
+    let c = server.counters.clone();
+    kill_when(&p, "out", &mut child, "after the create", || c.creates.load(Ordering::SeqCst) >= 1);
+    let resumed = run(&p, "out", &[]).ok();
+    assert!(resumed.stderr.contains("created before the restart"), "{}", resumed.stderr);
+    assert_same_outputs(&reference.path().join("out"), &p.path().join("out"));
+    assert_eq!(c.creates.load(Ordering::SeqCst), 2, "{}", resumed.stderr);
+    assert_answered_once(&server, requests_of(n));
+    assert_eq!(c.online.load(Ordering::SeqCst) as usize, requests_of(n), "nothing more went online");
+}
+
+/// A stand-in for `vllm run-batch -i IN -o OUT --model M`: OpenAI batch lines in, result
+/// lines out, the answers `responder` gives (same text and usage).
+const FAKE_VLLM: &str = r#"
+import json, sys
+inp, out = sys.argv[1], sys.argv[2]
+with open(inp) as f, open(out, "w") as o:
+    for line in f:
+        req = json.loads(line)
+        body = req["body"]
+        msgs = body["messages"]
+        users = [m for m in msgs if m["role"] == "user"]
+        last = users[-1]["content"]
+        if len(users) == 1 and last.startswith("Record ") and last.split(":")[0].endswith("3"):
+            text = "x"
+        else:
+            text = "answer to: " + last[:60]
+        pt = sum(len(m["content"].encode()) // 4 + 1 for m in msgs)
+        ct = len(text.encode()) // 4 + 1
+        answer = {"id": "chatcmpl-test", "object": "chat.completion", "created": 0, "model": body["model"],
+                  "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                  "usage": {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}}
+        o.write(json.dumps({"id": "vllm-" + req["custom_id"][:8], "custom_id": req["custom_id"],
+                            "response": {"status_code": 200, "request_id": "r", "body": answer}, "error": None}) + "\n")
+"#;
+
+#[test]
+fn vllm_run_batch_files_answered_by_a_command_or_by_hand() {
+    let n = 12;
+    let (reference, _online) = reference(n, "");
+    // The command runs each batch file.
+    let extra = "batch = true\nbatch_api = \"vllm\"\nbatch_command = [\"python3\", \"fake_vllm.py\", \"{input}\", \"{output}\", \"{model}\"]";
+    let p = project(n, &openai_provider("http://127.0.0.1:9/v1", extra), "");
+    p.write("fake_vllm.py", FAKE_VLLM);
+    run(&p, "out", &[]).ok();
+    assert_same_outputs(&reference.path().join("out"), &p.path().join("out"));
+    let m = support::manifest(&p.path().join("out"));
+    assert_eq!(m["stages"]["answers"]["report"]["info"]["batch_api"], "vllm");
+
+    // Without a command synth writes the file, says what to run and stops; the next run
+    // reads the output.
+    let p = project(n, &openai_provider("http://127.0.0.1:9/v1", "batch = true\nbatch_api = \"vllm\""), "");
+    p.write("fake_vllm.py", FAKE_VLLM);
+    for round in 0..2 {
+        let out = run(&p, "out", &[]).ok();
+        let command = out.stderr.lines().find(|l| l.trim_start().starts_with("vllm run-batch -i ")).unwrap_or_else(|| {
+            panic!("round {round}: no command to run:\n{}", out.stderr)
+        });
+        let args: Vec<&str> = command.split_whitespace().collect();
+        assert_eq!((args[2], args[4], args[6], args[7]), ("-i", "-o", "--model", "test-model"), "{command}");
+        let status = std::process::Command::new("python3")
+            .args(["fake_vllm.py", args[3], args[5]])
+            .current_dir(p.path())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+    run(&p, "out", &[]).ok();
+    assert_same_outputs(&reference.path().join("out"), &p.path().join("out"));
+}
+
+#[test]
+fn loglik_in_batch_mode_equals_online() {
+    let records: String =
+        (0..8).map(|i| format!("{{\"context\": \"Question {i}: which letter?\\nAnswer:\"}}\n")).collect();
+    let pipeline = |provider: String| {
+        let p = Project::new();
+        p.write("q.jsonl", &records);
+        p.write(
+            "p.toml",
+            format!(
+                "[pipeline]\nname = \"ll\"\noutput_dir = \"out\"\n\n[providers.api]\n{provider}\n\n[stages.q]\nkind = \"source\"\npath = \"q.jsonl\"\n\n[stages.ll]\nkind = \"loglik\"\ninputs = [\"q\"]\nprovider = \"api\"\ncontext = \"context\"\nchoices = [\"A\", \"B\", \"C\"]\n"
+            ),
+        );
+        p
+    };
+    let online = openai_server::start(openai_server::Behaviour::default());
+    let reference = pipeline(openai_provider(&online.base_url(), ""));
+    run(&reference, "out", &[]).ok();
+    let server = batch_server::start(batch_behaviour());
+    let p = pipeline(openai_provider(&server.base_url(), "batch = true"));
+    run(&p, "out", &[]).ok();
+    assert_same_outputs(&reference.path().join("out"), &p.path().join("out"));
+    assert_answered_once(&server, 24);
+    assert_eq!(server.counters.creates.load(Ordering::SeqCst), 1, "every choice in one pass");
+}
