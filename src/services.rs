@@ -19,11 +19,11 @@ use std::sync::{Arc, Mutex};
 use anyhow::{Result, anyhow};
 
 use crate::config::decl::Decl;
+use crate::llm::batch::{Deferred, Route};
 use crate::llm::net::NetRuntime;
 use crate::llm::offline::OfflineShape;
 use crate::llm::provider::{Provider, networked_kind};
 use crate::llm::rate::{RateControl, RateRegistry};
-use crate::llm::batch::{Deferred, Route};
 use crate::llm::{
     Call, CallCtx, ChatRequest, ChatResponse, Completed, ErrorKind, LlmError, LoglikRequest, estimate_tokens,
 };

@@ -89,7 +89,8 @@ fn run(p: &Project, out: &str, args: &[&str]) -> support::Run {
 
 /// The online reference: the same pipeline against the online server, same answers.
 fn reference(n: usize, stage_extra: &str) -> (Project, openai_server::Server) {
-    let online = openai_server::start(openai_server::Behaviour { responder: Arc::new(responder), ..Default::default() });
+    let online =
+        openai_server::start(openai_server::Behaviour { responder: Arc::new(responder), ..Default::default() });
     let p = project(n, &openai_provider(&online.base_url(), ""), stage_extra);
     run(&p, "out", &[]).ok();
     (p, online)
@@ -142,7 +143,9 @@ fn batch_outputs_equal_online_outputs() {
 }
 
 /// Rows of the stage's output keyed by id.
-fn rows_by_id(path: &std::path::Path) -> std::collections::BTreeMap<String, serde_json::Map<String, serde_json::Value>> {
+fn rows_by_id(
+    path: &std::path::Path,
+) -> std::collections::BTreeMap<String, serde_json::Map<String, serde_json::Value>> {
     parquet_rows(path).into_iter().map(|r| (r["id"].as_str().unwrap().to_string(), r)).collect()
 }
 
@@ -251,26 +254,18 @@ fn sigkill_during_upload_create_polling_or_download_then_resume_pays_each_reques
     let (reference, _online) = reference(n, "");
     type Ready = fn(&batch_server::Counters) -> bool;
     let scenarios: [(&str, Behaviour, Ready); 4] = [
-        (
-            "during the upload",
-            Behaviour { upload_delay: Duration::from_secs(2), ..batch_behaviour() },
-            |c| c.uploads_received.load(Ordering::SeqCst) >= 1,
-        ),
-        (
-            "after the create",
-            Behaviour { create_delay: Duration::from_secs(2), ..batch_behaviour() },
-            |c| c.creates.load(Ordering::SeqCst) >= 1,
-        ),
-        (
-            "while polling",
-            Behaviour { processing: Duration::from_millis(1500), ..batch_behaviour() },
-            |c| c.retrieves.load(Ordering::SeqCst) >= 2,
-        ),
-        (
-            "during the download",
-            Behaviour { content_delay: Duration::from_secs(2), ..batch_behaviour() },
-            |c| c.contents_requested.load(Ordering::SeqCst) >= 1,
-        ),
+        ("during the upload", Behaviour { upload_delay: Duration::from_secs(2), ..batch_behaviour() }, |c| {
+            c.uploads_received.load(Ordering::SeqCst) >= 1
+        }),
+        ("after the create", Behaviour { create_delay: Duration::from_secs(2), ..batch_behaviour() }, |c| {
+            c.creates.load(Ordering::SeqCst) >= 1
+        }),
+        ("while polling", Behaviour { processing: Duration::from_millis(1500), ..batch_behaviour() }, |c| {
+            c.retrieves.load(Ordering::SeqCst) >= 2
+        }),
+        ("during the download", Behaviour { content_delay: Duration::from_secs(2), ..batch_behaviour() }, |c| {
+            c.contents_requested.load(Ordering::SeqCst) >= 1
+        }),
     ];
     for (what, behaviour, ready) in scenarios {
         let server = batch_server::start(behaviour);
@@ -372,7 +367,8 @@ fn batch_price_in_the_manifest_and_stats_and_max_cost_usd_stops_before_the_cap()
     let n = 30;
     // $1 per token either way, so every figure is a token count.
     let price = "price_input_per_mtok = 1000000\nprice_output_per_mtok = 1000000";
-    let online = openai_server::start(openai_server::Behaviour { responder: Arc::new(responder), ..Default::default() });
+    let online =
+        openai_server::start(openai_server::Behaviour { responder: Arc::new(responder), ..Default::default() });
     let reference = project(n, &openai_provider(&online.base_url(), price), "max_tokens = 32");
     run(&reference, "out", &[]).ok();
     let online_cost = support::manifest(&reference.path().join("out"))["totals"]["cost_usd"].as_f64().unwrap();
@@ -407,8 +403,10 @@ fn batch_price_in_the_manifest_and_stats_and_max_cost_usd_stops_before_the_cap()
     assert_answered_once(&server, requests_of(n));
 
     // Online, the run's cap ([pipeline] max_cost_usd) stops sending too.
-    let online = openai_server::start(openai_server::Behaviour { responder: Arc::new(responder), ..Default::default() });
-    let p = project(n, &openai_provider(&online.base_url(), &format!("{price}\nmax_concurrency = 2")), "max_tokens = 32");
+    let online =
+        openai_server::start(openai_server::Behaviour { responder: Arc::new(responder), ..Default::default() });
+    let p =
+        project(n, &openai_provider(&online.base_url(), &format!("{price}\nmax_concurrency = 2")), "max_tokens = 32");
     let toml = p.read("p.toml").replace("output_dir = \"out\"", "output_dir = \"out\"\nmax_cost_usd = 500");
     p.write("p.toml", toml);
     let out = run(&p, "out", &[]).code(2);
@@ -496,9 +494,11 @@ fn vllm_run_batch_files_answered_by_a_command_or_by_hand() {
     p.write("fake_vllm.py", FAKE_VLLM);
     for round in 0..2 {
         let out = run(&p, "out", &[]).ok();
-        let command = out.stderr.lines().find(|l| l.trim_start().starts_with("vllm run-batch -i ")).unwrap_or_else(|| {
-            panic!("round {round}: no command to run:\n{}", out.stderr)
-        });
+        let command = out
+            .stderr
+            .lines()
+            .find(|l| l.trim_start().starts_with("vllm run-batch -i "))
+            .unwrap_or_else(|| panic!("round {round}: no command to run:\n{}", out.stderr));
         let args: Vec<&str> = command.split_whitespace().collect();
         assert_eq!((args[2], args[4], args[6], args[7]), ("-i", "-o", "--model", "test-model"), "{command}");
         let status = std::process::Command::new("python3")

@@ -448,11 +448,20 @@ impl BatchApi for AnthropicBatches {
                     _ => ErrorKind::Server,
                 };
                 let message = err["message"].as_str().map(str::to_string).unwrap_or_else(|| r["error"].to_string());
-                LineOutcome::Error { kind, message: crate::secrets::scrub(&message.chars().take(500).collect::<String>()) }
+                LineOutcome::Error {
+                    kind,
+                    message: crate::secrets::scrub(&message.chars().take(500).collect::<String>()),
+                }
             }
-            "canceled" => LineOutcome::Error { kind: ErrorKind::Server, message: "canceled before it was processed".into() },
-            "expired" => LineOutcome::Error { kind: ErrorKind::Server, message: "expired (the batch's 24 hours ran out)".into() },
-            other => LineOutcome::Error { kind: ErrorKind::Malformed, message: format!("unknown result type \"{other}\"") },
+            "canceled" => {
+                LineOutcome::Error { kind: ErrorKind::Server, message: "canceled before it was processed".into() }
+            }
+            "expired" => {
+                LineOutcome::Error { kind: ErrorKind::Server, message: "expired (the batch's 24 hours ran out)".into() }
+            }
+            other => {
+                LineOutcome::Error { kind: ErrorKind::Malformed, message: format!("unknown result type \"{other}\"") }
+            }
         };
         Ok((l.custom_id, outcome))
     }
@@ -480,7 +489,10 @@ mod tests {
             "usage": {"input_tokens": 5, "output_tokens": 2}, "model": "claude-x"});
         let r = message_response(answer, "claude").unwrap();
         assert_eq!((r.text.as_str(), r.finish_reason.as_str(), r.usage.prompt_tokens), ("ok", "length", 5));
-        assert_eq!(classify(529, "{\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\"}}"), ErrorKind::RateLimited);
+        assert_eq!(
+            classify(529, "{\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\"}}"),
+            ErrorKind::RateLimited
+        );
         assert_eq!(classify(400, ""), ErrorKind::Rejected);
     }
 

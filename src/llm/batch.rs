@@ -281,11 +281,18 @@ pub fn parse_openai_line(line: &str) -> Result<(String, LineOutcome), String> {
             let message = e["message"].as_str().unwrap_or_default().to_string();
             // `batch_expired`, `batch_cancelled`, `batch_failed`... are not the line's fault.
             LineOutcome::Error {
-                kind: if code.starts_with("batch_") || code.is_empty() { ErrorKind::Server } else { ErrorKind::Rejected },
+                kind: if code.starts_with("batch_") || code.is_empty() {
+                    ErrorKind::Server
+                } else {
+                    ErrorKind::Rejected
+                },
                 message: clip(&format!("{code}: {message}")),
             }
         }
-        (None, None) => LineOutcome::Error { kind: ErrorKind::Malformed, message: "a result line with neither response nor error".into() },
+        (None, None) => LineOutcome::Error {
+            kind: ErrorKind::Malformed,
+            message: "a result line with neither response nor error".into(),
+        },
     };
     Ok((l.custom_id, outcome))
 }
@@ -371,7 +378,8 @@ mod tests {
         let r = answer_response(Endpoint::Chat, &body, &serde_json::json!({}), "x").unwrap();
         assert_eq!((r.text.as_str(), r.usage.prompt_tokens, r.model.as_str()), ("hi", 3, "m"));
 
-        let rejected = r#"{"custom_id":"k2","response":{"status_code":400,"body":{"error":{"message":"bad","code":null}}}}"#;
+        let rejected =
+            r#"{"custom_id":"k2","response":{"status_code":400,"body":{"error":{"message":"bad","code":null}}}}"#;
         let (_, o) = parse_openai_line(rejected).unwrap();
         assert!(!o.retryable(), "{o:?}");
         let server = r#"{"custom_id":"k3","response":{"status_code":500,"body":{"error":{"message":"oops"}}}}"#;

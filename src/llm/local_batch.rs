@@ -85,7 +85,9 @@ impl LocalBatch {
     fn info(&self, part: &str, state: BatchState, failure: Option<String>) -> BatchInfo {
         let results = Self::results(&self.dir, part);
         let completed = match state {
-            BatchState::Completed => std::fs::read(&results).map(|b| b.split(|c| *c == b'\n').filter(|l| !l.is_empty()).count() as u64).unwrap_or(0),
+            BatchState::Completed => std::fs::read(&results)
+                .map(|b| b.split(|c| *c == b'\n').filter(|l| !l.is_empty()).count() as u64)
+                .unwrap_or(0),
             _ => 0,
         };
         BatchInfo {
@@ -116,7 +118,8 @@ impl BatchApi for LocalBatch {
     }
 
     fn line(&self, key: &str, body: &BatchBody) -> String {
-        serde_json::json!({"custom_id": key, "method": "POST", "url": body.endpoint.path(), "body": body.body}).to_string()
+        serde_json::json!({"custom_id": key, "method": "POST", "url": body.endpoint.path(), "body": body.body})
+            .to_string()
     }
 
     async fn upload(&self, _part: &PartRef) -> Result<Option<String>, LlmError> {
@@ -157,7 +160,9 @@ impl BatchApi for LocalBatch {
                     Ok(()) => Some(Ok(())),
                     Err(e) => Some(Err(format!("the command succeeded but left no output {}: {e}", tmp.display()))),
                 },
-                Ok(Some(status)) => Some(Err(format!("the batch command exited with {status}: {}", self.log_tail(&part)))),
+                Ok(Some(status)) => {
+                    Some(Err(format!("the batch command exited with {status}: {}", self.log_tail(&part))))
+                }
                 Err(e) => Some(Err(format!("waiting for the batch command: {e}"))),
             },
         };

@@ -255,7 +255,9 @@ impl ChatBackend for OpenAiChat {
 
     fn batch_body(&self, call: &Call, params: &GenParams) -> Option<BatchBody> {
         Some(match call {
-            Call::Chat(req) => BatchBody { endpoint: BatchEndpoint::Chat, body: chat_body(&self.endpoint.model, req, params) },
+            Call::Chat(req) => {
+                BatchBody { endpoint: BatchEndpoint::Chat, body: chat_body(&self.endpoint.model, req, params) }
+            }
             Call::Loglik(req) => {
                 BatchBody { endpoint: BatchEndpoint::Completions, body: loglik_body(&self.endpoint.model, req, params) }
             }
@@ -301,7 +303,11 @@ fn completion(body: CompletionBody, model: &str, estimate: impl FnOnce() -> Usag
 
 /// A completions body with echoed log-probabilities as the [`ChatResponse`] of a
 /// log-likelihood request (its text is the [`Loglik`] as JSON).
-pub(crate) fn loglik_response(body: serde_json::Value, req: &LoglikRequest, model: &str) -> Result<ChatResponse, LlmError> {
+pub(crate) fn loglik_response(
+    body: serde_json::Value,
+    req: &LoglikRequest,
+    model: &str,
+) -> Result<ChatResponse, LlmError> {
     text_completion(from_value(body)?, req, model)
 }
 

@@ -30,7 +30,10 @@ pub struct OpenAiBatches {
 
 impl OpenAiBatches {
     pub fn new(endpoint: Endpoint, completion_window: &str) -> Result<OpenAiBatches, String> {
-        Ok(OpenAiBatches { client: super::openai::client(&endpoint)?, completion_window: completion_window.to_string() })
+        Ok(OpenAiBatches {
+            client: super::openai::client(&endpoint)?,
+            completion_window: completion_window.to_string(),
+        })
     }
 }
 
@@ -111,9 +114,10 @@ impl BatchObject {
             LlmError::new(ErrorKind::Malformed, format!("batch {}: unknown status \"{}\"", self.id, self.status))
         })?;
         let counts = self.request_counts.unwrap_or(Counts { total: 0, completed: 0, failed: 0 });
-        let failure = self.errors.and_then(|e| e.data.into_iter().next()).map(|e| {
-            (e.code.unwrap_or_default(), crate::secrets::scrub(&e.message.unwrap_or_default()))
-        });
+        let failure = self
+            .errors
+            .and_then(|e| e.data.into_iter().next())
+            .map(|e| (e.code.unwrap_or_default(), crate::secrets::scrub(&e.message.unwrap_or_default())));
         Ok(BatchInfo {
             id: self.id,
             state,
@@ -142,7 +146,8 @@ impl BatchApi for OpenAiBatches {
     }
 
     fn line(&self, key: &str, body: &BatchBody) -> String {
-        serde_json::json!({"custom_id": key, "method": "POST", "url": body.endpoint.path(), "body": body.body}).to_string()
+        serde_json::json!({"custom_id": key, "method": "POST", "url": body.endpoint.path(), "body": body.body})
+            .to_string()
     }
 
     async fn upload(&self, part: &PartRef) -> Result<Option<String>, LlmError> {
@@ -235,7 +240,8 @@ impl BatchApi for OpenAiBatches {
                     continue;
                 }
                 let mine = b.metadata.as_ref().is_some_and(|m| {
-                    m["synth_part"].as_str() == Some(part.part.as_str()) && m["synth_dir"].as_str() == Some(&part.dir_tag)
+                    m["synth_part"].as_str() == Some(part.part.as_str())
+                        && m["synth_dir"].as_str() == Some(&part.dir_tag)
                 });
                 if mine && !known.contains(&b.id) {
                     return b.info().map(Some);

@@ -149,7 +149,11 @@ const OPENAI_OPTIONS: &[OptionSpec] = &[
 ];
 
 const ANTHROPIC_OPTIONS: &[OptionSpec] = &[
-    OptionSpec::optional("base_url", Ty::Str, "API base URL, without /v1 (default: $base_url_env, else https://api.anthropic.com)"),
+    OptionSpec::optional(
+        "base_url",
+        Ty::Str,
+        "API base URL, without /v1 (default: $base_url_env, else https://api.anthropic.com)",
+    ),
     OptionSpec::default(
         "base_url_env",
         Ty::Str,
@@ -163,7 +167,11 @@ const ANTHROPIC_OPTIONS: &[OptionSpec] = &[
     OptionSpec::default("anthropic_version", Ty::Str, "\"2023-06-01\"", "the anthropic-version header"),
     GEN_OPTIONS[0],
     GEN_OPTIONS[1],
-    OptionSpec::optional("max_tokens", POSITIVE, "most tokens per answer (the Messages API requires one: default 1024)"),
+    OptionSpec::optional(
+        "max_tokens",
+        POSITIVE,
+        "most tokens per answer (the Messages API requires one: default 1024)",
+    ),
     GEN_OPTIONS[4],
     GEN_OPTIONS[5],
     OptionSpec::optional("requests_per_minute", POSITIVE, "client-side request limit").runtime_only(),
@@ -491,7 +499,8 @@ impl Provider {
                         o.api_key_env
                     );
                 }
-                let endpoint = Endpoint { base_url: r.base_url.clone(), model: r.model.clone(), api_key: api_key.clone() };
+                let endpoint =
+                    Endpoint { base_url: r.base_url.clone(), model: r.model.clone(), api_key: api_key.clone() };
                 let backend = OpenAiChat::new(endpoint.clone()).map_err(|e| anyhow!("provider \"{name}\": {e}"))?;
                 let batch: BatchSettings =
                     serde_json::from_value(decl.options.clone()).context("provider batch options")?;
@@ -534,8 +543,7 @@ impl Provider {
                 }
             }
             "anthropic" => {
-                let o: AnthropicOptions =
-                    serde_json::from_value(decl.options.clone()).context("provider options")?;
+                let o: AnthropicOptions = serde_json::from_value(decl.options.clone()).context("provider options")?;
                 let (base_url, model) = o.resolve(name)?;
                 let api_key = crate::secrets::key_from_env(&o.api_key_env);
                 if api_key.is_none() && base_url == super::anthropic::DEFAULT_BASE_URL {

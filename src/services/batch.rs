@@ -366,7 +366,9 @@ impl BatchStage {
     fn release(&self, part: &str, actual: f64) {
         let released = self.enqueued.lock().expect("enqueued").remove(part);
         let (tokens, reserved) = released.unwrap_or((0, Reserved(0.0)));
-        self.provider.batch_enqueued.fetch_sub(tokens.min(self.provider.batch_enqueued.load(Ordering::Acquire)), Ordering::AcqRel);
+        self.provider
+            .batch_enqueued
+            .fetch_sub(tokens.min(self.provider.batch_enqueued.load(Ordering::Acquire)), Ordering::AcqRel);
         self.services.costs.settle(&self.stage, reserved, actual);
     }
 
@@ -515,9 +517,18 @@ impl BatchStage {
         }
         let info = if p.phase == Phase::Creating {
             let known = self.log.known_batches();
-            match self.api.find_batch(&r, p.creating_at, &known).await.map_err(|e| anyhow!("{}: {e}", what("looking for its batch")))? {
+            match self
+                .api
+                .find_batch(&r, p.creating_at, &known)
+                .await
+                .map_err(|e| anyhow!("{}: {e}", what("looking for its batch")))?
+            {
                 Some(info) => {
-                    tracing::info!("stage \"{}\": batch part {part}: found batch {} created before the restart", self.stage, info.id);
+                    tracing::info!(
+                        "stage \"{}\": batch part {part}: found batch {} created before the restart",
+                        self.stage,
+                        info.id
+                    );
                     info
                 }
                 None => self.create(&r, file.as_deref()).await?,
@@ -552,7 +563,11 @@ impl BatchStage {
                 Err(e) if e.kind.retryable() && tries < 8 => {
                     tries += 1;
                     let wait = e.retry_after.unwrap_or(Duration::from_millis(500 << tries.min(6)));
-                    tracing::warn!("stage \"{}\": creating batch part {}: {e}; looking for it, then again in {wait:?}", self.stage, r.part);
+                    tracing::warn!(
+                        "stage \"{}\": creating batch part {}: {e}; looking for it, then again in {wait:?}",
+                        self.stage,
+                        r.part
+                    );
                     tokio::time::sleep(wait).await;
                     let known = self.log.known_batches();
                     if let Some(info) = self
@@ -572,11 +587,7 @@ impl BatchStage {
     /// Retrieve a submitted part's batch; journal a changed status.
     async fn poll(&self, p: &PartState) -> Result<BatchInfo> {
         let id = p.batch.clone().expect("a submitted part has a batch");
-        let info = self
-            .api
-            .retrieve(&id)
-            .await
-            .map_err(|e| anyhow!("batch {id}: {e}"))?;
+        let info = self.api.retrieve(&id).await.map_err(|e| anyhow!("batch {id}: {e}"))?;
         let status = info.state.as_str().to_string();
         if p.status.as_deref() != Some(&status) || p.completed != info.completed || p.failed != info.failed {
             self.journal(Record::Status {
@@ -608,11 +619,8 @@ impl BatchStage {
             e.1 += p.completed;
             e.2 += p.info.requests;
         }
-        let text = by
-            .iter()
-            .map(|(s, (n, done, total))| format!("{n} {s} ({done}/{total})"))
-            .collect::<Vec<_>>()
-            .join(" · ");
+        let text =
+            by.iter().map(|(s, (n, done, total))| format!("{n} {s} ({done}/{total})")).collect::<Vec<_>>().join(" · ");
         let line = format!("batches: {text}");
         self.progress.set_note(line.clone());
         let mut shown = self.shown.lock().expect("shown");
@@ -633,7 +641,11 @@ impl BatchStage {
         {
             // Refused before it ran: nothing was processed or paid. Submit it again once
             // the batches ahead of it have ended.
-            tracing::warn!("stage \"{}\": batch {} was refused ({code}: {message}); it is submitted again later", self.stage, info.id);
+            tracing::warn!(
+                "stage \"{}\": batch {} was refused ({code}: {message}); it is submitted again later",
+                self.stage,
+                info.id
+            );
             self.journal(Record::Requeued { part: part.clone(), reason: format!("{code}: {message}"), at: now() })?;
             self.release(&part, 0.0);
             if self.enqueued.lock().expect("enqueued").is_empty() {
@@ -689,7 +701,10 @@ impl BatchStage {
                     }
                     LineOutcome::Error { kind, message } if !kind.retryable() => {
                         rejected += 1;
-                        self.collector.set_route(&k.key, Route::Fail(LlmError::new(kind, format!("batch {}: {message}", info.id))));
+                        self.collector.set_route(
+                            &k.key,
+                            Route::Fail(LlmError::new(kind, format!("batch {}: {message}", info.id))),
+                        );
                     }
                     LineOutcome::Error { message, .. } => retry.push((k.key, message)),
                 }
@@ -701,16 +716,20 @@ impl BatchStage {
         };
         retry.extend(by_key.into_keys().map(|k| (k, why_missing.clone())));
         if bad_lines > 0 {
-            tracing::warn!("stage \"{}\": batch {}: {bad_lines} result line(s) could not be read; their requests are asked again", self.stage, info.id);
+            tracing::warn!(
+                "stage \"{}\": batch {}: {bad_lines} result line(s) could not be read; their requests are asked again",
+                self.stage,
+                info.id
+            );
         }
         // Store every answer (durable before the part is done).
         let provider = &self.provider;
-        let stored: Vec<Result<(f64, f64, u64, u64, bool)>> = futures::stream::iter(answers)
+        let stored: Vec<Result<Option<Paid>>> = futures::stream::iter(answers)
             .map(|(k, r)| {
                 let (cache, usage) = (cache.clone(), usage.clone());
                 async move {
                     if cache.contains(&k.key)? {
-                        return Ok((0.0, 0.0, 0, 0, false));
+                        return Ok(None);
                     }
                     let (tin, tout) = (r.usage.prompt_tokens, r.usage.completion_tokens);
                     let online = price.cost(tin, tout);
@@ -727,23 +746,22 @@ impl BatchStage {
                         cost_usd: cost,
                     };
                     cache.put_response(row, &usage).await.context("storing a batch answer")?;
-                    Ok((cost, online, tin, tout, true))
+                    Ok(Some(Paid { cost, online, tin, tout }))
                 }
             })
             .buffer_unordered(256)
             .collect()
             .await;
         let (mut cost, mut online_cost, mut succeeded) = (0.0, 0.0, 0u64);
-        for s in stored {
-            let (c, o, tin, tout, new) = s?;
-            if new {
-                cost += c;
-                online_cost += o;
+        for paid in stored {
+            if let Some(p) = paid? {
+                cost += p.cost;
+                online_cost += p.online;
                 succeeded += 1;
                 let pr = &self.progress;
-                pr.tokens_in.fetch_add(tin, Ordering::Relaxed);
-                pr.tokens_out.fetch_add(tout, Ordering::Relaxed);
-                pr.cost_micro_usd.fetch_add((c * 1e6).round() as u64, Ordering::Relaxed);
+                pr.tokens_in.fetch_add(p.tin, Ordering::Relaxed);
+                pr.tokens_out.fetch_add(p.tout, Ordering::Relaxed);
+                pr.cost_micro_usd.fetch_add((p.cost * 1e6).round() as u64, Ordering::Relaxed);
             }
         }
         // What is left: a new batch, online, or the record fails.
@@ -848,6 +866,14 @@ impl BatchStage {
             ..parent.info.clone()
         }))
     }
+}
+
+/// A batch answer stored by this run: its cost, its online price, its tokens.
+struct Paid {
+    cost: f64,
+    online: f64,
+    tin: u64,
+    tout: u64,
 }
 
 /// The `custom_id` of a part line.

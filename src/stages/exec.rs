@@ -252,7 +252,8 @@ where
     F: Fn(Row, CallCtx) -> Fut,
     Fut: Future<Output = Result<Vec<Row>, RowError>>,
 {
-    let interrupted = |e: anyhow::Error| if e.downcast_ref::<Interrupted>().is_some() { anyhow::anyhow!(Cancelled) } else { e };
+    let interrupted =
+        |e: anyhow::Error| if e.downcast_ref::<Interrupted>().is_some() { anyhow::anyhow!(Cancelled) } else { e };
     batch.run_parts().await.map_err(interrupted)?;
     let quiet = CallCtx { progress: StageProgress::new(&ctx.name), ..call.clone() };
     let mut waiting: Option<HashSet<u64>> = None;

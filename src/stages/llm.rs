@@ -11,7 +11,6 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-
 use anyhow::{Context, Result, anyhow};
 use arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
@@ -451,8 +450,12 @@ impl Llm {
         let mut convo = messages.to_vec();
         let mut last_error = String::new();
         for attempt in 1..=self.opts.max_attempts {
-            let req =
-                ChatRequest { messages: convo.clone(), params: self.params.clone(), sample, expect: self.parser.expect() };
+            let req = ChatRequest {
+                messages: convo.clone(),
+                params: self.params.clone(),
+                sample,
+                expect: self.parser.expect(),
+            };
             let completed = services.chat(provider, req, call).await.map_err(|e| RowError {
                 kind: FailureKind::Llm,
                 message: e.to_string(),

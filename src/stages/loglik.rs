@@ -198,7 +198,8 @@ impl Stage for LoglikStage {
                 Ok(vec![out])
             }
         };
-        let batch = super::llm::start_batch(ctx, &provider, &call, self.opts.batch, self.opts.batch_fallback.as_deref())?;
+        let batch =
+            super::llm::start_batch(ctx, &provider, &call, self.opts.batch, self.opts.batch_fallback.as_deref())?;
         let call = match &batch {
             Some(b) => {
                 batch_rounds(ctx, 0, b, &call, concurrency.max(256), &answer).await?;

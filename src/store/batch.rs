@@ -76,14 +76,48 @@ pub struct DoneInfo {
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Record {
     Part(PartInfo),
-    Uploading { part: String, at: u64 },
-    Uploaded { part: String, file: String },
-    Creating { part: String, file: Option<String>, at: u64 },
-    Created { part: String, batch: String, at: u64 },
-    Status { part: String, status: String, total: u64, completed: u64, failed: u64, at: u64 },
-    Requeued { part: String, reason: String, at: u64 },
-    Done { part: String, #[serde(flatten)] done: DoneInfo, at: u64 },
-    Abandoned { part: String, reason: String, at: u64 },
+    Uploading {
+        part: String,
+        at: u64,
+    },
+    Uploaded {
+        part: String,
+        file: String,
+    },
+    Creating {
+        part: String,
+        file: Option<String>,
+        at: u64,
+    },
+    Created {
+        part: String,
+        batch: String,
+        at: u64,
+    },
+    Status {
+        part: String,
+        status: String,
+        total: u64,
+        completed: u64,
+        failed: u64,
+        at: u64,
+    },
+    Requeued {
+        part: String,
+        reason: String,
+        at: u64,
+    },
+    Done {
+        part: String,
+        #[serde(flatten)]
+        done: DoneInfo,
+        at: u64,
+    },
+    Abandoned {
+        part: String,
+        reason: String,
+        at: u64,
+    },
 }
 
 impl Record {
@@ -490,8 +524,12 @@ mod tests {
             log.append(&Record::Uploaded { part: "a1".into(), file: "file-1".into() }).unwrap();
             log.append(&Record::Creating { part: "a1".into(), file: Some("file-1".into()), at: 3 }).unwrap();
             log.append(&Record::Part(info("b2"))).unwrap();
-            log.append(&Record::Done { part: "b2".into(), done: DoneInfo { succeeded: 2, ..Default::default() }, at: 4 })
-                .unwrap();
+            log.append(&Record::Done {
+                part: "b2".into(),
+                done: DoneInfo { succeeded: 2, ..Default::default() },
+                at: 4,
+            })
+            .unwrap();
             assert_eq!(read_keys(&log.dir(), "a1").unwrap()[0].max_out, 7);
         }
         // A kill mid-record.

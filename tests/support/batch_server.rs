@@ -245,14 +245,21 @@ fn message(s: &Shared, body: &serde_json::Value) -> serde_json::Value {
 fn answer_line(s: &Shared, endpoint: &str, body: &serde_json::Value) -> serde_json::Value {
     let model = body["model"].as_str().unwrap_or_default();
     match endpoint {
-        "/v1/completions" => text_completion(body, model, &(Arc::new(|_: &str, _: &str| -1.0) as super::openai_server::TokenLogprob)),
+        "/v1/completions" => {
+            text_completion(body, model, &(Arc::new(|_: &str, _: &str| -1.0) as super::openai_server::TokenLogprob))
+        }
         "/v1/messages" => message(s, body),
         _ => chat_completion(body, model, &(s.b.responder)(body)),
     }
 }
 
 impl Batch {
-    fn status(&mut self, s: &Shared, files: &mut HashMap<String, File>, flaky: &mut HashMap<String, u64>) -> (&'static str, u64) {
+    fn status(
+        &mut self,
+        s: &Shared,
+        files: &mut HashMap<String, File>,
+        flaky: &mut HashMap<String, u64>,
+    ) -> (&'static str, u64) {
         if let Some(o) = &self.outcome {
             return (o.status, o.completed);
         }
@@ -358,7 +365,12 @@ impl Batch {
             let id = format!("file-{}-{name}", self.id);
             files.insert(
                 id.clone(),
-                File { filename: format!("{}_{name}.jsonl", self.id), bytes: text.into_bytes(), purpose: "batch_output".into(), created_at: unix() },
+                File {
+                    filename: format!("{}_{name}.jsonl", self.id),
+                    bytes: text.into_bytes(),
+                    purpose: "batch_output".into(),
+                    created_at: unix(),
+                },
             );
             Some(id)
         };
@@ -417,8 +429,11 @@ fn enqueued(w: &World) -> u64 {
     w.batches.iter().filter(|b| b.outcome.is_none() && !matches!(b.fate, Fate::Fail(..))).map(|b| b.tokens).sum()
 }
 
-/// Parse `multipart/form-data`: (field name → bytes, the file's name).
-fn multipart(headers: &HeaderMap, body: &[u8]) -> Option<(HashMap<String, Vec<u8>>, Option<String>)> {
+/// A `multipart/form-data` body: field name → bytes, and the file's name.
+type Form = (HashMap<String, Vec<u8>>, Option<String>);
+
+/// Parse `multipart/form-data`.
+fn multipart(headers: &HeaderMap, body: &[u8]) -> Option<Form> {
     let ct = headers.get("content-type")?.to_str().ok()?;
     let boundary = ct.split("boundary=").nth(1)?.trim_matches('"').to_string();
     let delim = format!("--{boundary}");
@@ -488,7 +503,8 @@ async fn list_files(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Respons
         return r;
     }
     let w = s.w.lock().unwrap();
-    let mut data: Vec<(String, serde_json::Value)> = w.files.iter().map(|(id, f)| (id.clone(), file_json(id, f))).collect();
+    let mut data: Vec<(String, serde_json::Value)> =
+        w.files.iter().map(|(id, f)| (id.clone(), file_json(id, f))).collect();
     data.sort_by(|a, b| a.0.cmp(&b.0));
     let data: Vec<serde_json::Value> = data.into_iter().map(|d| d.1).collect();
     json(StatusCode::OK, serde_json::json!({"object": "list", "data": data, "has_more": false}))
@@ -529,7 +545,15 @@ async fn file_content(State(s): State<Arc<Shared>>, headers: HeaderMap, Path(id)
     }
 }
 
-fn new_batch(s: &Shared, w: &mut World, anthropic: bool, input_file_id: String, endpoint: String, metadata: serde_json::Value, lines: Vec<(String, serde_json::Value)>) -> usize {
+fn new_batch(
+    s: &Shared,
+    w: &mut World,
+    anthropic: bool,
+    input_file_id: String,
+    endpoint: String,
+    metadata: serde_json::Value,
+    lines: Vec<(String, serde_json::Value)>,
+) -> usize {
     let index = w.batches.len();
     w.next += 1;
     let id = if anthropic { format!("msgbatch_{:04}", w.next) } else { format!("batch_{:04}", w.next) };
@@ -538,7 +562,10 @@ fn new_batch(s: &Shared, w: &mut World, anthropic: bool, input_file_id: String, 
     if let Some(limit) = s.b.enqueued_limit {
         let now = enqueued(w);
         if now + tokens > limit {
-            fate = Fate::Fail("token_limit_exceeded".into(), format!("Enqueued token limit reached for the model. Limit: {limit} enqueued tokens."));
+            fate = Fate::Fail(
+                "token_limit_exceeded".into(),
+                format!("Enqueued token limit reached for the model. Limit: {limit} enqueued tokens."),
+            );
         } else {
             s.c.enqueued_max.fetch_max(now + tokens, Ordering::SeqCst);
         }
@@ -643,9 +670,16 @@ struct ListQuery {
     limit: Option<usize>,
 }
 
-fn page(w: &mut World, s: &Shared, anthropic: bool, q: &ListQuery, render: impl Fn(&Batch, &str, u64) -> serde_json::Value) -> serde_json::Value {
+fn page(
+    w: &mut World,
+    s: &Shared,
+    anthropic: bool,
+    q: &ListQuery,
+    render: impl Fn(&Batch, &str, u64) -> serde_json::Value,
+) -> serde_json::Value {
     let World { batches, files, flaky_seen, .. } = w;
-    let mut newest_first: Vec<usize> = (0..batches.len()).filter(|i| batches[*i].anthropic == anthropic).rev().collect();
+    let mut newest_first: Vec<usize> =
+        (0..batches.len()).filter(|i| batches[*i].anthropic == anthropic).rev().collect();
     if let Some(after) = q.after.as_ref().or(q.after_id.as_ref())
         && let Some(p) = newest_first.iter().position(|i| batches[*i].id == *after)
     {
@@ -710,8 +744,10 @@ async fn create_message_batch(State(s): State<Arc<Shared>>, headers: HeaderMap, 
     let Some(requests) = req["requests"].as_array() else {
         return error(StatusCode::BAD_REQUEST, "requests: a list is required");
     };
-    let lines: Vec<(String, serde_json::Value)> =
-        requests.iter().map(|r| (r["custom_id"].as_str().unwrap_or_default().to_string(), r["params"].clone())).collect();
+    let lines: Vec<(String, serde_json::Value)> = requests
+        .iter()
+        .map(|r| (r["custom_id"].as_str().unwrap_or_default().to_string(), r["params"].clone()))
+        .collect();
     let addr = headers.get("host").and_then(|h| h.to_str().ok()).unwrap_or_default().to_string();
     let obj = {
         let mut w = s.w.lock().unwrap();
@@ -736,7 +772,11 @@ async fn retrieve_message_batch(State(s): State<Arc<Shared>>, headers: HeaderMap
     json(StatusCode::OK, batches[i].anthropic_json(&addr, status, done))
 }
 
-async fn list_message_batches(State(s): State<Arc<Shared>>, headers: HeaderMap, Query(q): Query<ListQuery>) -> Response {
+async fn list_message_batches(
+    State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Query(q): Query<ListQuery>,
+) -> Response {
     if let Some(r) = admit(&s, &headers) {
         return r;
     }
@@ -755,7 +795,12 @@ async fn message_batch_results(State(s): State<Arc<Shared>>, headers: HeaderMap,
     tokio::time::sleep(s.b.content_delay).await;
     let w = s.w.lock().unwrap();
     let Some(i) = find(&w, &id) else { return error(StatusCode::NOT_FOUND, "no such batch") };
-    let bytes = w.batches[i].outcome.as_ref().and_then(|o| o.output.as_ref()).and_then(|f| w.files.get(f)).map(|f| f.bytes.clone());
+    let bytes = w.batches[i]
+        .outcome
+        .as_ref()
+        .and_then(|o| o.output.as_ref())
+        .and_then(|f| w.files.get(f))
+        .map(|f| f.bytes.clone());
     match bytes {
         Some(b) => (StatusCode::OK, [("content-type", "application/x-jsonl")], b).into_response(),
         None => error(StatusCode::NOT_FOUND, "no results yet"),
