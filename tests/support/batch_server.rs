@@ -812,6 +812,11 @@ async fn unrouted() -> StatusCode {
 }
 
 pub fn start(b: Behaviour) -> Server {
+    start_on(0, b)
+}
+
+/// Start on 127.0.0.1:`port` (0 = any free port).
+pub fn start_on(port: u16, b: Behaviour) -> Server {
     let counters = Arc::new(Counters::default());
     let shared = Arc::new(Shared { c: counters.clone(), w: Mutex::new(World::default()), b });
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -835,7 +840,7 @@ pub fn start(b: Behaviour) -> Server {
                 .route("/v1/messages/batches/{id}/results", get(message_batch_results))
                 .fallback(unrouted)
                 .with_state(shared);
-            let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+            let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
             addr_tx.send(listener.local_addr().unwrap()).unwrap();
             tokio::select! {
                 _ = axum::serve(listener, app) => {}
