@@ -17,7 +17,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 cargo build --release --locked
 cargo bench --no-run --bench mock_batch 2>/dev/null
-SERVER=$(ls -t target/release/deps/mock_batch-* | grep -v '\.d$' | head -1)
+SERVER=$(ls -t target/release/deps/mock_batch-* | grep -v '\.d$' | head -1 || true)
 rm -rf "$WORK"; mkdir -p "$WORK"
 python3 - "$WORK" "$N" <<'PY'
 import sys

@@ -839,6 +839,8 @@ pub fn start_on(port: u16, b: Behaviour) -> Server {
                 .route("/v1/messages/batches/{id}/cancel", post(cancel_batch))
                 .route("/v1/messages/batches/{id}/results", get(message_batch_results))
                 .fallback(unrouted)
+                // Batch files are up to 200 MB (OpenAI) or 256 MB (Anthropic, inline).
+                .layer(axum::extract::DefaultBodyLimit::max(300 << 20))
                 .with_state(shared);
             let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
             addr_tx.send(listener.local_addr().unwrap()).unwrap();
