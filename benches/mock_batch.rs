@@ -7,10 +7,10 @@
 //! provider's simulated processing time, to subtract from a client's wall time),
 //! --seconds S (lifetime, default 900). It binds 127.0.0.1 only and stops by itself.
 
-#[path = "../tests/support/openai_server.rs"]
-mod openai_server;
 #[path = "../tests/support/batch_server.rs"]
 mod batch_server;
+#[path = "../tests/support/openai_server.rs"]
+mod openai_server;
 
 use std::time::Duration;
 
