@@ -199,6 +199,29 @@ fn a_shard_with_another_configuration_than_its_plan_stops() {
     assert!(status.stdout.contains("0 of 2 shards done"), "{}", status.stdout);
 }
 
+/// `--dry-run` with `--shards` shows where each stage runs; an `llm` stage in batch mode
+/// runs once, in a step (a provider batch is the provider's parallelism already), and
+/// the stages after it move with it.
+#[test]
+fn a_dry_run_shows_the_waves_and_batch_mode_runs_once() {
+    let p = project(50);
+    let plan = p.synth(&["run", "p.toml", "--out", "out", "--shards", "3", "--dry-run"]).ok().stdout;
+    let at = |plan: &str, stage: &str| -> String {
+        let line = plan.lines().find(|l| l.split_whitespace().next() == Some(stage)).unwrap_or_default();
+        line.split_once(stage).map(|(_, r)| r.trim().to_string()).unwrap_or_default()
+    };
+    assert_eq!(at(&plan, "people"), "step 0", "{plan}");
+    assert_eq!(at(&plan, "answers"), "wave 1 (3 shards)", "{plan}");
+    assert_eq!(at(&plan, "vectors"), "wave 2 (3 shards)", "{plan}");
+    assert_eq!(at(&plan, "picked"), "step 2", "{plan}");
+    assert!(!p.path().join("out").exists(), "a dry run writes nothing");
+    let batch = p
+        .synth(&["run", "p.toml", "--out", "out", "--shards", "3", "--dry-run", "--set", "stages.answers.batch=true"])
+        .ok()
+        .stdout;
+    assert!(at(&batch, "answers").starts_with("step "), "{batch}");
+}
+
 /// The project's S3-compatible test server: moto on 127.0.0.1 (installed by
 /// `.ci/setup-sharding`), stopped when dropped.
 pub struct Moto {

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+mod batch;
 mod cache;
 mod emit;
 mod graph;
@@ -74,6 +75,9 @@ pub enum Command {
     /// Write what a scheduler needs to run a pipeline (Kubernetes Jobs, a Slurm script).
     #[command(subcommand)]
     Emit(EmitCommand),
+    /// Provider batches of an output directory (stages run with `batch = true`).
+    #[command(subcommand)]
+    Batch(BatchCommand),
 }
 
 #[derive(Args, Debug)]
@@ -174,6 +178,27 @@ pub struct EmitSlurmArgs {
     /// Folder of the jobs' logs.
     #[arg(long, default_value = "slurm-logs")]
     pub logs: String,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BatchCommand {
+    /// Each batch: stage, provider, batch id, state, answered / total, attempt.
+    Status {
+        /// An output directory of `synth run`.
+        output_dir: PathBuf,
+        #[arg(long)]
+        json: bool,
+        /// Ask the providers for the current state (keys from the environment), and list
+        /// batches of this directory that its journal does not hold.
+        #[arg(long)]
+        refresh: bool,
+    },
+    /// Cancel the directory's running batches at the provider (a later run collects what
+    /// they answered and asks the rest again).
+    Cancel {
+        /// An output directory of `synth run`.
+        output_dir: PathBuf,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -386,6 +411,10 @@ pub struct RunArgs {
     /// written by a step with this run id.
     #[arg(long, value_name = "ID", requires = "shards")]
     pub run_id: Option<String>,
+    /// Stages in batch mode stop once their batches are submitted (exit 0); run the same
+    /// command again later to collect the results.
+    #[arg(long)]
+    pub detach: bool,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -493,6 +522,7 @@ pub fn main() -> i32 {
         Command::Cache(c) => cache::run(c),
         Command::Status(a) => status::run(&a),
         Command::Emit(e) => emit::run(&e),
+        Command::Batch(c) => batch::run(c),
     }
 }
 

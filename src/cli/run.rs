@@ -53,9 +53,9 @@ pub fn run(args: &RunArgs, quiet: bool, log_format: super::LogFormat) -> i32 {
         (_, true) => Some((shard::waves(&p), p.clone())),
     };
     let part = if placement.is_some() { Part::Whole } else { part };
-    if !matches!(part, Part::Whole) && (args.only.is_some() || args.from.is_some() || args.force) {
+    if !matches!(part, Part::Whole) && (args.only.is_some() || args.from.is_some() || args.force || args.detach) {
         eprintln!(
-            "error: --only, --from and --force do not combine with --shards (a sharded run builds what is not up to date; remove outputs to rebuild them)"
+            "error: --only, --from, --force and --detach do not combine with --shards (a sharded run builds what is not up to date; remove outputs to rebuild them)"
         );
         return EXIT_CONFIG;
     }
@@ -70,6 +70,7 @@ pub fn run(args: &RunArgs, quiet: bool, log_format: super::LogFormat) -> i32 {
         dry_run: args.dry_run,
         lease_ttl: Some(std::time::Duration::from_secs(args.lease_seconds.max(1))),
         role: None,
+        detach: args.detach,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
@@ -295,7 +296,9 @@ fn spawn_signal_handler(cancel: CancellationToken) {
 }
 
 fn print_summary(summary: &RunSummary) {
-    if summary.n_ran() == 0 {
+    let waiting: Vec<&str> =
+        summary.lines.iter().filter(|l| l.status == StageStatus::Waiting).filter_map(|l| l.reason.as_deref()).collect();
+    if summary.n_ran() == 0 && waiting.is_empty() {
         println!(
             "everything is up to date ({} stages); outputs in {}",
             summary.lines.iter().filter(|l| l.status == StageStatus::UpToDate).count(),
@@ -315,6 +318,7 @@ fn print_summary(summary: &RunSummary) {
             StageStatus::Skipped => "skipped",
             StageStatus::Cancelled => "cancelled",
             StageStatus::Failed => "failed",
+            StageStatus::Waiting => "waiting",
             _ => "pending",
         };
         match (&l.report, l.status) {
@@ -336,6 +340,9 @@ fn print_summary(summary: &RunSummary) {
             summary.traffic.0 as f64 / (1 << 20) as f64,
             summary.traffic.1 as f64 / (1 << 20) as f64
         );
+    }
+    for w in waiting {
+        eprintln!("{w}");
     }
     // Records that failed are kept, with their reasons, and the run goes on: say so loudly.
     for l in &summary.lines {

@@ -19,6 +19,7 @@ use super::fingerprint::{combine, config_part, explain};
 use crate::pipeline::Pipeline;
 use crate::progress::ProgressHub;
 use crate::services::Services;
+use crate::services::batch::Detached;
 use crate::stages::{Cancelled, Input, PrepareCtx, Prepared, Role, RunCtx, failures_path, output_path};
 use crate::store::atomic::clean_debris;
 use crate::store::failures::write_failures;
@@ -49,6 +50,8 @@ pub struct RunOptions {
     /// A part of a sharded run (`dag::shard` sets it): which stages run how, and where
     /// their inputs come from.
     pub role: Option<Arc<super::shard::Role>>,
+    /// Batch stages stop once their batches are submitted; a later run collects them.
+    pub detach: bool,
 }
 
 impl std::fmt::Debug for RunOptions {
@@ -62,6 +65,7 @@ impl std::fmt::Debug for RunOptions {
             .field("limit", &self.limit)
             .field("force", &self.force)
             .field("dry_run", &self.dry_run)
+            .field("detach", &self.detach)
             .finish()
     }
 }
@@ -256,6 +260,8 @@ pub async fn run(
         Some(role) => role.services(&p, &out_dir),
         None => Services::new(&out_dir, &p.root, p.providers.clone(), p.embedders.clone(), p.registry.shapes.clone()),
     };
+    services.set_run_options(opts.detach, p.max_cost_usd);
+    let mut detached: Vec<String> = Vec::new();
 
     let mut nodes: Vec<Node> = (0..n)
         .map(|i| match &modes[i] {
@@ -424,6 +430,15 @@ pub async fn run(
                     }
                 }
             }
+            Err(e) if e.downcast_ref::<Detached>().is_some() => {
+                // Its batches run at the provider; what depends on it waits for the next run.
+                nodes[idx] = Node::Cancelled;
+                line.status = StageStatus::Waiting;
+                line.reason = Some(e.to_string());
+                tracing::info!("{e}");
+                detached.push(e.to_string());
+                set_manifest(&mut manifest, &name, StageStatus::Waiting, None, None, None);
+            }
             Err(e) if e.downcast_ref::<Cancelled>().is_some() => {
                 nodes[idx] = Node::Cancelled;
                 line.status = StageStatus::Cancelled;
@@ -484,6 +499,8 @@ pub async fn run(
     manifest.finished_at = Some(now_rfc3339());
     manifest.status = if interrupted {
         RunStatus::Interrupted
+    } else if errors.is_empty() && !detached.is_empty() {
+        RunStatus::Detached
     } else if errors.is_empty() {
         RunStatus::Ok
     } else {

@@ -1,9 +1,11 @@
 //! Everything synth persists: crash-safe files, Parquet outputs, failure tables,
-//! per-stage state records, the run manifest, input file hashes, and the SQLite
-//! cache and journal of LLM responses and vectors; where they live (a local directory
-//! or an object store, `object`) and the leases of sharded runs (`lease`).
+//! per-stage state records, the run manifest, input file hashes, the SQLite
+//! cache and journal of LLM responses and vectors, and the journal and files of
+//! provider batches; where they live (a local directory or an object store, `object`)
+//! and the leases of sharded runs (`lease`).
 
 pub mod atomic;
+pub mod batch;
 pub mod cache;
 pub mod claims;
 pub mod failures;
