@@ -533,9 +533,8 @@ pub(crate) fn start_provider(
 /// runs once (a provider batch is already the provider's parallelism, and its journal
 /// is one output directory's).
 pub(crate) fn partitioning(ctx: &PartitionCtx<'_>, provider: &str, batch: Option<bool>) -> Partitioning {
-    let provider_default = || {
-        ctx.providers.get(provider).and_then(|d| d.options.get("batch")).and_then(serde_json::Value::as_bool)
-    };
+    let provider_default =
+        || ctx.providers.get(provider).and_then(|d| d.options.get("batch")).and_then(serde_json::Value::as_bool);
     if batch.or_else(provider_default).unwrap_or(false) { Partitioning::Whole } else { Sharding::HEAVY }
 }
 
