@@ -95,20 +95,17 @@ impl Services {
         })
     }
 
-    /// Services for one shard of a sharded run: each provider's and embedder's limits
+    /// Services for one shard of a sharded run (from fresh ones, [`Services::new`], not
+    /// shared yet): each provider's and embedder's limits
     /// scaled by `share` (the shard's part of them), and answers missing from the
     /// shard's own cache looked up in `fallback` (the run's cache) before paying.
     pub fn for_shard(
-        out_dir: &Path,
-        root: &Path,
-        providers: BTreeMap<String, Decl>,
-        embedders: BTreeMap<String, Decl>,
-        shapes: Arc<[&'static OfflineShape]>,
+        base: Arc<Services>,
         share: f64,
         fallback: Option<&Path>,
         claims: Option<crate::store::claims::Claims>,
     ) -> Result<Arc<Services>> {
-        let mut s = Arc::into_inner(Services::new(out_dir, root, providers, embedders, shapes)).expect("new");
+        let mut s = Arc::into_inner(base).expect("services not shared yet");
         s.rates = RateRegistry::with_share(share);
         s.fallback = fallback.map(crate::store::cache::Fallback::open).transpose()?;
         s.claims = claims;

@@ -202,16 +202,8 @@ impl Role {
         if self.share >= 1.0 && self.fallback.is_none() && self.claims.is_none() {
             return plain();
         }
-        match Services::for_shard(
-            out_dir,
-            &p.root,
-            p.providers.clone(),
-            p.embedders.clone(),
-            p.registry.shapes.clone(),
-            self.share,
-            self.fallback.as_deref(),
-            self.claims.clone(),
-        ) {
+        let base = Services::new(out_dir, &p.root, p.providers.clone(), p.embedders.clone(), p.registry.shapes.clone());
+        match Services::for_shard(base, self.share, self.fallback.as_deref(), self.claims.clone()) {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!("the run's cache cannot be read ({e:#}); this shard uses its own only");
@@ -792,7 +784,7 @@ pub async fn shard(
     let mut whole = BTreeMap::new();
     let mut keys_in = BTreeMap::new();
     let entry_dir = work.join(INTERNAL_DIR).join("entry");
-    for (&idx, _) in &planned {
+    for &idx in planned.keys() {
         let decl = &p.stages[idx];
         let fits = matches!(decl.partitioning, Partitioning::ByRecord(s) if s.fits_whole_input);
         for (pos, input) in decl.inputs.iter().enumerate() {
