@@ -660,6 +660,67 @@ pub fn parse_go_duration(s: &str) -> Option<Duration> {
     Some(Duration::from_secs_f64(total))
 }
 
+/// One rate controller per endpoint identity (kind, base URL, model, key hash), shared
+/// by every provider and embedder of a run that points there.
+pub struct RateRegistry {
+    rates: std::sync::Mutex<std::collections::HashMap<String, Arc<RateControl>>>,
+    /// The share of every endpoint's limits this process may use.
+    share: f64,
+}
+
+impl Default for RateRegistry {
+    fn default() -> Self {
+        RateRegistry::with_share(1.0)
+    }
+}
+
+impl RateRegistry {
+    /// Controllers pacing at `share` of every limit (configured or advertised) and of
+    /// the concurrency: one of `1 / share` shards running at once. The AIMD
+    /// concurrency, the retries and the circuit breaker stay per process.
+    pub fn with_share(share: f64) -> RateRegistry {
+        RateRegistry { rates: Default::default(), share: share.clamp(f64::MIN_POSITIVE, 1.0) }
+    }
+
+    /// A configuration scaled to this registry's share.
+    pub fn shared(&self, mut cfg: RateConfig) -> RateConfig {
+        if self.share < 1.0 {
+            let part = |x: u32| ((x as f64 * self.share).floor() as u32).max(1);
+            cfg.requests_per_minute = cfg.requests_per_minute.map(part);
+            cfg.tokens_per_minute = cfg.tokens_per_minute.map(part);
+            cfg.max_concurrency = ((cfg.max_concurrency as f64 * self.share).ceil() as usize).max(1);
+            cfg.initial_concurrency = cfg.initial_concurrency.min(cfg.max_concurrency);
+            cfg.limit_share = self.share;
+        }
+        cfg
+    }
+
+    /// The controller for `key`, made with `cfg` on first use; a later user with other
+    /// limits shares the first one's (and is warned).
+    pub fn get(&self, key: &str, name: &str, cfg: RateConfig) -> Arc<RateControl> {
+        let cfg = self.shared(cfg);
+        let mut rates = self.rates.lock().expect("rates");
+        if let Some(r) = rates.get(key) {
+            if r.cfg != cfg {
+                tracing::warn!(
+                    "provider \"{name}\" shares its endpoint, model and key with \"{}\": using the limits of \"{}\"",
+                    r.name,
+                    r.name
+                );
+            }
+            return r.clone();
+        }
+        let r = RateControl::new(name, cfg);
+        rates.insert(key.to_string(), r.clone());
+        r
+    }
+
+    /// Every controller made so far (for benchmarks and logs).
+    pub fn all(&self) -> Vec<Arc<RateControl>> {
+        self.rates.lock().expect("rates").values().cloned().collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -764,66 +825,5 @@ mod tests {
         let err = rc.call(10, None, || async { Err(LlmError::new(ErrorKind::Auth, "bad key")) }).await.unwrap_err();
         assert_eq!(err.kind, ErrorKind::Auth);
         assert_eq!(rc.stats.sent.load(Ordering::Relaxed), 7);
-    }
-}
-
-/// One rate controller per endpoint identity (kind, base URL, model, key hash), shared
-/// by every provider and embedder of a run that points there.
-pub struct RateRegistry {
-    rates: std::sync::Mutex<std::collections::HashMap<String, Arc<RateControl>>>,
-    /// The share of every endpoint's limits this process may use.
-    share: f64,
-}
-
-impl Default for RateRegistry {
-    fn default() -> Self {
-        RateRegistry::with_share(1.0)
-    }
-}
-
-impl RateRegistry {
-    /// Controllers pacing at `share` of every limit (configured or advertised) and of
-    /// the concurrency: one of `1 / share` shards running at once. The AIMD
-    /// concurrency, the retries and the circuit breaker stay per process.
-    pub fn with_share(share: f64) -> RateRegistry {
-        RateRegistry { rates: Default::default(), share: share.clamp(f64::MIN_POSITIVE, 1.0) }
-    }
-
-    /// A configuration scaled to this registry's share.
-    pub fn shared(&self, mut cfg: RateConfig) -> RateConfig {
-        if self.share < 1.0 {
-            let part = |x: u32| ((x as f64 * self.share).floor() as u32).max(1);
-            cfg.requests_per_minute = cfg.requests_per_minute.map(part);
-            cfg.tokens_per_minute = cfg.tokens_per_minute.map(part);
-            cfg.max_concurrency = ((cfg.max_concurrency as f64 * self.share).ceil() as usize).max(1);
-            cfg.initial_concurrency = cfg.initial_concurrency.min(cfg.max_concurrency);
-            cfg.limit_share = self.share;
-        }
-        cfg
-    }
-
-    /// The controller for `key`, made with `cfg` on first use; a later user with other
-    /// limits shares the first one's (and is warned).
-    pub fn get(&self, key: &str, name: &str, cfg: RateConfig) -> Arc<RateControl> {
-        let cfg = self.shared(cfg);
-        let mut rates = self.rates.lock().expect("rates");
-        if let Some(r) = rates.get(key) {
-            if r.cfg != cfg {
-                tracing::warn!(
-                    "provider \"{name}\" shares its endpoint, model and key with \"{}\": using the limits of \"{}\"",
-                    r.name,
-                    r.name
-                );
-            }
-            return r.clone();
-        }
-        let r = RateControl::new(name, cfg);
-        rates.insert(key.to_string(), r.clone());
-        r
-    }
-
-    /// Every controller made so far (for benchmarks and logs).
-    pub fn all(&self) -> Vec<Arc<RateControl>> {
-        self.rates.lock().expect("rates").values().cloned().collect()
     }
 }
