@@ -17,7 +17,8 @@
 //! - L3 stage API and L4 kinds: [`stages`] (the `Stage` trait, contexts, `exec`; one file
 //!   per engine kind), [`methods`] (one folder per benchmark method).
 //! - L5 compile and run: [`pipeline`] (TOML → checked pipeline), [`dag`] (graph,
-//!   fingerprints, the runner), [`registry`] (engine kinds + every method's).
+//!   fingerprints, the runner), [`registry`] (engine kinds + every method's),
+//!   [`regen`] (locks, scheduled regeneration, snapshots, Hub releases).
 //! - L6 front ends: [`cli`], [`bench`].
 
 pub mod bench;
@@ -33,6 +34,7 @@ pub mod methods;
 pub mod onnx;
 pub mod pipeline;
 pub mod progress;
+pub mod regen;
 pub mod registry;
 pub mod retrieval;
 pub mod rng;

@@ -2,6 +2,7 @@
 //! one indicatif bar per running stage on a terminal, or as periodic plain log
 //! lines otherwise (CI, pipes), or not at all with `-q`.
 
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -23,6 +24,9 @@ pub struct StageProgress {
     /// Cost in millionths of a dollar.
     pub cost_micro_usd: AtomicU64,
     pub retries: AtomicU64,
+    /// The model ids the provider said answered (`model` of each answer, cached or not)
+    /// and its `system_fingerprint`s: what `synth.lock` records as served.
+    served: Mutex<(BTreeSet<String>, BTreeSet<String>)>,
     started: Instant,
     finished: AtomicBool,
 }
@@ -42,6 +46,7 @@ impl StageProgress {
             tokens_out: AtomicU64::new(0),
             cost_micro_usd: AtomicU64::new(0),
             retries: AtomicU64::new(0),
+            served: Mutex::new(Default::default()),
             started: Instant::now(),
             finished: AtomicBool::new(false),
         })
@@ -68,6 +73,25 @@ impl StageProgress {
 
     pub fn cost_usd(&self) -> f64 {
         self.cost_micro_usd.load(Ordering::Relaxed) as f64 / 1e6
+    }
+
+    /// Note the model that answered a request (and its system fingerprint, if given).
+    pub fn note_served(&self, model: &str, system_fingerprint: Option<&str>) {
+        let mut served = self.served.lock().expect("served");
+        if !served.0.contains(model) {
+            served.0.insert(model.to_string());
+        }
+        if let Some(fp) = system_fingerprint.filter(|f| !f.is_empty() && !served.1.contains(*f)) {
+            served.1.insert(fp.to_string());
+        }
+    }
+
+    pub fn served_models(&self) -> BTreeSet<String> {
+        self.served.lock().expect("served").0.clone()
+    }
+
+    pub fn system_fingerprints(&self) -> BTreeSet<String> {
+        self.served.lock().expect("served").1.clone()
     }
 
     /// "12 req/s · 3.4k tok/s · $0.0123" when the stage made requests, else "".
@@ -117,6 +141,8 @@ impl Write for LogWriter {
 pub struct ProgressHub {
     mode: Mode,
     stages: Mutex<Vec<(Arc<StageProgress>, Option<ProgressBar>)>>,
+    /// Cost of the stages that finished, in millionths of a dollar.
+    finished_cost_micro_usd: AtomicU64,
     line_interval: Duration,
 }
 
@@ -125,7 +151,12 @@ impl ProgressHub {
         if mode == Mode::Bars {
             MULTI.get_or_init(|| MultiProgress::with_draw_target(ProgressDrawTarget::stderr_with_hz(8)));
         }
-        Arc::new(ProgressHub { mode, stages: Mutex::new(Vec::new()), line_interval: Duration::from_secs(10) })
+        Arc::new(ProgressHub {
+            mode,
+            stages: Mutex::new(Vec::new()),
+            finished_cost_micro_usd: AtomicU64::new(0),
+            line_interval: Duration::from_secs(10),
+        })
     }
 
     /// Choose bars on a terminal, lines otherwise.
@@ -163,6 +194,8 @@ impl ProgressHub {
         progress.finished.store(true, Ordering::Relaxed);
         let mut stages = self.stages.lock().expect("progress");
         if let Some(idx) = stages.iter().position(|(p, _)| Arc::ptr_eq(p, progress)) {
+            self.finished_cost_micro_usd
+                .fetch_add(progress.cost_micro_usd.load(Ordering::Relaxed), Ordering::Relaxed);
             let (_, bar) = stages.remove(idx);
             if let Some(bar) = bar {
                 bar.finish_and_clear();
@@ -171,6 +204,13 @@ impl ProgressHub {
                 }
             }
         }
+    }
+
+    /// What this run has spent so far on provider calls (finished and running stages), in dollars.
+    pub fn spent_usd(&self) -> f64 {
+        let running: u64 =
+            self.stages.lock().expect("progress").iter().map(|(p, _)| p.cost_micro_usd.load(Ordering::Relaxed)).sum();
+        (self.finished_cost_micro_usd.load(Ordering::Relaxed) + running) as f64 / 1e6
     }
 
     /// Render until `stop` is cancelled.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_OK, EXIT_RUNTIME, RunArgs};
+use super::{EXIT_BUSY, EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_OK, EXIT_RUNTIME, RunArgs};
 use crate::dag::runner::{self, RunError, RunOptions, RunSummary};
 use crate::progress::ProgressHub;
 use crate::store::state::StageStatus;
@@ -17,6 +17,20 @@ pub fn run(args: &RunArgs, quiet: bool) -> i32 {
         Err(code) => return code,
     };
     let out_dir = args.out.clone().unwrap_or_else(|| p.output_dir.clone());
+    let lock = match args.locked {
+        false => None,
+        true => {
+            let (path, key) =
+                crate::regen::lock::location(&args.pipeline.pipeline, args.lockfile.lockfile.as_deref());
+            match crate::regen::locked_entry(&path, &key, p.profile.as_deref()) {
+                Ok(entry) => Some(Arc::new(entry)),
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return EXIT_CONFIG;
+                }
+            }
+        }
+    };
     let opts = RunOptions {
         out_dir,
         only: args.only.clone(),
@@ -25,6 +39,8 @@ pub fn run(args: &RunArgs, quiet: bool) -> i32 {
         limit: args.limit,
         force: args.force,
         dry_run: args.dry_run,
+        resolve_only: false,
+        lock: lock.clone(),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
@@ -34,6 +50,7 @@ pub fn run(args: &RunArgs, quiet: bool) -> i32 {
         }
     };
     let dry_run = opts.dry_run;
+    let out_dir = opts.out_dir.clone();
     let result = runtime.block_on(async move {
         let cancel = CancellationToken::new();
         spawn_signal_handler(cancel.clone());
@@ -52,6 +69,19 @@ pub fn run(args: &RunArgs, quiet: bool) -> i32 {
         }
         Ok(summary) => {
             print_summary(&summary);
+            // Under --locked, the models that answered must be the locked ones.
+            if let Some(lock) = &lock
+                && let Ok(manifest) = crate::store::state::Manifest::load(&out_dir)
+            {
+                let bad = crate::regen::lock::served_mismatches(lock, &manifest);
+                if !bad.is_empty() {
+                    eprintln!(
+                        "error: {}\nthe outputs are kept; run `synth lock --update` to accept the model that answered",
+                        bad.join("\n")
+                    );
+                    return EXIT_RUNTIME;
+                }
+            }
             EXIT_OK
         }
         Err(RunError::Usage(msg)) => {
@@ -66,10 +96,14 @@ pub fn run(args: &RunArgs, quiet: bool) -> i32 {
             eprintln!("{msg}");
             EXIT_INTERRUPTED
         }
+        Err(RunError::Busy(msg)) => {
+            eprintln!("error: {msg}");
+            EXIT_BUSY
+        }
     }
 }
 
-fn spawn_signal_handler(cancel: CancellationToken) {
+pub(super) fn spawn_signal_handler(cancel: CancellationToken) {
     tokio::spawn(async move {
         #[cfg(unix)]
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
@@ -153,7 +187,7 @@ fn print_summary(summary: &RunSummary) {
     }
 }
 
-fn print_plan(summary: &RunSummary) {
+pub(super) fn print_plan(summary: &RunSummary) {
     let width = summary.lines.iter().map(|l| l.stage.len()).max().unwrap_or(5);
     let mut n_run = 0;
     for l in &summary.lines {

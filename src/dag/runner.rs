@@ -23,6 +23,7 @@ use crate::stages::{Cancelled, Input, PrepareCtx, Prepared, Role, RunCtx, failur
 use crate::store::atomic::clean_debris;
 use crate::store::failures::write_failures;
 use crate::store::filehash::FileHasher;
+use crate::store::lock::{PipelineLock, StageLock, Upstream};
 use crate::store::parquet::{FINGERPRINT_KEY, read_footer};
 use crate::store::state::{
     FingerprintParts, INTERNAL_DIR, Manifest, ManifestStage, OutputRecord, PipelineInfo, RunStatus, StageReport,
@@ -38,6 +39,12 @@ pub struct RunOptions {
     pub limit: Option<u64>,
     pub force: bool,
     pub dry_run: bool,
+    /// With `dry_run`: resolve upstreams over the network (without downloading) so every
+    /// stage's fingerprint is known (`synth lock`, `synth regenerate`).
+    pub resolve_only: bool,
+    /// `synth run --locked`: upstreams resolve to the versions of this `synth.lock` entry,
+    /// and a stage reading a file whose content differs from the lock fails.
+    pub lock: Option<Arc<PipelineLock>>,
 }
 
 /// How a run ended badly; each carries the message for the user.
@@ -52,6 +59,9 @@ pub enum RunError {
     /// Stopped by a signal: exit 130.
     #[error("{0}")]
     Interrupted(String),
+    /// Another run holds the output directory: exit 75.
+    #[error("{0}")]
+    Busy(String),
 }
 
 /// One line of the run summary (or of a dry-run plan).
@@ -68,6 +78,16 @@ pub struct StageLine {
     /// Records this run sent to the failures table: the first one's id and reason, and
     /// the table's path (the CLI warns about them at the end of the run).
     pub failures: Option<FailureNote>,
+    /// What the fingerprint was computed from and the upstream versions the stage
+    /// resolved to (when it got that far).
+    pub resolved: Option<Resolved>,
+}
+
+/// A stage's fingerprint parts and resolved upstreams.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub parts: FingerprintParts,
+    pub upstream: Vec<Upstream>,
 }
 
 #[derive(Debug, Clone)]
@@ -100,10 +120,10 @@ enum Mode {
 }
 
 enum Outcome {
-    UpToDate { fp: String, state: Box<StageState> },
-    Ran { fp: String, parts: FingerprintParts, ctx: Box<RunCtx> },
+    UpToDate { fp: String, state: Box<StageState>, resolved: Resolved },
+    Ran { fp: String, resolved: Resolved, ctx: Box<RunCtx> },
     NotUpToDate { reason: String },
-    WouldRun { fp: Option<String>, reason: String },
+    WouldRun { fp: Option<String>, reason: String, resolved: Option<Resolved> },
 }
 
 struct TaskResult {
@@ -239,6 +259,8 @@ pub async fn run(
                     hub: hub.clone(),
                     hasher: hasher.clone(),
                     services: services.clone(),
+                    resolve_only: opts.resolve_only && opts.dry_run,
+                    lock: opts.lock.clone(),
                 };
                 let task = async move {
                     let idx = job.idx;
@@ -287,16 +309,19 @@ pub async fn run(
             report: None,
             fingerprint: None,
             failures: None,
+            resolved: None,
         };
         match outcome {
-            Ok(Outcome::UpToDate { fp, state }) => {
+            Ok(Outcome::UpToDate { fp, state, resolved }) => {
+                line.resolved = Some(resolved);
                 line.fingerprint = Some(fp.clone());
                 nodes[idx] = Node::Done(Some(fp.clone()));
                 line.status = StageStatus::UpToDate;
                 line.report = Some(state.report.clone());
                 set_manifest(&mut manifest, &name, StageStatus::UpToDate, Some(fp), Some(&state), None);
             }
-            Ok(Outcome::WouldRun { fp, reason }) => {
+            Ok(Outcome::WouldRun { fp, reason, resolved }) => {
+                line.resolved = resolved;
                 line.fingerprint = fp.clone();
                 nodes[idx] = Node::Done(fp);
                 line.status = StageStatus::Pending;
@@ -311,8 +336,9 @@ pub async fn run(
                 line.status = StageStatus::Failed;
                 stopping = true;
             }
-            Ok(Outcome::Ran { fp, parts, ctx }) => match finish_stage(&out_dir, decl, &fp, parts, *ctx) {
+            Ok(Outcome::Ran { fp, resolved, ctx }) => match finish_stage(&out_dir, decl, &fp, resolved.parts.clone(), *ctx) {
                 Ok((state, failures)) => {
+                    line.resolved = Some(resolved);
                     line.failures = failures;
                     let r = &state.report;
                     tracing::info!(
@@ -345,10 +371,13 @@ pub async fn run(
             }
             Err(e) => {
                 let msg = stage_error(&name, &e, &out_dir);
-                tracing::error!("{msg}");
+                if !opts.dry_run {
+                    tracing::error!("{msg}");
+                }
                 errors.push(msg.clone());
                 nodes[idx] = Node::Failed;
                 line.status = StageStatus::Failed;
+                line.reason = Some(msg.clone());
                 set_manifest(&mut manifest, &name, StageStatus::Failed, None, None, Some(msg));
                 stopping = true;
             }
@@ -373,6 +402,7 @@ pub async fn run(
             report: None,
             fingerprint: None,
             failures: None,
+            resolved: None,
         });
     }
     let mut ordered: Vec<StageLine> = p.graph.order.iter().filter_map(|i| lines.remove(i)).collect();
@@ -446,7 +476,11 @@ fn prepare_out_dir(out_dir: &Path) -> Result<std::fs::File, RunError> {
     match lock.try_lock() {
         Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {
-            return Err(RunError::Failed(format!("another synth run is using {}", out_dir.display())));
+            return Err(RunError::Busy(format!(
+                "another synth run is using {}; this one did nothing (it holds {})",
+                out_dir.display(),
+                lock_path.display()
+            )));
         }
         Err(std::fs::TryLockError::Error(e)) => {
             return Err(RunError::Failed(format!("cannot lock {}: {e}", lock_path.display())));
@@ -500,6 +534,7 @@ fn new_manifest(p: &Pipeline, previous: &Option<Manifest>) -> Manifest {
         config: crate::secrets::redact(&p.resolved),
         stages,
         totals: Default::default(),
+        release: None,
     }
 }
 
@@ -537,30 +572,48 @@ struct StageJob {
     hub: Arc<ProgressHub>,
     hasher: Arc<Mutex<FileHasher>>,
     services: Arc<Services>,
+    resolve_only: bool,
+    lock: Option<Arc<PipelineLock>>,
 }
 
 impl StageJob {
     async fn run(self) -> Result<Outcome> {
         let decl = &self.p.stages[self.idx];
         let dry = matches!(self.mode, Mode::Plan { .. });
+        let pins = match &self.lock {
+            None => None,
+            Some(lock) => Some(lock.stages.get(&decl.name).ok_or_else(|| {
+                anyhow!("not in synth.lock (locked {}); run `synth lock --update` to lock it", lock.locked_at)
+            })?),
+        };
         let prepare_ctx = PrepareCtx {
             name: &decl.name,
             services: &self.services,
             root: &self.p.root,
             out_dir: &self.out_dir,
-            offline_only: dry,
+            offline_only: dry && !self.resolve_only,
+            resolve_only: self.resolve_only,
+            pins,
             limit: self.limit,
         };
         let prepared = decl.stage.prepare(&prepare_ctx).await?;
         let unknown_input = self.input_fps.iter().find(|(_, fp)| fp.is_none()).map(|(n, _)| n.clone());
         let Some(prepared) = prepared else {
-            return Ok(Outcome::WouldRun { fp: None, reason: "needs the network to check its source".into() });
+            return Ok(Outcome::WouldRun {
+                fp: None,
+                reason: "needs the network to check its source".into(),
+                resolved: None,
+            });
         };
         if let Some(input) = unknown_input {
-            return Ok(Outcome::WouldRun { fp: None, reason: format!("input \"{input}\" would run") });
+            return Ok(Outcome::WouldRun { fp: None, reason: format!("input \"{input}\" would run"), resolved: None });
         }
         let parts = self.parts(&prepared).await?;
+        if let Some(pins) = pins {
+            check_locked_files(pins, &parts)?;
+        }
         let fp = combine(&parts);
+        let resolved = Resolved { parts: parts.clone(), upstream: prepared.upstream.clone() };
         let state = StageState::load(&self.out_dir, &decl.name);
         let up_to_date = state.as_ref().is_some_and(|s| s.fingerprint == fp && self.outputs_match(s, &fp));
         let forced = matches!(self.mode, Mode::Run { forced: true } | Mode::Plan { forced: true });
@@ -569,11 +622,11 @@ impl StageJob {
         };
         match self.mode {
             _ if up_to_date && !forced => {
-                return Ok(Outcome::UpToDate { fp, state: Box::new(state.expect("up to date")) });
+                return Ok(Outcome::UpToDate { fp, state: Box::new(state.expect("up to date")), resolved });
             }
             Mode::Check => return Ok(Outcome::NotUpToDate { reason: reason() }),
             Mode::Plan { .. } => {
-                return Ok(Outcome::WouldRun { fp: Some(fp), reason: reason() });
+                return Ok(Outcome::WouldRun { fp: Some(fp), reason: reason(), resolved: Some(resolved) });
             }
             Mode::Run { .. } => {}
         }
@@ -613,10 +666,15 @@ impl StageJob {
         r.tokens_in = progress.tokens_in.load(Ordering::Relaxed);
         r.tokens_out = progress.tokens_out.load(Ordering::Relaxed);
         r.cost_usd = progress.cost_usd();
+        for (key, values) in [("served_model", progress.served_models()), ("system_fingerprint", progress.system_fingerprints())] {
+            if !values.is_empty() {
+                r.info.insert(key.into(), values.into_iter().collect::<Vec<_>>().join(","));
+            }
+        }
         if decl.kind.role != Role::Sink && ctx.output.is_none() {
             return Err(anyhow!("stage produced no output (a bug in the {} kind)", decl.kind.name));
         }
-        Ok(Outcome::Ran { fp, parts, ctx: Box::new(ctx) })
+        Ok(Outcome::Ran { fp, resolved, ctx: Box::new(ctx) })
     }
 
     async fn parts(&self, prepared: &Prepared) -> Result<FingerprintParts> {
@@ -661,6 +719,22 @@ impl StageJob {
             .map(|f| f.meta.get(FINGERPRINT_KEY).map(String::as_str) == Some(fp))
             .unwrap_or(false)
     }
+}
+
+/// Under `--locked`: every file the stage reads has the content `synth.lock` recorded.
+fn check_locked_files(pins: &StageLock, parts: &FingerprintParts) -> Result<()> {
+    let mut problems = Vec::new();
+    for (file, hash) in &parts.files {
+        match pins.files.get(file) {
+            Some(h) if h == hash => {}
+            Some(_) => problems.push(format!("{file} changed since it was locked")),
+            None => problems.push(format!("{file} is not in the lock")),
+        }
+    }
+    if problems.is_empty() {
+        return Ok(());
+    }
+    Err(anyhow!("{} (run `synth lock --update` to accept the current files)", problems.join("; ")))
 }
 
 /// Check the failure ratio, then commit: failures, outputs, state record.

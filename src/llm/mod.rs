@@ -123,6 +123,9 @@ pub struct ChatResponse {
     pub usage: Usage,
     /// The model the server says answered.
     pub model: String,
+    /// The backend configuration the server says answered (OpenAI's `system_fingerprint`), when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_fingerprint: Option<String>,
 }
 
 /// How a provider call failed; decides retry, per-record failure or run stop.

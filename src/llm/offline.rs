@@ -72,6 +72,7 @@ impl ChatBackend for Offline {
             text,
             finish_reason: "stop".into(),
             model: MODEL.into(),
+            system_fingerprint: None,
         })
     }
 
@@ -82,6 +83,7 @@ impl ChatBackend for Offline {
             text: ll.to_text(),
             finish_reason: "loglik".into(),
             model: MODEL.into(),
+            system_fingerprint: None,
         })
     }
 }

@@ -104,6 +104,8 @@ impl OpenAiChat {
 struct CompletionBody {
     #[serde(default)]
     model: Option<String>,
+    #[serde(default)]
+    system_fingerprint: Option<String>,
     choices: Vec<Choice>,
     #[serde(default)]
     usage: Option<UsageBody>,
@@ -251,6 +253,7 @@ impl ChatBackend for OpenAiChat {
             finish_reason: choice.finish_reason.unwrap_or_else(|| "stop".into()),
             usage,
             model: body.model.unwrap_or_else(|| self.endpoint.model.clone()),
+            system_fingerprint: body.system_fingerprint,
         })
     }
 
@@ -279,6 +282,7 @@ impl ChatBackend for OpenAiChat {
             finish_reason: "loglik".into(),
             usage,
             model: body.model.unwrap_or_else(|| self.endpoint.model.clone()),
+            system_fingerprint: body.system_fingerprint,
         })
     }
 }
@@ -288,6 +292,8 @@ impl ChatBackend for OpenAiChat {
 struct TextCompletionBody {
     #[serde(default)]
     model: Option<String>,
+    #[serde(default)]
+    system_fingerprint: Option<String>,
     choices: Vec<TextChoice>,
     #[serde(default)]
     usage: Option<UsageBody>,

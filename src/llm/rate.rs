@@ -747,6 +747,7 @@ mod tests {
                             finish_reason: "stop".into(),
                             usage: Default::default(),
                             model: "m".into(),
+                            system_fingerprint: None,
                         })
                     }
                 }

@@ -25,7 +25,9 @@ use crate::services::Services;
 use crate::store::atomic::PendingFile;
 use crate::store::failures::FailureLog;
 use crate::store::parquet::{FINGERPRINT_KEY, Footer, ParquetOut, STAGE_KEY};
+use crate::store::lock::{StageLock, Upstream};
 use crate::store::state::StageReport;
+use crate::hub::{HubFiles, HubSpec};
 
 pub mod concat;
 pub mod embed;
@@ -297,7 +299,64 @@ pub struct PrepareCtx<'a> {
     pub out_dir: &'a Path,
     /// Do not use the network (dry runs).
     pub offline_only: bool,
+    /// Resolve upstream versions (e.g. a hub revision to its commit) but download
+    /// nothing: a plan that must know every fingerprint (`synth lock`, `regenerate`).
+    pub resolve_only: bool,
+    /// This stage's entry of `synth.lock` under `synth run --locked`: upstreams resolve
+    /// to the versions recorded there, not to what their revisions point to now.
+    pub pins: Option<&'a StageLock>,
     pub limit: Option<u64>,
+}
+
+impl PrepareCtx<'_> {
+    /// Resolve a hub dataset this stage reads: the configured revision, or the commit
+    /// `synth.lock` pins it to. `None` when offline and the local cache cannot tell.
+    /// The returned `Upstream` belongs in [`Prepared::upstream`].
+    pub async fn resolve_hub(&self, spec: &HubSpec, root: &Path) -> Result<Option<(HubFiles, Upstream)>> {
+        let pin = match self.pins {
+            None => None,
+            Some(lock) => {
+                let key = hub_upstream(spec, String::new(), Vec::new()).key();
+                let pinned = lock.upstream.iter().find(|u| u.key() == key).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "{}@{} is not in synth.lock for this stage (locked: {}); run `synth lock --update` to lock it",
+                        spec.repo,
+                        spec.revision,
+                        if lock.upstream.is_empty() {
+                            "no hub repository".to_string()
+                        } else {
+                            lock.upstream.iter().map(Upstream::describe).collect::<Vec<_>>().join(", ")
+                        }
+                    )
+                })?;
+                Some(pinned.version().to_string())
+            }
+        };
+        let how = crate::hub::Resolve {
+            offline_only: self.offline_only,
+            resolve_only: self.resolve_only,
+            pin: pin.as_deref(),
+        };
+        match spec.resolve_with(root, &how).await {
+            Ok(files) => {
+                let up =
+                    hub_upstream(spec, files.commit.clone(), files.files.iter().map(|(n, _)| n.clone()).collect());
+                Ok(Some((files, up)))
+            }
+            Err(_) if self.offline_only => Ok(None),
+            Err(e) => Err(e.context(format!("resolving {} on the hub", spec.repo))),
+        }
+    }
+}
+
+fn hub_upstream(spec: &HubSpec, commit: String, files: Vec<String>) -> Upstream {
+    Upstream::Hub {
+        repo: spec.repo.clone(),
+        repo_type: spec.repo_type.clone(),
+        revision: spec.revision.clone(),
+        commit,
+        files,
+    }
 }
 
 /// What prepare resolved.
@@ -308,6 +367,8 @@ pub struct Prepared {
     /// Local files to read; content-hashed into the fingerprint when `hash_files`.
     pub files: Vec<PathBuf>,
     pub hash_files: bool,
+    /// The versions outside the pipeline this stage resolved to (what `synth.lock` records).
+    pub upstream: Vec<Upstream>,
 }
 
 /// An upstream stage's materialized output.

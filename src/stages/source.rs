@@ -275,24 +275,22 @@ impl Stage for Source {
     async fn prepare(&self, ctx: &PrepareCtx<'_>) -> Result<Option<Prepared>> {
         match &self.opts.hf {
             None => Ok(Some(Prepared { files: self.local_files()?, hash_files: true, ..Default::default() })),
-            Some(hf) => match hf.resolve(ctx.root, ctx.offline_only).await {
-                Ok(resolved) => {
-                    let mut fingerprint = BTreeMap::new();
-                    fingerprint.insert("hf.repo".into(), hf.repo.clone());
-                    fingerprint.insert("hf.commit".into(), resolved.commit.clone());
-                    fingerprint.insert(
-                        "hf.files".into(),
-                        resolved.files.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(","),
-                    );
-                    Ok(Some(Prepared {
-                        fingerprint,
-                        files: resolved.files.into_iter().map(|(_, p)| p).collect(),
-                        hash_files: false,
-                    }))
-                }
-                Err(_) if ctx.offline_only => Ok(None),
-                Err(e) => Err(e.context(format!("resolving {} on the hub", hf.repo))),
-            },
+            Some(hf) => {
+                let Some((resolved, upstream)) = ctx.resolve_hub(hf, ctx.root).await? else { return Ok(None) };
+                let mut fingerprint = BTreeMap::new();
+                fingerprint.insert("hf.repo".into(), hf.repo.clone());
+                fingerprint.insert("hf.commit".into(), resolved.commit.clone());
+                fingerprint.insert(
+                    "hf.files".into(),
+                    resolved.files.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(","),
+                );
+                Ok(Some(Prepared {
+                    fingerprint,
+                    files: resolved.files.into_iter().map(|(_, p)| p).collect(),
+                    hash_files: false,
+                    upstream: vec![upstream],
+                }))
+            }
         }
     }
 
