@@ -15,6 +15,7 @@ mod hub;
 mod judge;
 mod llm;
 mod methods;
+mod regen;
 mod scheduling;
 mod tidy;
 mod train;

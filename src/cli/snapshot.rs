@@ -95,11 +95,11 @@ fn diff(at: &SnapshotsArg, old: Option<String>, new: Option<String>, ids: usize,
         };
         let old = match &old {
             Some(id) => Some(snaps.get(id)?),
-            None => {
-                let all = snaps.list()?;
-                let pos = all.iter().position(|s| s.meta.id == new.meta.id);
-                pos.and_then(|i| i.checked_sub(1)).map(|i| all[i].clone())
-            }
+            // The release it was compared with when it was made (if still kept).
+            None => match &new.meta.changelog.previous {
+                Some(prev) => snaps.get(prev).ok(),
+                None => None,
+            },
         };
         Ok((old, new))
     };

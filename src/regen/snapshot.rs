@@ -15,7 +15,7 @@ use super::config::Export;
 use super::diff::{ChangelogEntry, DiffCounts, DiffIds, RowIndex, changelog_markdown, diff};
 use crate::store::atomic::write_atomic;
 use crate::store::lock::{LockFile, PipelineLock};
-use crate::store::state::{Manifest, now_rfc3339};
+use crate::store::state::Manifest;
 
 pub const LATEST: &str = "latest";
 const INTERNAL: &str = "_synth";
@@ -206,7 +206,8 @@ impl Snapshots {
     /// Build a snapshot in a hidden folder and rename it into place. An existing
     /// snapshot of the same id (same day, same fingerprint) is returned as it is.
     pub fn create(&self, new: NewSnapshot<'_>) -> Result<Snapshot> {
-        let created_at = now_rfc3339();
+        // Milliseconds: snapshots made within one second still sort in order.
+        let created_at = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
         let id = format!("{}-{}", &created_at[..10], &new.fingerprint[..8]);
         let dest = self.dir.join(&id);
         if dest.join(crate::store::state::MANIFEST).exists() {

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 pub mod eval_fixtures;
+pub mod fake_hub;
 pub mod openai_server;
 
 /// The repository root.
@@ -87,6 +88,16 @@ impl Project {
             cmd.env(k, v);
         }
         Run::from(cmd.output().expect("run synth"))
+    }
+
+    /// Start `synth ARGS...` without waiting (stdout and stderr captured).
+    pub fn spawn_env(&self, args: &[&str], env: &[(&str, &str)]) -> std::process::Child {
+        let mut cmd = Command::new(synth_bin());
+        cmd.args(args).current_dir(self.path()).env("CI", "1").env_remove("SYNTH_LOG").env_remove("OPENAI_API_KEY");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().expect("spawn synth")
     }
 
     pub fn read(&self, rel: &str) -> String {

@@ -55,6 +55,9 @@ pub struct Behaviour {
     pub seed: u64,
     /// The server stops by itself after this long.
     pub lifetime: Duration,
+    /// The `model` and `system_fingerprint` answers name (default: the requested model,
+    /// no fingerprint); changeable while the server runs, as an alias moves to a new snapshot.
+    pub served_as: Arc<Mutex<Option<(String, String)>>>,
 }
 
 impl Default for Behaviour {
@@ -77,6 +80,7 @@ impl Default for Behaviour {
             token_logprob: Arc::new(|_, _| -1.0),
             seed: 7,
             lifetime: Duration::from_secs(600),
+            served_as: Arc::new(Mutex::new(None)),
         }
     }
 }
@@ -366,11 +370,16 @@ async fn answer(
             .as_array()
             .map(|m| m.iter().map(|x| x["content"].as_str().unwrap_or("").len() / 4 + 1).sum())
             .unwrap_or(1);
-        serde_json::json!({
+        let mut answer = serde_json::json!({
             "id": "chatcmpl-test", "object": "chat.completion", "created": 0, "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": text.len() / 4 + 1, "total_tokens": prompt_tokens + text.len() / 4 + 1}
-        })
+        });
+        if let Some((served, fingerprint)) = s.b.served_as.lock().unwrap().clone() {
+            answer["model"] = serde_json::json!(served);
+            answer["system_fingerprint"] = serde_json::json!(fingerprint);
+        }
+        answer
     };
     (StatusCode::OK, [("content-type", "application/json")], body.to_string()).into_response()
 }
