@@ -194,8 +194,7 @@ impl ProgressHub {
         progress.finished.store(true, Ordering::Relaxed);
         let mut stages = self.stages.lock().expect("progress");
         if let Some(idx) = stages.iter().position(|(p, _)| Arc::ptr_eq(p, progress)) {
-            self.finished_cost_micro_usd
-                .fetch_add(progress.cost_micro_usd.load(Ordering::Relaxed), Ordering::Relaxed);
+            self.finished_cost_micro_usd.fetch_add(progress.cost_micro_usd.load(Ordering::Relaxed), Ordering::Relaxed);
             let (_, bar) = stages.remove(idx);
             if let Some(bar) = bar {
                 bar.finish_and_clear();

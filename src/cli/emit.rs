@@ -42,7 +42,9 @@ fn emit_schedule(a: &EmitScheduleArgs) -> i32 {
         Some(_) => Some(cfg.hub.as_ref().map(|h| h.token_env.clone()).unwrap_or_else(|| "HF_TOKEN".into())),
     };
     if matches!(&a.push, Some(r) if r.is_empty()) && cfg.hub.is_none() {
-        return fail(anyhow::anyhow!("--push without a repository: give --push OWNER/NAME or set [regenerate.hub] repo"));
+        return fail(anyhow::anyhow!(
+            "--push without a repository: give --push OWNER/NAME or set [regenerate.hub] repo"
+        ));
     }
     let pipeline_arg = a.pipeline.pipeline.to_string_lossy().to_string();
     let mut args = vec!["regenerate".to_string(), pipeline_arg.clone()];

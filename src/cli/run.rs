@@ -20,8 +20,7 @@ pub fn run(args: &RunArgs, quiet: bool) -> i32 {
     let lock = match args.locked {
         false => None,
         true => {
-            let (path, key) =
-                crate::regen::lock::location(&args.pipeline.pipeline, args.lockfile.lockfile.as_deref());
+            let (path, key) = crate::regen::lock::location(&args.pipeline.pipeline, args.lockfile.lockfile.as_deref());
             match crate::regen::locked_entry(&path, &key, p.profile.as_deref()) {
                 Ok(entry) => Some(Arc::new(entry)),
                 Err(e) => {

@@ -11,7 +11,8 @@ use crate::regen::snapshot::{self, Snapshots};
 fn locate(at: &SnapshotsArg) -> Result<(Snapshots, Option<PathBuf>), i32> {
     let t = &at.target;
     if t.is_file() {
-        let args = PipelineArgs { pipeline: t.clone(), profile: at.profile.clone(), offline: at.offline, sets: Vec::new() };
+        let args =
+            PipelineArgs { pipeline: t.clone(), profile: at.profile.clone(), offline: at.offline, sets: Vec::new() };
         let p = super::load_or_report(&args)?;
         let cfg = RegenConfig::of(&p).map_err(|e| {
             eprintln!("error: {e:#}");
@@ -76,9 +77,16 @@ fn list(at: &SnapshotsArg, json: bool) -> i32 {
         let published = s
             .release
             .as_ref()
-            .map(|r| format!("  {}@{} {}", r.repo, &r.commit[..r.commit.len().min(8)], r.tag.clone().unwrap_or_default()))
+            .map(|r| {
+                format!("  {}@{} {}", r.repo, &r.commit[..r.commit.len().min(8)], r.tag.clone().unwrap_or_default())
+            })
             .unwrap_or_default();
-        println!("{mark} {}  {}  {} exports, {rows} rows{published}", s.meta.id, s.meta.created_at, s.meta.exports.len());
+        println!(
+            "{mark} {}  {}  {} exports, {rows} rows{published}",
+            s.meta.id,
+            s.meta.created_at,
+            s.meta.exports.len()
+        );
     }
     EXIT_OK
 }

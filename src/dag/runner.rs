@@ -336,34 +336,36 @@ pub async fn run(
                 line.status = StageStatus::Failed;
                 stopping = true;
             }
-            Ok(Outcome::Ran { fp, resolved, ctx }) => match finish_stage(&out_dir, decl, &fp, resolved.parts.clone(), *ctx) {
-                Ok((state, failures)) => {
-                    line.resolved = Some(resolved);
-                    line.failures = failures;
-                    let r = &state.report;
-                    tracing::info!(
-                        "stage \"{name}\" done: {} in, {} out, {} failed, {:.2}s",
-                        r.rows_in,
-                        r.rows_out,
-                        r.rows_failed,
-                        r.wall_seconds
-                    );
-                    line.fingerprint = Some(fp.clone());
-                    nodes[idx] = Node::Done(Some(fp.clone()));
-                    line.status = StageStatus::Ran;
-                    line.report = Some(state.report.clone());
-                    set_manifest(&mut manifest, &name, StageStatus::Ran, Some(fp), Some(&state), None);
+            Ok(Outcome::Ran { fp, resolved, ctx }) => {
+                match finish_stage(&out_dir, decl, &fp, resolved.parts.clone(), *ctx) {
+                    Ok((state, failures)) => {
+                        line.resolved = Some(resolved);
+                        line.failures = failures;
+                        let r = &state.report;
+                        tracing::info!(
+                            "stage \"{name}\" done: {} in, {} out, {} failed, {:.2}s",
+                            r.rows_in,
+                            r.rows_out,
+                            r.rows_failed,
+                            r.wall_seconds
+                        );
+                        line.fingerprint = Some(fp.clone());
+                        nodes[idx] = Node::Done(Some(fp.clone()));
+                        line.status = StageStatus::Ran;
+                        line.report = Some(state.report.clone());
+                        set_manifest(&mut manifest, &name, StageStatus::Ran, Some(fp), Some(&state), None);
+                    }
+                    Err(e) => {
+                        let msg = stage_error(&name, &e, &out_dir);
+                        tracing::error!("{msg}");
+                        errors.push(msg.clone());
+                        nodes[idx] = Node::Failed;
+                        line.status = StageStatus::Failed;
+                        set_manifest(&mut manifest, &name, StageStatus::Failed, None, None, Some(msg));
+                        stopping = true;
+                    }
                 }
-                Err(e) => {
-                    let msg = stage_error(&name, &e, &out_dir);
-                    tracing::error!("{msg}");
-                    errors.push(msg.clone());
-                    nodes[idx] = Node::Failed;
-                    line.status = StageStatus::Failed;
-                    set_manifest(&mut manifest, &name, StageStatus::Failed, None, None, Some(msg));
-                    stopping = true;
-                }
-            },
+            }
             Err(e) if e.downcast_ref::<Cancelled>().is_some() => {
                 nodes[idx] = Node::Cancelled;
                 line.status = StageStatus::Cancelled;
@@ -666,7 +668,9 @@ impl StageJob {
         r.tokens_in = progress.tokens_in.load(Ordering::Relaxed);
         r.tokens_out = progress.tokens_out.load(Ordering::Relaxed);
         r.cost_usd = progress.cost_usd();
-        for (key, values) in [("served_model", progress.served_models()), ("system_fingerprint", progress.system_fingerprints())] {
+        for (key, values) in
+            [("served_model", progress.served_models()), ("system_fingerprint", progress.system_fingerprints())]
+        {
             if !values.is_empty() {
                 r.info.insert(key.into(), values.into_iter().collect::<Vec<_>>().join(","));
             }

@@ -176,7 +176,11 @@ impl HubRepo {
         if matches!(resp.status().as_u16(), 401 | 403) {
             let status = resp.status();
             let body = resp.text().await.unwrap_or_default();
-            bail!("reading {}: {} (is the token in the environment valid for it?)", self.repo, error_text(status, &body));
+            bail!(
+                "reading {}: {} (is the token in the environment valid for it?)",
+                self.repo,
+                error_text(status, &body)
+            );
         }
         let info = self.json_ok(resp, "reading the branch").await?;
         Ok(info.get("sha").and_then(|s| s.as_str()).map(str::to_string))
@@ -219,9 +223,7 @@ impl HubRepo {
         let body = payload(summary, description, parent, &prepared, deletions).map_err(other)?;
         let url = self.api("commit", branch);
         let resp = self
-            .send(false, || {
-                self.client.post(&url).header("Content-Type", "application/x-ndjson").body(body.clone())
-            })
+            .send(false, || self.client.post(&url).header("Content-Type", "application/x-ndjson").body(body.clone()))
             .await
             .map_err(other)?;
         let status = resp.status();
@@ -343,10 +345,8 @@ impl HubRepo {
                     .or_else(|| size.as_u64())
                     .filter(|c| *c > 0)
                     .ok_or_else(|| anyhow!("LFS multipart chunk_size is not a number: {size}"))?;
-                let mut parts: Vec<(u64, &str)> = header
-                    .iter()
-                    .filter_map(|(k, v)| Some((k.parse::<u64>().ok()?, v.as_str()?)))
-                    .collect();
+                let mut parts: Vec<(u64, &str)> =
+                    header.iter().filter_map(|(k, v)| Some((k.parse::<u64>().ok()?, v.as_str()?))).collect();
                 parts.sort();
                 if parts.len() as u64 != f.size.div_ceil(chunk) {
                     bail!("LFS multipart: {} part URLs for {} bytes in chunks of {chunk}", parts.len(), f.size);
@@ -379,9 +379,10 @@ impl HubRepo {
                             .body(body.to_string())
                     })
                     .await?;
-                self.json_ok(resp, "completing a multipart upload").await.map(|_| ()).or_else(|e| {
-                    if e.to_string().contains("not JSON") { Ok(()) } else { Err(e) }
-                })?;
+                self.json_ok(resp, "completing a multipart upload")
+                    .await
+                    .map(|_| ())
+                    .or_else(|e| if e.to_string().contains("not JSON") { Ok(()) } else { Err(e) })?;
             }
             None => {
                 let file = tokio::fs::File::open(&f.file.local).await?;
@@ -525,7 +526,10 @@ mod tests {
         let lines: Vec<Value> =
             String::from_utf8(body).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
         assert_eq!(lines.len(), 4);
-        assert_eq!(lines[0], json!({"key": "header", "value": {"summary": "snap", "description": "desc", "parentCommit": "abc"}}));
+        assert_eq!(
+            lines[0],
+            json!({"key": "header", "value": {"summary": "snap", "description": "desc", "parentCommit": "abc"}})
+        );
         assert_eq!(lines[1]["key"], "file");
         assert_eq!(lines[1]["value"]["content"], "IyBjYXJkCg==");
         assert_eq!(lines[2]["key"], "lfsFile");

@@ -66,7 +66,12 @@ const REGENERATE_OPTIONS: &[OptionSpec] = &[
         Ty::Str,
         "export stage whose README.md gets the changelog (default: the export that writes README.md)",
     ),
-    OptionSpec::default("snapshots_dir", Ty::Str, "\"snapshots\"", "where snapshots go, relative to the output directory"),
+    OptionSpec::default(
+        "snapshots_dir",
+        Ty::Str,
+        "\"snapshots\"",
+        "where snapshots go, relative to the output directory",
+    ),
     OptionSpec::optional("keep", POSITIVE, "snapshots kept; older ones are removed after a new one (default: all)"),
     OptionSpec::optional(
         "max_cost_usd",
@@ -75,7 +80,11 @@ const REGENERATE_OPTIONS: &[OptionSpec] = &[
     ),
     OptionSpec::optional("hub", Ty::Struct(HUB_PUSH_OPTIONS), "publish every snapshot to the Hugging Face Hub"),
     OptionSpec::optional("on_success", Ty::Str, "command run after a new snapshot (sh -c; JSON summary on stdin)"),
-    OptionSpec::optional("on_failure", Ty::Str, "command run after a failed regeneration (sh -c; JSON summary on stdin)"),
+    OptionSpec::optional(
+        "on_failure",
+        Ty::Str,
+        "command run after a failed regeneration (sh -c; JSON summary on stdin)",
+    ),
     OptionSpec::optional("on_unchanged", Ty::Str, "command run when nothing changed (sh -c; JSON summary on stdin)"),
     OptionSpec::default("hook_timeout_seconds", POSITIVE, "300", "a hook still running after this is killed"),
 ];

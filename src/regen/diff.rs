@@ -207,7 +207,8 @@ pub struct ChangelogEntry {
 
 /// The changelog section appended to a card: newest first, at most `max` entries.
 pub fn changelog_markdown(entries: &[ChangelogEntry], max: usize) -> String {
-    let mut s = String::from("\n\n## Changelog\n\nRows are compared by their stable record id with the previous release.\n");
+    let mut s =
+        String::from("\n\n## Changelog\n\nRows are compared by their stable record id with the previous release.\n");
     for e in entries.iter().take(max) {
         s.push_str(&format!("\n### {} ({})\n\n", e.snapshot, e.created_at));
         match &e.previous {

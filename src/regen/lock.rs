@@ -36,7 +36,11 @@ pub fn from_plan(lines: &[StageLine], file: String, profile: Option<String>) -> 
             Some(r) => {
                 stages.insert(
                     line.stage.clone(),
-                    StageLock { kind: r.parts.kind.clone(), upstream: r.upstream.clone(), files: r.parts.files.clone() },
+                    StageLock {
+                        kind: r.parts.kind.clone(),
+                        upstream: r.upstream.clone(),
+                        files: r.parts.files.clone(),
+                    },
                 );
             }
             None => problems.push(match &line.reason {

@@ -210,7 +210,9 @@ impl Run {
         let target = match &self.opts.push {
             None => return Ok(None),
             Some(r) if r.is_empty() => cfg.hub.clone().ok_or_else(|| {
-                RegenError::Config("--push without a repository: give --push OWNER/NAME or set [regenerate.hub] repo".into())
+                RegenError::Config(
+                    "--push without a repository: give --push OWNER/NAME or set [regenerate.hub] repo".into(),
+                )
             })?,
             Some(r) => match cfg.hub.clone() {
                 Some(mut h) => {
@@ -310,7 +312,8 @@ impl Run {
                 }
             })
         });
-        let run_opts = RunOptions { out_dir: out_dir.clone(), lock: Some(Arc::new(new_lock.clone())), ..Default::default() };
+        let run_opts =
+            RunOptions { out_dir: out_dir.clone(), lock: Some(Arc::new(new_lock.clone())), ..Default::default() };
         let result = runner::run(p.clone(), run_opts, hub.clone(), run_cancel.clone()).await;
         if let Some(w) = watcher {
             w.abort();
@@ -426,7 +429,8 @@ impl Run {
 
     fn account(&mut self, m: &Manifest) {
         let s = &mut self.summary;
-        s.stages_ran = m.stages.iter().filter(|(_, st)| st.status == StageStatus::Ran).map(|(n, _)| n.clone()).collect();
+        s.stages_ran =
+            m.stages.iter().filter(|(_, st)| st.status == StageStatus::Ran).map(|(n, _)| n.clone()).collect();
         s.stages_up_to_date = m.stages.values().filter(|st| st.status == StageStatus::UpToDate).count();
         for st in m.stages.values().filter(|st| st.status == StageStatus::Ran) {
             if let Some(r) = &st.report {

@@ -66,7 +66,10 @@ pub async fn publish(
         _ => false,
     };
     let (commit, url, parent) = if landed {
-        warnings.push(format!("{} already holds snapshot {} at {}: recorded, not committed again", t.repo, snap.meta.id, push.parent));
+        warnings.push(format!(
+            "{} already holds snapshot {} at {}: recorded, not committed again",
+            t.repo, snap.meta.id, push.parent
+        ));
         (push.parent.clone(), push.repo.commit_url(&push.parent), None)
     } else {
         let deletions: Vec<String> = previous

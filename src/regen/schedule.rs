@@ -224,7 +224,11 @@ pub fn render(r: &Recipe) -> Result<String> {
     match r.target {
         Target::Systemd => {
             let calendar = on_calendar(&r.cron, &r.timezone)?;
-            writeln!(s, "# synth regenerate {} {} (cron \"{}\"), as a systemd service + timer.", r.pipeline_arg, r.every, r.cron)?;
+            writeln!(
+                s,
+                "# synth regenerate {} {} (cron \"{}\"), as a systemd service + timer.",
+                r.pipeline_arg, r.every, r.cron
+            )?;
             writeln!(s, "# Secrets: {env_file} (chmod 600), one VAR=value per line:")?;
             s.push_str(&secret_lines);
             writeln!(s, "# Install: save both units below, then")?;
@@ -282,7 +286,8 @@ pub fn render(r: &Recipe) -> Result<String> {
         }
         Target::K8s => {
             let q = |v: &str| serde_json::to_string(v).expect("string");
-            let command: Vec<String> = std::iter::once(r.synth.as_str()).chain(r.args.iter().map(String::as_str)).map(q).collect();
+            let command: Vec<String> =
+                std::iter::once(r.synth.as_str()).chain(r.args.iter().map(String::as_str)).map(q).collect();
             writeln!(s, "# synth regenerate {} {}, as a Kubernetes CronJob.", r.pipeline_arg, r.every)?;
             writeln!(s, "# Secrets: the Secret {} holds them as keys:", r.name)?;
             if r.secrets.is_empty() {

@@ -82,8 +82,9 @@ impl Snapshot {
 
     fn load(path: &Path) -> Result<Snapshot> {
         let m = path.join(crate::store::state::MANIFEST);
-        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&m).with_context(|| format!("reading {}", m.display()))?)
-            .with_context(|| format!("{}: not JSON", m.display()))?;
+        let v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&m).with_context(|| format!("reading {}", m.display()))?)
+                .with_context(|| format!("{}: not JSON", m.display()))?;
         let meta = serde_json::from_value(v.get("snapshot").cloned().unwrap_or_default())
             .with_context(|| format!("{}: no snapshot section", m.display()))?;
         let release = v.get("release").cloned().and_then(|r| serde_json::from_value(r).ok());
@@ -175,7 +176,11 @@ impl Snapshots {
         }
         if !path.is_dir() {
             let ids: Vec<String> = self.list()?.iter().map(|s| s.meta.id.clone()).collect();
-            bail!("no snapshot \"{id}\" in {} (snapshots: {})", self.dir.display(), if ids.is_empty() { "none".into() } else { ids.join(", ") });
+            bail!(
+                "no snapshot \"{id}\" in {} (snapshots: {})",
+                self.dir.display(),
+                if ids.is_empty() { "none".into() } else { ids.join(", ") }
+            );
         }
         Snapshot::load(&path)
     }
@@ -198,7 +203,8 @@ impl Snapshots {
         let tmp = self.dir.join(format!(".{LATEST}-{}", std::process::id()));
         let _ = std::fs::remove_file(&tmp);
         symlink(Path::new(id), &tmp).with_context(|| format!("creating {}", tmp.display()))?;
-        std::fs::rename(&tmp, self.dir.join(LATEST)).with_context(|| format!("moving {}", self.dir.join(LATEST).display()))?;
+        std::fs::rename(&tmp, self.dir.join(LATEST))
+            .with_context(|| format!("moving {}", self.dir.join(LATEST).display()))?;
         sync_dir(&self.dir);
         Ok(())
     }
@@ -250,7 +256,8 @@ impl Snapshots {
             let index = match data {
                 Some(f) if f.ends_with(".parquet") => RowIndex::of_parquet(&new.out_dir.join(f)).ok(),
                 Some(f) => {
-                    let input = e.input.as_ref().filter(|_| e.is_sink).map(|i| crate::stages::output_path(new.out_dir, i));
+                    let input =
+                        e.input.as_ref().filter(|_| e.is_sink).map(|i| crate::stages::output_path(new.out_dir, i));
                     RowIndex::of_jsonl(&new.out_dir.join(f), input.as_deref())?
                 }
                 None => None,
@@ -285,7 +292,10 @@ impl Snapshots {
                 env!("CARGO_PKG_VERSION")
             ),
         };
-        write_atomic(&tmp.join("README.md"), format!("{}{}", card.trim_end(), changelog_markdown(&changelog, CARD_ENTRIES)).as_bytes())?;
+        write_atomic(
+            &tmp.join("README.md"),
+            format!("{}{}", card.trim_end(), changelog_markdown(&changelog, CARD_ENTRIES)).as_bytes(),
+        )?;
         LockFile::single(new.lock.clone()).save(&tmp.join(crate::store::lock::LOCK_FILE))?;
         let meta = SnapshotMeta {
             id: id.to_string(),

@@ -20,14 +20,14 @@ use tokio_util::sync::CancellationToken;
 use crate::config::decl::Decl;
 use crate::config::diag::{Diagnostics, stage_subject};
 use crate::config::options::{OptionSpans, OptionSpec};
+use crate::hub::{HubFiles, HubSpec};
 use crate::progress::StageProgress;
 use crate::services::Services;
 use crate::store::atomic::PendingFile;
 use crate::store::failures::FailureLog;
-use crate::store::parquet::{FINGERPRINT_KEY, Footer, ParquetOut, STAGE_KEY};
 use crate::store::lock::{StageLock, Upstream};
+use crate::store::parquet::{FINGERPRINT_KEY, Footer, ParquetOut, STAGE_KEY};
 use crate::store::state::StageReport;
-use crate::hub::{HubFiles, HubSpec};
 
 pub mod concat;
 pub mod embed;
@@ -339,8 +339,7 @@ impl PrepareCtx<'_> {
         };
         match spec.resolve_with(root, &how).await {
             Ok(files) => {
-                let up =
-                    hub_upstream(spec, files.commit.clone(), files.files.iter().map(|(n, _)| n.clone()).collect());
+                let up = hub_upstream(spec, files.commit.clone(), files.files.iter().map(|(n, _)| n.clone()).collect());
                 Ok(Some((files, up)))
             }
             Err(_) if self.offline_only => Ok(None),

@@ -82,6 +82,9 @@ impl HubState {
     }
 }
 
+/// Something that happens to the hub's state just before the next commit is checked.
+pub type ConcurrentPush = Box<dyn FnOnce(&mut HubState) + Send>;
+
 pub struct FakeHub {
     pub state: Mutex<HubState>,
     /// The token writes need.
@@ -96,7 +99,7 @@ pub struct FakeHub {
     gate_closed: AtomicBool,
     gate: tokio::sync::Notify,
     /// Run once at the next commit request, before it is checked (a concurrent push).
-    pub before_next_commit: Mutex<Option<Box<dyn FnOnce(&mut HubState) + Send>>>,
+    pub before_next_commit: Mutex<Option<ConcurrentPush>>,
     base: OnceLock<String>,
 }
 
@@ -304,7 +307,10 @@ async fn lfs_batch(
             }
         })
         .collect();
-    ([(header::CONTENT_TYPE, "application/vnd.git-lfs+json")], json!({"transfer": "basic", "objects": objects}).to_string())
+    (
+        [(header::CONTENT_TYPE, "application/vnd.git-lfs+json")],
+        json!({"transfer": "basic", "objects": objects}).to_string(),
+    )
         .into_response()
 }
 
@@ -382,7 +388,9 @@ async fn commit(
         concurrent(&mut state);
     }
     let Some(repo) = state.repos.get(&id) else { return hub_error(StatusCode::NOT_FOUND, "Repository not found") };
-    let Some(head) = repo.branches.get(&rev).cloned() else { return hub_error(StatusCode::NOT_FOUND, "Branch not found") };
+    let Some(head) = repo.branches.get(&rev).cloned() else {
+        return hub_error(StatusCode::NOT_FOUND, "Branch not found");
+    };
     let lines: Vec<Value> = match String::from_utf8_lossy(&body).lines().map(serde_json::from_str).collect() {
         Ok(l) => l,
         Err(_) => return hub_error(StatusCode::BAD_REQUEST, "bad NDJSON"),
@@ -397,7 +405,10 @@ async fn commit(
     if let Some(parent) = header_line["value"]["parentCommit"].as_str()
         && parent != head
     {
-        return hub_error(StatusCode::PRECONDITION_FAILED, "A commit has happened since. Please refresh and try again.");
+        return hub_error(
+            StatusCode::PRECONDITION_FAILED,
+            "A commit has happened since. Please refresh and try again.",
+        );
     }
     let mut files = repo.commits[&head].files.clone();
     let mut lfs_paths = BTreeSet::new();
