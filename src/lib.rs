@@ -9,7 +9,8 @@
 //!   [`progress`], [`config`] (spanned TOML, diagnostics, option schemas, declarations),
 //!   [`store`] (crash-safe files, Parquet, failures, state, the summary protocol, the
 //!   response cache), [`eval`] (reference metric ports), [`retrieval`] (exact and HNSW
-//!   max/min inner-product search), [`onnx`] (ONNX Runtime), [`hub`] (hf-hub).
+//!   max/min inner-product search), [`onnx`] (ONNX Runtime), [`hub`] (hf-hub, Hub
+//!   commits), [`fetch`] (files from http(s) URLs).
 //! - L1 capabilities: [`llm`] (providers, rate control, retries, parsers, the offline
 //!   stand-in), [`embed`] (hashing, fastembed, OpenAI-compatible embedders).
 //! - L2 run services: [`services`] (what a run shares: providers, embedders, cache,
@@ -28,6 +29,7 @@ pub mod dag;
 pub mod data;
 pub mod embed;
 pub mod eval;
+pub mod fetch;
 pub mod hub;
 pub mod llm;
 pub mod methods;

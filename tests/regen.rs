@@ -597,3 +597,96 @@ fn regenerate_config_errors_name_the_stage() {
     assert!(run.stderr.contains("HF_TOKEN"), "{}", run.stderr);
     assert!(!w.out().join("people.parquet").exists());
 }
+
+/// A file server on 127.0.0.1 with ETags: counts full answers (200) and 304s.
+struct Files {
+    body: std::sync::Mutex<Vec<u8>>,
+    full: std::sync::atomic::AtomicUsize,
+    not_modified: std::sync::atomic::AtomicUsize,
+}
+
+fn serve_files(files: Arc<Files>) -> (String, tokio::sync::oneshot::Sender<()>) {
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::response::IntoResponse;
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async move {
+            let handler = move |headers: HeaderMap| {
+                let files = files.clone();
+                async move {
+                    let body = files.body.lock().unwrap().clone();
+                    let etag = format!("\"{}\"", &blake3::hash(&body).to_hex()[..12]);
+                    if headers.get("if-none-match").and_then(|v| v.to_str().ok()) == Some(etag.as_str()) {
+                        files.not_modified.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        return (StatusCode::NOT_MODIFIED, [("etag", etag)]).into_response();
+                    }
+                    files.full.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    (StatusCode::OK, [("etag", etag)], body).into_response()
+                }
+            };
+            let app = axum::Router::new().route("/data/people.jsonl", axum::routing::get(handler));
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            addr_tx.send(listener.local_addr().unwrap()).unwrap();
+            let server = axum::serve(listener, app).with_graceful_shutdown(async {
+                let _ = rx.await;
+            });
+            let _ = tokio::time::timeout(Duration::from_secs(300), server).await;
+        });
+    });
+    (format!("http://{}", addr_rx.recv().unwrap()), tx)
+}
+
+#[test]
+fn url_sources_are_pinned_by_content_and_fetched_conditionally() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let files = Arc::new(Files {
+        body: std::sync::Mutex::new(people(V1)),
+        full: Default::default(),
+        not_modified: Default::default(),
+    });
+    let (url, _stop) = serve_files(files.clone());
+    let p = Project::new();
+    p.write(
+        "p.toml",
+        format!(
+            r#"
+[pipeline]
+output_dir = "out"
+
+[stages.people]
+kind = "source"
+url = "{url}/data/people.jsonl"
+
+[stages.people_jsonl]
+kind = "jsonl"
+inputs = ["people"]
+"#
+        ),
+    );
+    p.synth(&["lock", "p.toml"]).ok();
+    let lock = p.read("synth.lock");
+    let v1_hash = blake3::hash(&people(V1)).to_hex().to_string();
+    assert!(lock.contains(&v1_hash) && lock.contains("etag"), "{lock}");
+    p.synth(&["run", "p.toml"]).ok();
+    assert_eq!(files.full.load(SeqCst), 1, "downloaded once (lock and run share the cache)");
+    // Unchanged: a 304, nothing downloaded, nothing rebuilt.
+    p.synth(&["run", "p.toml"]).ok();
+    assert_eq!(files.full.load(SeqCst), 1);
+    assert!(files.not_modified.load(SeqCst) >= 1);
+    assert!(statuses(&p.path().join("out")).values().all(|s| s == "up_to_date"));
+
+    // The server moves on; --locked still reads the pinned content (from the cache).
+    *files.body.lock().unwrap() = people(V2);
+    p.synth(&["run", "p.toml", "--locked", "--force"]).ok();
+    assert_eq!(parquet_rows(&p.path().join("out/people.parquet"))[1]["name"], "bob");
+    // Without the lock the new content is read and the source rebuilds.
+    let r = p.synth(&["regenerate", "p.toml", "--if-changed"]).ok();
+    assert!(r.stdout.contains("regenerated"), "{}", r.stdout);
+    assert_eq!(parquet_rows(&p.path().join("out/people.parquet"))[1]["name"], "bobby");
+    // The pinned content is gone from the cache and from the server: --locked says so.
+    std::fs::remove_dir_all(p.path().join("out/_synth/downloads")).unwrap();
+    let run = p.synth(&["run", "p.toml", "--locked"]).code(2);
+    assert!(run.stderr.contains("now serves other content"), "{}", run.stderr);
+}

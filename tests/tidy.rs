@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[(&str, &[&str])] = &[
     (
         "L0 leaves",
-        &["data", "rng", "secrets", "template", "progress", "config", "store", "eval", "retrieval", "onnx", "hub"],
+        &["data", "rng", "secrets", "template", "progress", "config", "store", "eval", "retrieval", "onnx", "hub", "fetch"],
     ),
     ("L1 capabilities", &["llm", "embed"]),
     ("L2 run services", &["services"]),
@@ -36,10 +36,14 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("retrieval", &[]),
     ("onnx", &[]),
     ("hub", &[]),
+    ("fetch", &["store"]),
     ("llm", &["config", "data", "progress", "secrets", "store"]),
     ("embed", &["llm", "config", "store", "secrets", "onnx", "retrieval"]),
     ("services", &["llm", "embed", "store", "config", "progress", "secrets"]),
-    ("stages::api", &["services", "llm", "config", "data", "progress", "secrets", "store", "rng", "template", "hub"]),
+    (
+        "stages::api",
+        &["services", "llm", "config", "data", "progress", "secrets", "store", "rng", "template", "hub", "fetch"],
+    ),
     (
         "stages::kinds",
         &[

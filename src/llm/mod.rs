@@ -5,7 +5,8 @@
 //! `crate::services`, a layer above.
 //!
 //! **Invariant:** the only modules that do network I/O are `llm/openai.rs`,
-//! `embed/openai.rs`, `embed/fastembed.rs` (model download) and `hub.rs`.
+//! `embed/openai.rs`, `embed/fastembed.rs` (model download), `hub.rs` (with
+//! `hub/commit.rs`) and `fetch.rs`.
 
 pub mod endpoint;
 pub mod net;

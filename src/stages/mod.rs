@@ -348,6 +348,32 @@ impl PrepareCtx<'_> {
     }
 }
 
+impl PrepareCtx<'_> {
+    /// Fetch a file from an http(s) URL into the output directory's download cache
+    /// (`_synth/downloads/`; a conditional request, so an unchanged file is not
+    /// downloaded again), or read the version `synth.lock` pins. `None` when offline and
+    /// not cached. The `Upstream` belongs in [`Prepared::upstream`].
+    pub async fn fetch_url(&self, url: &str) -> Result<Option<(crate::fetch::Fetched, Upstream)>> {
+        let key = format!("url:{url}");
+        let pin = match self.pins {
+            None => None,
+            Some(lock) => Some(lock.upstream.iter().find(|u| u.key() == key).map(|u| u.version().to_string()).ok_or_else(
+                || anyhow::anyhow!("{url} is not in synth.lock for this stage; run `synth lock --update` to lock it"),
+            )?),
+        };
+        let cache = self.out_dir.join(crate::store::state::INTERNAL_DIR).join("downloads");
+        let how = crate::fetch::Fetch { offline_only: self.offline_only, pin: pin.as_deref() };
+        let Some(f) = crate::fetch::fetch(url, &cache, &how).await? else { return Ok(None) };
+        let up = Upstream::Url {
+            url: url.to_string(),
+            blake3: f.blake3.clone(),
+            etag: f.etag.clone(),
+            last_modified: f.last_modified.clone(),
+        };
+        Ok(Some((f, up)))
+    }
+}
+
 fn hub_upstream(spec: &HubSpec, commit: String, files: Vec<String>) -> Upstream {
     Upstream::Hub {
         repo: spec.repo.clone(),

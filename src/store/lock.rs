@@ -1,6 +1,6 @@
 //! `synth.lock`: what a pipeline's upstreams resolved to (a hub repository's revision →
-//! its commit, local files → their BLAKE3, each provider → the model ids it actually
-//! served), so a run can reproduce exactly those (`synth run --locked`) and a scheduled
+//! its commit, a URL → its content hash and ETag, local files → their BLAKE3, each
+//! provider → the model ids it actually served), so a run can reproduce exactly those (`synth run --locked`) and a scheduled
 //! regeneration can tell what moved. One file next to the pipelines holds one entry
 //! per (pipeline file, profile); written atomically as TOML.
 
@@ -35,6 +35,15 @@ pub enum Upstream {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         files: Vec<String>,
     },
+    /// A file read from an http(s) URL: its content hash, and the validators the server gave.
+    Url {
+        url: String,
+        blake3: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        etag: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        last_modified: Option<String>,
+    },
 }
 
 fn dataset() -> String {
@@ -46,6 +55,10 @@ impl Upstream {
     pub fn describe(&self) -> String {
         match self {
             Upstream::Hub { repo, revision, commit, .. } => format!("{repo}@{revision} = {}", short(commit)),
+            Upstream::Url { url, blake3, etag, .. } => match etag {
+                Some(e) => format!("{url} = {} (ETag {e})", short(blake3)),
+                None => format!("{url} = {}", short(blake3)),
+            },
         }
     }
 
@@ -53,12 +66,14 @@ impl Upstream {
     pub fn key(&self) -> String {
         match self {
             Upstream::Hub { repo, repo_type, revision, .. } => format!("hub:{repo_type}:{repo}@{revision}"),
+            Upstream::Url { url, .. } => format!("url:{url}"),
         }
     }
 
     pub fn version(&self) -> &str {
         match self {
             Upstream::Hub { commit, .. } => commit,
+            Upstream::Url { blake3, .. } => blake3,
         }
     }
 }
@@ -222,7 +237,7 @@ pub fn changes(old: &PipelineLock, new: &PipelineLock) -> LockChanges {
             match o.upstream.iter().find(|u| u.key() == up.key()) {
                 Some(prev) if prev.version() != up.version() => out.upstream.push(format!(
                     "{name}: {} {} → {}",
-                    up.key().trim_start_matches("hub:dataset:").trim_start_matches("hub:"),
+                    up.key().trim_start_matches("hub:dataset:").trim_start_matches("hub:").trim_start_matches("url:"),
                     short(prev.version()),
                     short(up.version())
                 )),
