@@ -130,7 +130,12 @@ pub async fn fetch(url: &str, cache: &Path, how: &Fetch<'_>) -> Result<Option<Fe
         std::fs::create_dir_all(dest.parent().expect("has a parent"))?;
         std::fs::rename(&pending.tmp, &dest).with_context(|| format!("keeping {}", dest.display()))?;
         drop(pending); // already moved: its cleanup finds nothing
-        let meta = Meta { url: url.to_string(), etag: etag.clone(), last_modified: last_modified.clone(), blake3: hash.clone() };
+        let meta = Meta {
+            url: url.to_string(),
+            etag: etag.clone(),
+            last_modified: last_modified.clone(),
+            blake3: hash.clone(),
+        };
         write_atomic(&meta_path, &serde_json::to_vec_pretty(&meta)?)?;
         Fetched { path: dest, etag, last_modified, blake3: hash }
     } else {

@@ -406,23 +406,20 @@ fn a_lock_pins_upstream_commits_and_file_contents() {
     assert!(other.stderr.contains("synth lock"), "{}", other.stderr);
 }
 
-#[test]
-fn served_models_are_locked_and_a_new_one_is_refused_under_locked() {
-    let served = Arc::new(std::sync::Mutex::new(Some(("gpt-x-2024-08-06".to_string(), "fp_aaa".to_string()))));
-    let server = openai_server::start(Behaviour { served_as: served.clone(), ..Default::default() });
-    let p = Project::new();
-    p.write(
-        "p.toml",
-        format!(
-            r#"
+/// A pipeline that asks `base_url`'s model every question of `q.jsonl` (`provider` adds
+/// provider options; `tail` is appended).
+fn llm_pipeline(base_url: &str, model: &str, provider: &str, tail: &str) -> String {
+    format!(
+        r#"
 [pipeline]
 output_dir = "out"
 
 [providers.gpt]
 kind = "openai"
-base_url = "{}"
-model = "gpt-x"
+base_url = "{base_url}"
+model = "{model}"
 api_key_env = "TEST_KEY"
+{provider}
 
 [stages.q]
 kind = "source"
@@ -437,10 +434,17 @@ messages = "messages"
 [stages.out]
 kind = "jsonl"
 inputs = ["a"]
-"#,
-            server.base_url()
-        ),
-    );
+{tail}
+"#
+    )
+}
+
+#[test]
+fn served_models_are_locked_and_a_new_one_is_refused_under_locked() {
+    let served = Arc::new(std::sync::Mutex::new(Some(("gpt-x-2024-08-06".to_string(), "fp_aaa".to_string()))));
+    let server = openai_server::start(Behaviour { served_as: served.clone(), ..Default::default() });
+    let p = Project::new();
+    p.write("p.toml", llm_pipeline(&server.base_url(), "gpt-x", "", ""));
     p.write("q.jsonl", "{\"id\": \"1\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n");
     let env = [("TEST_KEY", "k-0123456789")];
     p.synth_env(&["run", "p.toml"], &env).ok();
@@ -474,44 +478,10 @@ fn max_cost_usd_stops_the_run_and_nothing_is_snapshotted() {
         })
         .collect();
     p.write("q.jsonl", rows);
-    p.write(
-        "p.toml",
-        format!(
-            r#"
-[pipeline]
-output_dir = "out"
-
-[providers.gpt]
-kind = "openai"
-base_url = "{}"
-model = "m"
-api_key_env = "TEST_KEY"
-price_input_per_mtok = 10000.0
-price_output_per_mtok = 10000.0
-max_concurrency = 2
-initial_concurrency = 2
-
-[stages.q]
-kind = "source"
-path = "q.jsonl"
-
-[stages.a]
-kind = "llm"
-inputs = ["q"]
-provider = "gpt"
-messages = "messages"
-
-[stages.out]
-kind = "jsonl"
-inputs = ["a"]
-
-[regenerate]
-max_cost_usd = 5.0
-on_failure = "cat > hook-failure.json"
-"#,
-            server.base_url()
-        ),
-    );
+    let pricing =
+        "price_input_per_mtok = 10000.0\nprice_output_per_mtok = 10000.0\nmax_concurrency = 2\ninitial_concurrency = 2";
+    let tail = "[regenerate]\nmax_cost_usd = 5.0\non_failure = \"cat > hook-failure.json\"";
+    p.write("p.toml", llm_pipeline(&server.base_url(), "m", pricing, tail));
     let run = p.synth_env(&["regenerate", "p.toml", "--snapshot"], &[("TEST_KEY", "k-0123456789")]);
     assert_eq!(run.code, 2, "{}", run.stderr);
     assert!(run.stderr.contains("max_cost_usd $5.0000 reached"), "{}", run.stderr);
@@ -608,34 +578,20 @@ struct Files {
 fn serve_files(files: Arc<Files>) -> (String, tokio::sync::oneshot::Sender<()>) {
     use axum::http::{HeaderMap, StatusCode};
     use axum::response::IntoResponse;
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(async move {
-            let handler = move |headers: HeaderMap| {
-                let files = files.clone();
-                async move {
-                    let body = files.body.lock().unwrap().clone();
-                    let etag = format!("\"{}\"", &blake3::hash(&body).to_hex()[..12]);
-                    if headers.get("if-none-match").and_then(|v| v.to_str().ok()) == Some(etag.as_str()) {
-                        files.not_modified.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                        return (StatusCode::NOT_MODIFIED, [("etag", etag)]).into_response();
-                    }
-                    files.full.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    (StatusCode::OK, [("etag", etag)], body).into_response()
-                }
-            };
-            let app = axum::Router::new().route("/data/people.jsonl", axum::routing::get(handler));
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            addr_tx.send(listener.local_addr().unwrap()).unwrap();
-            let server = axum::serve(listener, app).with_graceful_shutdown(async {
-                let _ = rx.await;
-            });
-            let _ = tokio::time::timeout(Duration::from_secs(300), server).await;
-        });
-    });
-    (format!("http://{}", addr_rx.recv().unwrap()), tx)
+    let handler = move |headers: HeaderMap| {
+        let files = files.clone();
+        async move {
+            let body = files.body.lock().unwrap().clone();
+            let etag = format!("\"{}\"", &blake3::hash(&body).to_hex()[..12]);
+            if headers.get("if-none-match").and_then(|v| v.to_str().ok()) == Some(etag.as_str()) {
+                files.not_modified.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                return (StatusCode::NOT_MODIFIED, [("etag", etag)]).into_response();
+            }
+            files.full.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            (StatusCode::OK, [("etag", etag)], body).into_response()
+        }
+    };
+    crate::support::serve_router(axum::Router::new().route("/data/people.jsonl", axum::routing::get(handler)))
 }
 
 #[test]

@@ -13,7 +13,20 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[(&str, &[&str])] = &[
     (
         "L0 leaves",
-        &["data", "rng", "secrets", "template", "progress", "config", "store", "eval", "retrieval", "onnx", "hub", "fetch"],
+        &[
+            "data",
+            "rng",
+            "secrets",
+            "template",
+            "progress",
+            "config",
+            "store",
+            "eval",
+            "retrieval",
+            "onnx",
+            "hub",
+            "fetch",
+        ],
     ),
     ("L1 capabilities", &["llm", "embed"]),
     ("L2 run services", &["services"]),

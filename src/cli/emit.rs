@@ -37,11 +37,11 @@ fn emit_schedule(a: &EmitScheduleArgs) -> i32 {
         Err(e) => return fail(e),
     };
     // The token variable of the repository it publishes to.
-    let push_token = match &a.push {
+    let push_token = match &a.push.push {
         None => None,
         Some(_) => Some(cfg.hub.as_ref().map(|h| h.token_env.clone()).unwrap_or_else(|| "HF_TOKEN".into())),
     };
-    if matches!(&a.push, Some(r) if r.is_empty()) && cfg.hub.is_none() {
+    if matches!(&a.push.push, Some(r) if r.is_empty()) && cfg.hub.is_none() {
         return fail(anyhow::anyhow!(
             "--push without a repository: give --push OWNER/NAME or set [regenerate.hub] repo"
         ));
@@ -58,7 +58,7 @@ fn emit_schedule(a: &EmitScheduleArgs) -> i32 {
         args.extend(["--set".to_string(), set.clone()]);
     }
     args.extend(["--if-changed".to_string(), "--snapshot".to_string()]);
-    if let Some(repo) = &a.push {
+    if let Some(repo) = &a.push.push {
         args.push("--push".into());
         if !repo.is_empty() {
             args.push(repo.clone());

@@ -28,12 +28,9 @@ pub fn run(args: &LockArgs) -> i32 {
         }
     };
     let existing = file.find(&key, p.profile.as_deref()).cloned();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match super::run::runtime() {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return EXIT_RUNTIME;
-        }
+        Err(code) => return code,
     };
     let resolved = runtime.block_on(async {
         let cancel = CancellationToken::new();

@@ -265,6 +265,14 @@ pub struct LockfileArg {
     pub lockfile: Option<PathBuf>,
 }
 
+#[derive(Args, Debug, Clone)]
+pub struct PushArg {
+    /// Publish each snapshot to the Hugging Face Hub as one commit (implies --snapshot);
+    /// REPO defaults to [regenerate.hub] repo.
+    #[arg(long, value_name = "REPO", num_args = 0..=1, default_missing_value = "")]
+    pub push: Option<String>,
+}
+
 #[derive(Args, Debug)]
 pub struct LockArgs {
     #[command(flatten)]
@@ -290,10 +298,8 @@ pub struct RegenerateArgs {
     /// Write an immutable snapshot of the release and move `latest` to it.
     #[arg(long)]
     pub snapshot: bool,
-    /// Publish the snapshot to the Hugging Face Hub as one commit (implies --snapshot);
-    /// REPO defaults to [regenerate.hub] repo.
-    #[arg(long, value_name = "REPO", num_args = 0..=1, default_missing_value = "")]
-    pub push: Option<String>,
+    #[command(flatten)]
+    pub push: PushArg,
     /// Use the upstream versions of synth.lock instead of resolving them anew.
     #[arg(long)]
     pub locked: bool,
@@ -394,9 +400,8 @@ pub struct EmitScheduleArgs {
     /// Time zone of the schedule.
     #[arg(long, default_value = "UTC")]
     pub timezone: String,
-    /// Publish each release (`regenerate --push [REPO]`).
-    #[arg(long, value_name = "REPO", num_args = 0..=1, default_missing_value = "")]
-    pub push: Option<String>,
+    #[command(flatten)]
+    pub push: PushArg,
     /// Directory the job runs in (default: the current directory; k8s: /work).
     #[arg(long)]
     pub workdir: Option<String>,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{EXIT_OK, EXIT_RUNTIME, RegenerateArgs};
+use super::{EXIT_OK, RegenerateArgs};
 use crate::progress::ProgressHub;
 use crate::regen::hooks::Status;
 use crate::regen::{self, RegenError, RegenOptions};
@@ -22,18 +22,15 @@ pub fn run(args: &RegenerateArgs, quiet: bool) -> i32 {
         out_dir: args.out.clone().unwrap_or_else(|| p.output_dir.clone()),
         if_changed: args.if_changed,
         snapshot: args.snapshot,
-        push: args.push.clone(),
+        push: args.push.push.clone(),
         locked: args.locked,
         lockfile: args.lockfile.lockfile.clone(),
         max_cost_usd: args.max_cost_usd,
         keep: args.keep,
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match super::run::runtime() {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return EXIT_RUNTIME;
-        }
+        Err(code) => return code,
     };
     let result = runtime.block_on(async move {
         let cancel = CancellationToken::new();

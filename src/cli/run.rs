@@ -41,12 +41,9 @@ pub fn run(args: &RunArgs, quiet: bool) -> i32 {
         resolve_only: false,
         lock: lock.clone(),
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match runtime() {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return EXIT_RUNTIME;
-        }
+        Err(code) => return code,
     };
     let dry_run = opts.dry_run;
     let out_dir = opts.out_dir.clone();
@@ -100,6 +97,14 @@ pub fn run(args: &RunArgs, quiet: bool) -> i32 {
             EXIT_BUSY
         }
     }
+}
+
+/// The multi-threaded runtime a command runs on (or the exit code when it cannot start).
+pub(super) fn runtime() -> Result<tokio::runtime::Runtime, i32> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| {
+        eprintln!("error: cannot start the async runtime: {e}");
+        EXIT_RUNTIME
+    })
 }
 
 pub(super) fn spawn_signal_handler(cancel: CancellationToken) {

@@ -271,6 +271,19 @@ impl HubRepo {
         })
     }
 
+    /// A Git LFS API call (its media type both ways), retried like any idempotent call.
+    async fn lfs_post(&self, url: &str, body: &Value) -> Result<reqwest::Response> {
+        let body = body.to_string();
+        self.send(true, || {
+            self.client
+                .post(url)
+                .header("Accept", "application/vnd.git-lfs+json")
+                .header("Content-Type", "application/vnd.git-lfs+json")
+                .body(body.clone())
+        })
+        .await
+    }
+
     /// Ask the Hub which files go through LFS.
     async fn upload_modes(&self, branch: &str, files: &mut [Prepared]) -> Result<()> {
         let url = self.api("preupload", branch);
@@ -309,15 +322,7 @@ impl HubRepo {
                 "hash_algo": "sha256",
                 "ref": {"name": branch},
             });
-            let resp = self
-                .send(true, || {
-                    self.client
-                        .post(&url)
-                        .header("Accept", "application/vnd.git-lfs+json")
-                        .header("Content-Type", "application/vnd.git-lfs+json")
-                        .body(body.to_string())
-                })
-                .await?;
+            let resp = self.lfs_post(&url, &body).await?;
             let v = self.json_ok(resp, "the LFS batch request").await?;
             let objects = v.get("objects").and_then(|o| o.as_array()).ok_or_else(|| anyhow!("LFS batch: {v}"))?;
             for obj in objects {
@@ -369,16 +374,7 @@ impl HubRepo {
                         .ok_or_else(|| anyhow!("part {n}: no ETag in the answer"))?;
                     etags.push(json!({"partNumber": n, "etag": etag}));
                 }
-                let body = json!({"oid": f.sha256, "parts": etags});
-                let resp = self
-                    .send(true, || {
-                        self.client
-                            .post(href)
-                            .header("Accept", "application/vnd.git-lfs+json")
-                            .header("Content-Type", "application/vnd.git-lfs+json")
-                            .body(body.to_string())
-                    })
-                    .await?;
+                let resp = self.lfs_post(href, &json!({"oid": f.sha256, "parts": etags})).await?;
                 self.json_ok(resp, "completing a multipart upload")
                     .await
                     .map(|_| ())
@@ -400,16 +396,7 @@ impl HubRepo {
             }
         }
         if let Some(verify) = actions.get("verify").and_then(|v| v.get("href")).and_then(|h| h.as_str()) {
-            let body = json!({"oid": f.sha256, "size": f.size});
-            let resp = self
-                .send(true, || {
-                    self.client
-                        .post(verify)
-                        .header("Accept", "application/vnd.git-lfs+json")
-                        .header("Content-Type", "application/vnd.git-lfs+json")
-                        .body(body.to_string())
-                })
-                .await?;
+            let resp = self.lfs_post(verify, &json!({"oid": f.sha256, "size": f.size})).await?;
             if !resp.status().is_success() {
                 let status = resp.status();
                 bail!("LFS verify: {}", error_text(status, &resp.text().await.unwrap_or_default()));

@@ -357,9 +357,11 @@ impl PrepareCtx<'_> {
         let key = format!("url:{url}");
         let pin = match self.pins {
             None => None,
-            Some(lock) => Some(lock.upstream.iter().find(|u| u.key() == key).map(|u| u.version().to_string()).ok_or_else(
-                || anyhow::anyhow!("{url} is not in synth.lock for this stage; run `synth lock --update` to lock it"),
-            )?),
+            Some(lock) => Some(
+                lock.upstream.iter().find(|u| u.key() == key).map(|u| u.version().to_string()).ok_or_else(|| {
+                    anyhow::anyhow!("{url} is not in synth.lock for this stage; run `synth lock --update` to lock it")
+                })?,
+            ),
         };
         let cache = self.out_dir.join(crate::store::state::INTERNAL_DIR).join("downloads");
         let how = crate::fetch::Fetch { offline_only: self.offline_only, pin: pin.as_deref() };

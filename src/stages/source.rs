@@ -108,11 +108,7 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
     match [opts.path.is_some(), opts.hf.is_some(), opts.url.is_some()].iter().filter(|x| **x).count() {
         0 => ctx.error(diags, "", "a source needs \"path\" (local files), \"hf\" (a hub dataset) or \"url\""),
         1 => {}
-        _ => ctx.error(
-            diags,
-            if opts.hf.is_some() { "hf" } else { "url" },
-            "give one of \"path\", \"hf\" and \"url\"",
-        ),
+        _ => ctx.error(diags, if opts.hf.is_some() { "hf" } else { "url" }, "give one of \"path\", \"hf\" and \"url\""),
     }
     for url in opts.url.iter().flatten() {
         if !(url.starts_with("http://") || url.starts_with("https://")) {

@@ -473,34 +473,19 @@ async fn tag(
 
 /// Serve `hub` on 127.0.0.1 (at most 300 s): its endpoint URL and a stop handle.
 pub fn serve(hub: Arc<FakeHub>) -> (String, tokio::sync::oneshot::Sender<()>) {
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-    let h = hub.clone();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(async move {
-            let app = Router::new()
-                .route("/api/{kind}/{org}/{name}/revision/{rev}", get(info))
-                .route("/api/{kind}/{org}/{name}/preupload/{rev}", post(preupload))
-                .route("/api/{kind}/{org}/{name}/commit/{rev}", post(commit))
-                .route("/api/{kind}/{org}/{name}/tag/{rev}", post(tag))
-                .route("/{kind}/{org}/{name}/resolve/{rev}/{*path}", get(resolve))
-                .route("/{kind}/{org}/{name}/info/lfs/objects/batch", post(lfs_batch))
-                .route("/lfs/upload/{oid}", put(lfs_upload))
-                .route("/lfs/part/{oid}/{n}", put(lfs_part))
-                .route("/lfs/complete/{oid}", post(lfs_complete))
-                .route("/lfs/verify", post(lfs_verify))
-                .with_state(h);
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            addr_tx.send(listener.local_addr().unwrap()).unwrap();
-            let server = axum::serve(listener, app).with_graceful_shutdown(async {
-                let _ = rx.await;
-            });
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(300), server).await;
-        });
-    });
-    let addr = addr_rx.recv().unwrap();
-    let url = format!("http://{addr}");
+    let app = Router::new()
+        .route("/api/{kind}/{org}/{name}/revision/{rev}", get(info))
+        .route("/api/{kind}/{org}/{name}/preupload/{rev}", post(preupload))
+        .route("/api/{kind}/{org}/{name}/commit/{rev}", post(commit))
+        .route("/api/{kind}/{org}/{name}/tag/{rev}", post(tag))
+        .route("/{kind}/{org}/{name}/resolve/{rev}/{*path}", get(resolve))
+        .route("/{kind}/{org}/{name}/info/lfs/objects/batch", post(lfs_batch))
+        .route("/lfs/upload/{oid}", put(lfs_upload))
+        .route("/lfs/part/{oid}/{n}", put(lfs_part))
+        .route("/lfs/complete/{oid}", post(lfs_complete))
+        .route("/lfs/verify", post(lfs_verify))
+        .with_state(hub.clone());
+    let (url, stop) = super::serve_router(app);
     let _ = hub.base.set(url.clone());
-    (url, tx)
+    (url, stop)
 }

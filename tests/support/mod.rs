@@ -193,6 +193,26 @@ pub fn statuses(dir: &Path) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// Serve `app` on 127.0.0.1 from a thread of its own (at most 300 s): its base URL and a
+/// stop handle.
+pub fn serve_router(app: axum::Router) -> (String, tokio::sync::oneshot::Sender<()>) {
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            addr_tx.send(listener.local_addr().unwrap()).unwrap();
+            let server = axum::serve(listener, app).with_graceful_shutdown(async {
+                let _ = rx.await;
+            });
+            // Bounded in time: a test server never outlives a few minutes.
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(300), server).await;
+        });
+    });
+    (format!("http://{}", addr_rx.recv().unwrap()), tx)
+}
+
 /// Rows of a Parquet file as JSON objects.
 pub fn parquet_rows(path: &Path) -> Vec<serde_json::Map<String, serde_json::Value>> {
     let (_, batches) = synth::store::parquet::read_all(path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
