@@ -129,7 +129,9 @@ fn a_new_upstream_revision_rebuilds_exactly_the_dependent_stages_and_the_diff_co
 
     // Unchanged upstream: nothing runs, nothing is downloaded, no snapshot.
     let downloads = w.hub.downloads.lock().unwrap().len();
+    let run_started = crate::support::manifest(&w.out())["started_at"].clone();
     let unchanged = w.regen(&["--if-changed", "--snapshot"]).ok();
+    assert_eq!(crate::support::manifest(&w.out())["started_at"], run_started, "no run happened");
     assert!(unchanged.stdout.contains("unchanged"), "{}", unchanged.stdout);
     assert_eq!(w.hub.downloads.lock().unwrap().len(), downloads, "an unchanged upstream is not downloaded again");
     assert_eq!(w.hook("unchanged")["status"], "unchanged");
@@ -395,6 +397,13 @@ fn a_lock_pins_upstream_commits_and_file_contents() {
     assert!(w.p.read("synth.lock").contains(&v2));
     w.p.synth(&["run", "p.toml", "--locked"]).ok();
     assert_eq!(parquet_rows(&w.out().join("people.parquet")).len(), 5);
+    assert_eq!(parquet_rows(&w.out().join("people.parquet"))[1]["name"], "bobby");
+
+    // A regeneration can build the locked versions too (no bump): its snapshot pins them.
+    w.hub.push("org/people", &[("people.jsonl", &people(V1))]);
+    w.regen(&["--locked", "--snapshot"]).ok();
+    let snap_lock = std::fs::read_to_string(w.out().join("snapshots/latest/synth.lock")).unwrap();
+    assert!(snap_lock.contains(&v2), "{snap_lock}");
     assert_eq!(parquet_rows(&w.out().join("people.parquet"))[1]["name"], "bobby");
 
     // A local file that changed since it was locked stops a --locked run.

@@ -201,7 +201,8 @@ pub async fn run(
     if !opts.dry_run {
         manifest.save(&out_dir).map_err(fail)?;
     }
-    let hasher = Arc::new(Mutex::new(if opts.dry_run { FileHasher::ephemeral() } else { FileHasher::load(&out_dir) }));
+    // A dry run reads the memo (an unchanged input is not read again) but never saves it.
+    let hasher = Arc::new(Mutex::new(FileHasher::load(&out_dir)));
     let services =
         Services::new(&out_dir, &p.root, p.providers.clone(), p.embedders.clone(), p.registry.shapes.clone());
 
