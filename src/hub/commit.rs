@@ -75,6 +75,8 @@ struct Prepared {
     sha256: String,
     sample: Vec<u8>,
     lfs: bool,
+    /// The repository's `.gitignore` excludes it (the preupload answer says so): not committed.
+    ignored: bool,
 }
 
 /// Percent-encode one URL path segment (a branch such as `refs/pr/1` becomes one segment).
@@ -298,13 +300,14 @@ impl HubRepo {
             let v = self.json_ok(resp, "asking for upload modes").await?;
             let modes = v.get("files").and_then(|f| f.as_array()).ok_or_else(|| anyhow!("preupload answer: {v}"))?;
             for f in chunk.iter_mut() {
-                let mode = modes
+                let answer = modes
                     .iter()
                     .find(|m| m.get("path").and_then(|p| p.as_str()) == Some(f.file.path_in_repo.as_str()))
-                    .and_then(|m| m.get("uploadMode").and_then(|u| u.as_str()))
                     .ok_or_else(|| anyhow!("preupload answer has no mode for {}", f.file.path_in_repo))?;
+                let mode = answer.get("uploadMode").and_then(|u| u.as_str()).unwrap_or("regular");
                 // Empty files cannot go through LFS (huggingface_hub commits them inline too).
                 f.lfs = mode == "lfs" && f.size > 0;
+                f.ignored = answer.get("shouldIgnore").and_then(|i| i.as_bool()).unwrap_or(false);
             }
         }
         Ok(())
@@ -312,7 +315,7 @@ impl HubRepo {
 
     /// Upload the LFS files the Hub does not hold yet.
     async fn upload_lfs(&self, branch: &str, files: &[Prepared]) -> Result<()> {
-        let lfs: Vec<&Prepared> = files.iter().filter(|f| f.lfs).collect();
+        let lfs: Vec<&Prepared> = files.iter().filter(|f| f.lfs && !f.ignored).collect();
         let url = format!("{}/{}{}.git/info/lfs/objects/batch", self.endpoint, self.prefix(), self.repo);
         for chunk in lfs.chunks(CHUNK_FILES) {
             let body = json!({
@@ -426,7 +429,7 @@ fn describe(file: &CommitFile) -> Result<Prepared> {
         size += n as u64;
     }
     let sha256 = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
-    Ok(Prepared { file: file.clone(), size, sha256, sample, lfs: false })
+    Ok(Prepared { file: file.clone(), size, sha256, sample, lfs: false, ignored: false })
 }
 
 /// The NDJSON body of a commit.
@@ -448,7 +451,7 @@ fn payload(
         out.push(b'\n');
     };
     line(json!({"key": "header", "value": header}));
-    for f in files {
+    for f in files.iter().filter(|f| !f.ignored) {
         if f.lfs {
             line(json!({"key": "lfsFile", "value": {
                 "path": f.file.path_in_repo, "algo": "sha256", "oid": f.sha256, "size": f.size,

@@ -7,7 +7,7 @@ use std::io::BufRead;
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use arrow::array::{Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema};
 use serde::{Deserialize, Serialize};
@@ -31,26 +31,38 @@ impl RowIndex {
         RowIndex { rows }
     }
 
-    /// A Parquet table with an `id` column: every row hashed without its id.
-    pub fn of_parquet(path: &Path) -> Result<RowIndex> {
+    /// A Parquet table: each row hashed without its id; ids from its `id` column, or else,
+    /// when it has one row per row of `input` (the table it was written from, in order),
+    /// that row's id. `None` when neither gives ids.
+    pub fn of_parquet(path: &Path, input: Option<&Path>) -> Result<Option<RowIndex>> {
         let reader = open_reader(path, 8192)?;
-        let mut rows = Vec::new();
+        let mut ids = Vec::new();
+        let mut hashes = Vec::new();
         for batch in reader {
             let batch = batch.with_context(|| format!("reading {}", path.display()))?;
-            if batch.schema().field_with_name(data::ID).is_err() {
-                bail!("{} has no id column", path.display());
-            }
             for i in 0..batch.num_rows() {
                 let mut row = data::row_json(&batch, i);
-                let id = match row.remove(data::ID) {
-                    Some(serde_json::Value::String(s)) => s,
-                    Some(other) => other.to_string(),
-                    None => continue,
-                };
-                rows.push((id, hash_hex(serde_json::to_string(&row)?.as_bytes())));
+                ids.push(row.remove(data::ID).map(|id| match id {
+                    serde_json::Value::String(s) => s,
+                    other => other.to_string(),
+                }));
+                hashes.push(hash_hex(serde_json::to_string(&row)?.as_bytes()));
             }
         }
-        Ok(Self::sorted(rows))
+        Self::keyed(ids, hashes, input)
+    }
+
+    /// Rows with their own ids, or keyed by position with the input table's ids.
+    fn keyed(ids: Vec<Option<String>>, hashes: Vec<String>, input: Option<&Path>) -> Result<Option<RowIndex>> {
+        if ids.iter().all(Option::is_some) {
+            return Ok(Some(Self::sorted(ids.into_iter().flatten().zip(hashes).collect())));
+        }
+        let Some(input) = input.filter(|p| p.exists()) else { return Ok(None) };
+        let input_ids = parquet_ids(input)?;
+        if input_ids.len() != hashes.len() {
+            return Ok(None);
+        }
+        Ok(Some(Self::sorted(input_ids.into_iter().zip(hashes).collect())))
     }
 
     /// A JSON Lines export: ids from each line's `"id"`, or else, when the file has one
@@ -74,15 +86,7 @@ impl RowIndex {
             ids.push(id);
             hashes.push(hash_hex(v.to_string().as_bytes()));
         }
-        if ids.iter().all(Option::is_some) {
-            return Ok(Some(Self::sorted(ids.into_iter().flatten().zip(hashes).collect())));
-        }
-        let Some(input) = input.filter(|p| p.exists()) else { return Ok(None) };
-        let input_ids = parquet_ids(input)?;
-        if input_ids.len() != hashes.len() {
-            return Ok(None);
-        }
-        Ok(Some(Self::sorted(input_ids.into_iter().zip(hashes).collect())))
+        Self::keyed(ids, hashes, input)
     }
 
     pub fn write(&self, path: &Path) -> Result<()> {

@@ -253,13 +253,11 @@ impl Snapshots {
             }
             // The data file rows are compared in: the first Parquet / JSONL output.
             let data = e.files.iter().find(|f| f.ends_with(".parquet") || f.ends_with(".jsonl"));
+            // A sink's rows are keyed by the table it wrote from when the file has no ids.
+            let input = e.input.as_ref().filter(|_| e.is_sink).map(|i| crate::stages::output_path(new.out_dir, i));
             let index = match data {
-                Some(f) if f.ends_with(".parquet") => RowIndex::of_parquet(&new.out_dir.join(f)).ok(),
-                Some(f) => {
-                    let input =
-                        e.input.as_ref().filter(|_| e.is_sink).map(|i| crate::stages::output_path(new.out_dir, i));
-                    RowIndex::of_jsonl(&new.out_dir.join(f), input.as_deref())?
-                }
+                Some(f) if f.ends_with(".parquet") => RowIndex::of_parquet(&new.out_dir.join(f), input.as_deref())?,
+                Some(f) => RowIndex::of_jsonl(&new.out_dir.join(f), input.as_deref())?,
                 None => None,
             };
             let mut meta = ExportMeta { stage: e.stage.clone(), files: e.files.clone(), indexed: None, rows: None };
