@@ -87,6 +87,8 @@ pub async fn fetch(url: &str, cache: &Path, how: &Fetch<'_>) -> Result<Option<Fe
     let client = reqwest::Client::builder()
         .user_agent(concat!("synth/", env!("CARGO_PKG_VERSION")))
         .connect_timeout(std::time::Duration::from_secs(30))
+        // A server that stops sending mid-file fails the fetch instead of hanging the run.
+        .read_timeout(std::time::Duration::from_secs(120))
         .build()?;
     let mut req = client.get(url);
     let previous = meta.as_ref().and_then(|m| cached(m).map(|f| (m.clone(), f)));

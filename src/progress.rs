@@ -27,6 +27,8 @@ pub struct StageProgress {
     /// The model ids the provider said answered (`model` of each answer, cached or not)
     /// and its `system_fingerprint`s: what `synth.lock` records as served.
     served: Mutex<(BTreeSet<String>, BTreeSet<String>)>,
+    /// A line of state shown after the counters (e.g. a batch stage's batches).
+    note: Mutex<String>,
     started: Instant,
     finished: AtomicBool,
 }
@@ -47,6 +49,7 @@ impl StageProgress {
             cost_micro_usd: AtomicU64::new(0),
             retries: AtomicU64::new(0),
             served: Mutex::new(Default::default()),
+            note: Mutex::new(String::new()),
             started: Instant::now(),
             finished: AtomicBool::new(false),
         })
@@ -69,6 +72,14 @@ impl StageProgress {
 
     pub fn elapsed(&self) -> Duration {
         self.started.elapsed()
+    }
+
+    pub fn set_note(&self, note: String) {
+        *self.note.lock().expect("note") = note;
+    }
+
+    pub fn note(&self) -> String {
+        self.note.lock().expect("note").clone()
     }
 
     pub fn cost_usd(&self) -> f64 {
@@ -141,9 +152,19 @@ impl Write for LogWriter {
 pub struct ProgressHub {
     mode: Mode,
     stages: Mutex<Vec<(Arc<StageProgress>, Option<ProgressBar>)>>,
-    /// Cost of the stages that finished, in millionths of a dollar.
-    finished_cost_micro_usd: AtomicU64,
+    /// Stages that finished (well or not): what they asked and spent still counts.
+    done: Mutex<Vec<Arc<StageProgress>>>,
     line_interval: Duration,
+}
+
+/// What a run's provider calls came to, failed stages included.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Usage {
+    pub requests: u64,
+    pub cache_hits: u64,
+    pub tokens_in: u64,
+    pub tokens_out: u64,
+    pub cost_usd: f64,
 }
 
 impl ProgressHub {
@@ -154,7 +175,7 @@ impl ProgressHub {
         Arc::new(ProgressHub {
             mode,
             stages: Mutex::new(Vec::new()),
-            finished_cost_micro_usd: AtomicU64::new(0),
+            done: Mutex::new(Vec::new()),
             line_interval: Duration::from_secs(10),
         })
     }
@@ -194,8 +215,8 @@ impl ProgressHub {
         progress.finished.store(true, Ordering::Relaxed);
         let mut stages = self.stages.lock().expect("progress");
         if let Some(idx) = stages.iter().position(|(p, _)| Arc::ptr_eq(p, progress)) {
-            self.finished_cost_micro_usd.fetch_add(progress.cost_micro_usd.load(Ordering::Relaxed), Ordering::Relaxed);
-            let (_, bar) = stages.remove(idx);
+            let (p, bar) = stages.remove(idx);
+            self.done.lock().expect("progress").push(p);
             if let Some(bar) = bar {
                 bar.finish_and_clear();
                 if let Some(mp) = MULTI.get() {
@@ -205,11 +226,20 @@ impl ProgressHub {
         }
     }
 
-    /// What this run has spent so far on provider calls (finished and running stages), in dollars.
-    pub fn spent_usd(&self) -> f64 {
-        let running: u64 =
-            self.stages.lock().expect("progress").iter().map(|(p, _)| p.cost_micro_usd.load(Ordering::Relaxed)).sum();
-        (self.finished_cost_micro_usd.load(Ordering::Relaxed) + running) as f64 / 1e6
+    /// Requests, tokens and cost of every stage this hub saw, finished, failed or running.
+    pub fn usage(&self) -> Usage {
+        let running: Vec<Arc<StageProgress>> =
+            self.stages.lock().expect("progress").iter().map(|(p, _)| p.clone()).collect();
+        let done = self.done.lock().expect("progress").clone();
+        let mut u = Usage::default();
+        for p in running.iter().chain(done.iter()) {
+            u.requests += p.requests.load(Ordering::Relaxed);
+            u.cache_hits += p.cache_hits.load(Ordering::Relaxed);
+            u.tokens_in += p.tokens_in.load(Ordering::Relaxed);
+            u.tokens_out += p.tokens_out.load(Ordering::Relaxed);
+            u.cost_usd += p.cost_usd();
+        }
+        u
     }
 
     /// Render until `stop` is cancelled.
@@ -233,7 +263,11 @@ impl ProgressHub {
         for (p, bar) in stages.iter() {
             let done = p.done.load(Ordering::Relaxed);
             let failed = p.failed.load(Ordering::Relaxed);
-            let extra = p.llm_summary();
+            let mut extra = p.llm_summary();
+            let note = p.note();
+            if !note.is_empty() {
+                extra = if extra.is_empty() { note } else { format!("{extra} · {note}") };
+            }
             match bar {
                 Some(bar) => {
                     if let Some(t) = p.total() {

@@ -474,8 +474,11 @@ fn served_models_are_locked_and_a_new_one_is_refused_under_locked() {
     assert!(updated.stdout.contains("gpt-x-2024-11-20"), "{}", updated.stdout);
 }
 
+/// The regeneration's cost cap is the run's one (`[pipeline] max_cost_usd`, services/cost.rs);
+/// `--max-cost-usd` overrides it. A run the cap stopped is failed: no snapshot, no `latest`.
 #[test]
 fn max_cost_usd_stops_the_run_and_nothing_is_snapshotted() {
+    use std::sync::atomic::Ordering::SeqCst;
     let server = openai_server::start(Behaviour { latency: Duration::from_millis(20), ..Default::default() });
     let p = Project::new();
     let rows: String = (0..200)
@@ -487,18 +490,36 @@ fn max_cost_usd_stops_the_run_and_nothing_is_snapshotted() {
         })
         .collect();
     p.write("q.jsonl", rows);
-    let pricing =
-        "price_input_per_mtok = 10000.0\nprice_output_per_mtok = 10000.0\nmax_concurrency = 2\ninitial_concurrency = 2";
-    let tail = "[regenerate]\nmax_cost_usd = 5.0\non_failure = \"cat > hook-failure.json\"";
-    p.write("p.toml", llm_pipeline(&server.base_url(), "m", pricing, tail));
-    let run = p.synth_env(&["regenerate", "p.toml", "--snapshot"], &[("TEST_KEY", "k-0123456789")]);
+    // $0.01 a token: each request reserves about $4.3 (its prompt's bytes plus max_tokens) and costs about $1.2.
+    let pricing = "price_input_per_mtok = 10000.0\nprice_output_per_mtok = 10000.0\nmax_tokens = 10\nmax_concurrency = 2\ninitial_concurrency = 2";
+    let tail = "[regenerate]\non_failure = \"cat > hook-failure.json\"";
+    let text = llm_pipeline(&server.base_url(), "m", pricing, tail);
+    p.write("p.toml", text.replace("output_dir = \"out\"", "output_dir = \"out\"\nmax_cost_usd = 20.0"));
+    let env = [("TEST_KEY", "k-0123456789")];
+    let run = p.synth_env(&["regenerate", "p.toml", "--snapshot"], &env);
     assert_eq!(run.code, 2, "{}", run.stderr);
-    assert!(run.stderr.contains("max_cost_usd $5.0000 reached"), "{}", run.stderr);
+    assert!(run.stderr.contains("max_cost_usd of the run ($20.0000) would be passed"), "{}", run.stderr);
     assert!(!p.path().join("out/snapshots/latest").exists());
-    let sent = server.counters.total.load(std::sync::atomic::Ordering::SeqCst);
-    assert!(sent < 200, "the run stopped early: {sent} requests");
+    let sent = server.counters.total.load(SeqCst);
+    assert!((1..200).contains(&sent), "the run stopped early: {sent} requests");
     let failure: serde_json::Value = serde_json::from_str(p.read("hook-failure.json").trim()).unwrap();
-    assert!(failure["cost_usd"].as_f64().unwrap() >= 0.0, "{failure}");
+    assert_eq!(failure["status"], "failed", "{failure}");
+    // What the stopped stage paid is in the summary (the manifest has no report of it).
+    let cost = failure["cost_usd"].as_f64().unwrap();
+    assert!(cost > 0.0 && cost <= 20.0, "{failure}");
+    assert!(failure["requests"].as_u64().unwrap() >= 1 && failure["tokens_in"].as_u64().unwrap() > 0, "{failure}");
+
+    // --max-cost-usd overrides the pipeline's cap for one regeneration: a bigger one lets it
+    // finish, and what the first attempt paid is not paid again.
+    let run = p.synth_env(&["regenerate", "p.toml", "--snapshot", "--max-cost-usd", "1000"], &env);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(server.counters.total.load(SeqCst), 200, "each question asked once over both attempts");
+    assert!(p.path().join("out/snapshots/latest").exists());
+
+    // [regenerate] max_cost_usd would be a second cap: refused, pointing to [pipeline].
+    p.write("bad.toml", llm_pipeline(&server.base_url(), "m", pricing, "[regenerate]\nmax_cost_usd = 5.0"));
+    let bad = p.synth_env(&["regenerate", "bad.toml"], &env).code(78);
+    assert!(bad.stderr.contains("max_cost_usd belongs in [pipeline]") && bad.stderr.contains("bad.toml"), "{}", bad.stderr);
 }
 
 #[test]
@@ -633,7 +654,8 @@ inputs = ["people"]
     p.synth(&["lock", "p.toml"]).ok();
     let lock = p.read("synth.lock");
     let v1_hash = blake3::hash(&people(V1)).to_hex().to_string();
-    assert!(lock.contains(&v1_hash) && lock.contains("etag"), "{lock}");
+    let v1_etag = &v1_hash[..12];
+    assert!(lock.contains(&v1_hash) && lock.contains(v1_etag), "the lock pins content and ETag: {lock}");
     p.synth(&["run", "p.toml"]).ok();
     assert_eq!(files.full.load(SeqCst), 1, "downloaded once (lock and run share the cache)");
     // Unchanged: a 304, nothing downloaded, nothing rebuilt.
@@ -641,15 +663,30 @@ inputs = ["people"]
     assert_eq!(files.full.load(SeqCst), 1);
     assert!(files.not_modified.load(SeqCst) >= 1);
     assert!(statuses(&p.path().join("out")).values().all(|s| s == "up_to_date"));
+    // A scheduled regeneration of an unchanged URL: a conditional request, "unchanged", no run.
+    p.synth(&["regenerate", "p.toml", "--snapshot"]).ok();
+    let snap1 = std::fs::read_link(p.path().join("out/snapshots/latest")).unwrap();
+    let asked = files.not_modified.load(SeqCst);
+    let r = p.synth(&["regenerate", "p.toml", "--if-changed", "--snapshot"]).ok();
+    assert!(r.stdout.contains("unchanged"), "{}", r.stdout);
+    assert_eq!(files.full.load(SeqCst), 1, "nothing downloaded again");
+    assert!(files.not_modified.load(SeqCst) > asked, "the URL was asked whether it moved");
 
     // The server moves on; --locked still reads the pinned content (from the cache).
     *files.body.lock().unwrap() = people(V2);
     p.synth(&["run", "p.toml", "--locked", "--force"]).ok();
     assert_eq!(parquet_rows(&p.path().join("out/people.parquet"))[1]["name"], "bob");
     // Without the lock the new content is read and the source rebuilds.
-    let r = p.synth(&["regenerate", "p.toml", "--if-changed"]).ok();
+    let r = p.synth(&["regenerate", "p.toml", "--if-changed", "--snapshot"]).ok();
     assert!(r.stdout.contains("regenerated"), "{}", r.stdout);
     assert_eq!(parquet_rows(&p.path().join("out/people.parquet"))[1]["name"], "bobby");
+    // The new snapshot pins the new content; its diff counts the moved rows.
+    let snap2 = std::fs::read_link(p.path().join("out/snapshots/latest")).unwrap();
+    assert_ne!(snap1, snap2);
+    let snap_lock = std::fs::read_to_string(p.path().join("out/snapshots/latest/synth.lock")).unwrap();
+    assert!(snap_lock.contains(blake3::hash(&people(V2)).to_hex().as_str()), "{snap_lock}");
+    let diff = p.synth(&["snapshot", "diff", "out"]).ok();
+    assert!(diff.stdout.contains("+1 added, -1 removed, 1 changed, 3 unchanged"), "{}", diff.stdout);
     // The pinned content is gone from the cache and from the server: --locked says so.
     std::fs::remove_dir_all(p.path().join("out/_synth/downloads")).unwrap();
     let run = p.synth(&["run", "p.toml", "--locked"]).code(2);

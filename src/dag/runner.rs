@@ -19,6 +19,7 @@ use super::fingerprint::{combine, config_part, explain};
 use crate::pipeline::Pipeline;
 use crate::progress::ProgressHub;
 use crate::services::Services;
+use crate::services::batch::Detached;
 use crate::stages::{Cancelled, Input, PrepareCtx, Prepared, Role, RunCtx, failures_path, output_path};
 use crate::store::atomic::clean_debris;
 use crate::store::failures::write_failures;
@@ -45,6 +46,10 @@ pub struct RunOptions {
     /// `synth run --locked`: upstreams resolve to the versions of this `synth.lock` entry,
     /// and a stage reading a file whose content differs from the lock fails.
     pub lock: Option<Arc<PipelineLock>>,
+    /// Batch stages stop once their batches are submitted; a later run collects them.
+    pub detach: bool,
+    /// Overrides `[pipeline] max_cost_usd` for this run (`synth regenerate --max-cost-usd`).
+    pub max_cost_usd: Option<f64>,
 }
 
 /// How a run ended badly; each carries the message for the user.
@@ -205,6 +210,8 @@ pub async fn run(
     let hasher = Arc::new(Mutex::new(FileHasher::load(&out_dir)));
     let services =
         Services::new(&out_dir, &p.root, p.providers.clone(), p.embedders.clone(), p.registry.shapes.clone());
+    services.set_run_options(opts.detach, opts.max_cost_usd.or(p.max_cost_usd));
+    let mut detached: Vec<String> = Vec::new();
 
     let mut nodes: Vec<Node> = (0..n).map(|i| if modes[i].is_none() { Node::Skipped } else { Node::Pending }).collect();
     for (i, node) in nodes.iter().enumerate() {
@@ -367,6 +374,15 @@ pub async fn run(
                     }
                 }
             }
+            Err(e) if e.downcast_ref::<Detached>().is_some() => {
+                // Its batches run at the provider; what depends on it waits for the next run.
+                nodes[idx] = Node::Cancelled;
+                line.status = StageStatus::Waiting;
+                line.reason = Some(e.to_string());
+                tracing::info!("{e}");
+                detached.push(e.to_string());
+                set_manifest(&mut manifest, &name, StageStatus::Waiting, None, None, None);
+            }
             Err(e) if e.downcast_ref::<Cancelled>().is_some() => {
                 nodes[idx] = Node::Cancelled;
                 line.status = StageStatus::Cancelled;
@@ -419,6 +435,8 @@ pub async fn run(
     manifest.finished_at = Some(now_rfc3339());
     manifest.status = if interrupted {
         RunStatus::Interrupted
+    } else if errors.is_empty() && !detached.is_empty() {
+        RunStatus::Detached
     } else if errors.is_empty() {
         RunStatus::Ok
     } else {

@@ -34,6 +34,12 @@ const PIPELINE_OPTIONS: &[OptionSpec] = &[
     ),
     OptionSpec::optional("output_dir", Ty::Str, "where outputs go, relative to root (default: outputs/<name>)"),
     OptionSpec::default("max_failure_ratio", RATIO, "0.05", "default share of failed records that aborts a run"),
+    OptionSpec::optional(
+        "max_cost_usd",
+        crate::config::options::NUMBER,
+        "stop sending LLM requests (online or in batches) before this run's spending would pass this many USD",
+    )
+    .runtime_only(),
 ];
 
 pub fn pipeline_options() -> &'static [OptionSpec] {
@@ -73,11 +79,6 @@ const REGENERATE_OPTIONS: &[OptionSpec] = &[
         "where snapshots go, relative to the output directory",
     ),
     OptionSpec::optional("keep", POSITIVE, "snapshots kept; older ones are removed after a new one (default: all)"),
-    OptionSpec::optional(
-        "max_cost_usd",
-        Ty::Float(0.0, f64::INFINITY),
-        "stop the run once its provider calls cost this much; nothing is published",
-    ),
     OptionSpec::optional("hub", Ty::Struct(HUB_PUSH_OPTIONS), "publish every snapshot to the Hugging Face Hub"),
     OptionSpec::optional("on_success", Ty::Str, "command run after a new snapshot (sh -c; JSON summary on stdin)"),
     OptionSpec::optional(
@@ -140,6 +141,8 @@ pub struct Pipeline {
     pub registry: Arc<Registry>,
     /// The checked `[regenerate]` table (defaults filled; an empty object when absent).
     pub regenerate: serde_json::Value,
+    /// `[pipeline] max_cost_usd`: this run's spending cap.
+    pub max_cost_usd: Option<f64>,
 }
 
 impl Pipeline {
@@ -155,6 +158,8 @@ struct PipelineTable {
     root: String,
     output_dir: Option<String>,
     max_failure_ratio: f64,
+    #[serde(default)]
+    max_cost_usd: Option<f64>,
 }
 
 /// Load and check a pipeline file. Returns the pipeline when there is no error, and
@@ -436,6 +441,7 @@ fn check(
         resolved,
         registry,
         regenerate,
+        max_cost_usd: ptable.max_cost_usd,
     })
 }
 
@@ -449,8 +455,16 @@ fn check_regenerate(root: &Table, base_dir: &Path, raws: &[RawStage], diags: &mu
         return serde_json::Value::Object(Default::default());
     };
     let mut spans = OptionSpans { table: Some(entry.node.span.clone()), ..Default::default() };
-    let ctx = CheckCtx { root: base_dir, subject: Some("[regenerate]"), extra_keys: &[] };
+    // The run's one cost cap is `[pipeline] max_cost_usd`; say so rather than "unknown option".
+    let ctx = CheckCtx { root: base_dir, subject: Some("[regenerate]"), extra_keys: &["max_cost_usd"] };
     let checked = check_table(table, &entry.node.span, REGENERATE_OPTIONS, &ctx, "", &mut spans, diags);
+    if let Some(cap) = table.get("max_cost_usd") {
+        diags.error(
+            &cap.key_span,
+            Some("[regenerate]"),
+            "max_cost_usd belongs in [pipeline] (the one cost cap of every run, regenerations included); `synth regenerate --max-cost-usd` overrides it",
+        );
+    }
     let names: Vec<&str> = raws.iter().map(|r| r.name.as_str()).collect();
     let mut check_stage = |name: &str, span: Span| {
         if !names.contains(&name) {

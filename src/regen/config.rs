@@ -41,7 +41,6 @@ pub struct RegenConfig {
     pub card: Option<String>,
     pub snapshots_dir: String,
     pub keep: Option<usize>,
-    pub max_cost_usd: Option<f64>,
     pub hub: Option<HubTarget>,
     pub on_success: Option<String>,
     pub on_failure: Option<String>,

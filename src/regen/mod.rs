@@ -3,8 +3,8 @@
 //! the change touches with the upstreams pinned to what was resolved, write an immutable
 //! snapshot, publish it as one Hub commit, move `latest`, run the hooks.
 //!
-//! Guards: one regeneration per output directory (`guard`), `max_cost_usd` (the run is
-//! stopped once its provider calls cost that much), a failed or partial run is never
+//! Guards: one regeneration per output directory (`guard`), the run's cost cap
+//! (`[pipeline] max_cost_usd`, `services/cost.rs`), a failed or partial run is never
 //! snapshotted or published, and `latest` moves only after everything succeeded.
 
 pub mod config;
@@ -18,7 +18,6 @@ pub mod snapshot;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
@@ -295,41 +294,21 @@ impl Run {
         }
 
         // Run what changed, with every upstream pinned to what was just resolved.
-        let run_cancel = cancel.child_token();
-        let over_budget = Arc::new(AtomicBool::new(false));
-        let max_cost = self.opts.max_cost_usd.or(cfg.max_cost_usd);
-        let watcher = max_cost.map(|max| {
-            let (hub, run_cancel, over) = (hub.clone(), run_cancel.clone(), over_budget.clone());
-            tokio::spawn(async move {
-                loop {
-                    if hub.spent_usd() >= max {
-                        over.store(true, Ordering::SeqCst);
-                        tracing::warn!("max_cost_usd ${max} reached: no new work starts; requests in flight finish");
-                        run_cancel.cancel();
-                        return;
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            })
-        });
-        let run_opts =
-            RunOptions { out_dir: out_dir.clone(), lock: Some(Arc::new(new_lock.clone())), ..Default::default() };
-        let result = runner::run(p.clone(), run_opts, hub.clone(), run_cancel.clone()).await;
-        if let Some(w) = watcher {
-            w.abort();
-        }
+        // The cost cap is the run's own (`[pipeline] max_cost_usd`, or --max-cost-usd): it
+        // stops sending before the cap, and a stopped run is a failed one (nothing released).
+        let run_opts = RunOptions {
+            out_dir: out_dir.clone(),
+            lock: Some(Arc::new(new_lock.clone())),
+            max_cost_usd: self.opts.max_cost_usd,
+            ..Default::default()
+        };
+        let result = runner::run(p.clone(), run_opts, hub.clone(), cancel.clone()).await;
         let manifest = Manifest::load(&out_dir).ok();
         if let Some(m) = &manifest {
             self.account(m);
         }
+        self.account_usage(hub.usage());
         if let Err(e) = result {
-            if over_budget.load(Ordering::SeqCst) {
-                return Err(RegenError::Failed(format!(
-                    "max_cost_usd ${:.4} reached (${:.4} spent): the run was stopped; completed stages and paid answers are kept, nothing was snapshotted or published",
-                    max_cost.unwrap_or_default(),
-                    hub.spent_usd()
-                )));
-            }
             return Err(from_run(e));
         }
         let manifest = manifest.ok_or_else(|| RegenError::Failed("the run left no manifest".into()))?;
@@ -432,15 +411,14 @@ impl Run {
         s.stages_ran =
             m.stages.iter().filter(|(_, st)| st.status == StageStatus::Ran).map(|(n, _)| n.clone()).collect();
         s.stages_up_to_date = m.stages.values().filter(|st| st.status == StageStatus::UpToDate).count();
-        for st in m.stages.values().filter(|st| st.status == StageStatus::Ran) {
-            if let Some(r) = &st.report {
-                s.requests += r.requests;
-                s.cache_hits += r.cache_hits;
-                s.tokens_in += r.tokens_in;
-                s.tokens_out += r.tokens_out;
-                s.cost_usd += r.cost_usd;
-            }
-        }
+    }
+
+    /// What the run's provider calls came to, a failed or stopped stage's included
+    /// (the manifest has reports of completed stages only).
+    fn account_usage(&mut self, u: crate::progress::Usage) {
+        let s = &mut self.summary;
+        (s.requests, s.cache_hits, s.tokens_in, s.tokens_out, s.cost_usd) =
+            (u.requests, u.cache_hits, u.tokens_in, u.tokens_out, u.cost_usd);
     }
 }
 
