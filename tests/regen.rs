@@ -522,6 +522,21 @@ fn max_cost_usd_stops_the_run_and_nothing_is_snapshotted() {
     assert!(bad.stderr.contains("max_cost_usd belongs in [pipeline]") && bad.stderr.contains("bad.toml"), "{}", bad.stderr);
 }
 
+/// A batch stage left waiting (a `vllm run-batch` file for the user to run) is a partial
+/// run: no snapshot, no `latest`, the failure hook, and the next regeneration goes on.
+#[test]
+fn a_run_waiting_for_batches_is_not_released() {
+    let p = Project::new();
+    p.write("q.jsonl", "{\"id\": \"1\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n");
+    let tail = "[regenerate]\non_failure = \"cat > hook-failure.json\"";
+    p.write("p.toml", llm_pipeline("http://127.0.0.1:9/v1", "m", "batch = true\nbatch_api = \"vllm\"", tail));
+    let run = p.synth_env(&["regenerate", "p.toml", "--snapshot"], &[("TEST_KEY", "k-0123456789")]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("stages a wait for provider batches"), "{}", run.stderr);
+    assert!(!p.path().join("out/snapshots/latest").exists());
+    assert!(p.read("hook-failure.json").contains("\"status\":\"failed\""));
+}
+
 #[test]
 fn schedule_recipes_name_the_schedule_and_the_secrets() {
     let w = world();

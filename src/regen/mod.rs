@@ -29,7 +29,7 @@ use crate::dag::runner::{self, RunError, RunOptions, StageLine};
 use crate::pipeline::Pipeline;
 use crate::progress::{Mode, ProgressHub};
 use crate::store::lock::{LockFile, PipelineLock};
-use crate::store::state::{Manifest, StageStatus, now_rfc3339};
+use crate::store::state::{Manifest, RunStatus, StageStatus, now_rfc3339};
 
 /// How a regeneration ended badly; each maps to an exit status.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -312,6 +312,20 @@ impl Run {
             return Err(from_run(e));
         }
         let manifest = manifest.ok_or_else(|| RegenError::Failed("the run left no manifest".into()))?;
+        if manifest.status == RunStatus::Detached {
+            // A batch stage handed its work to the provider (or to a local batch command
+            // left to the user): the run is not complete, so nothing is released.
+            let waiting: Vec<&str> = manifest
+                .stages
+                .iter()
+                .filter(|(_, st)| st.status == StageStatus::Waiting)
+                .map(|(n, _)| n.as_str())
+                .collect();
+            return Err(RegenError::Failed(format!(
+                "stages {} wait for provider batches: nothing was snapshotted or published; run the same regenerate again to collect them",
+                waiting.join(", ")
+            )));
+        }
         lock::record_served(&mut new_lock, &manifest);
         if let Some(old) = &latest_lock {
             let moved = crate::store::lock::changes(old, &new_lock);
