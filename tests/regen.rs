@@ -48,6 +48,12 @@ kind = "jsonl"
 inputs = ["greeted"]
 path = "people.jsonl"
 
+[stages.people_flat]
+kind = "parquet"
+inputs = ["greeted"]
+path = "people_flat.parquet"
+include_id = false
+
 [stages.cities]
 kind = "source"
 path = "cities.jsonl"
@@ -59,7 +65,7 @@ path = "cities.jsonl"
 include_id = false
 
 [regenerate]
-exports = ["greeted", "people_jsonl", "cities_jsonl"]
+exports = ["greeted", "people_jsonl", "people_flat", "cities_jsonl"]
 hub = {{ repo = "org/release", endpoint = "{url}" }}
 on_success = "cat > hook-success.json"
 on_failure = "cat > hook-failure.json"
@@ -149,7 +155,7 @@ fn a_new_upstream_revision_rebuilds_exactly_the_dependent_stages_and_the_diff_co
         second.stdout
     );
     let st = statuses(&w.out());
-    for s in ["people", "greeted", "people_jsonl"] {
+    for s in ["people", "greeted", "people_jsonl", "people_flat"] {
         assert_eq!(st[s], "ran", "{s}: {st:?}");
     }
     for s in ["cities", "cities_jsonl"] {
@@ -159,7 +165,8 @@ fn a_new_upstream_revision_rebuilds_exactly_the_dependent_stages_and_the_diff_co
     assert_ne!(snap1, snap2);
     let m = snapshot_manifest(&w.out().join("snapshots").join(&snap2));
     let d = &m["snapshot"]["changelog"]["diff"];
-    for export in ["people.jsonl", "greeted.parquet"] {
+    // A Parquet export without an id column is keyed by its input's ids, like a JSONL one.
+    for export in ["people.jsonl", "greeted.parquet", "people_flat.parquet"] {
         assert_eq!(
             (
                 &d[export]["rows"],
@@ -221,6 +228,7 @@ fn a_push_is_one_commit_with_the_expected_files_then_a_tag() {
             "greeted.parquet",
             "manifest.json",
             "people.jsonl",
+            "people_flat.parquet",
             "synth.lock"
         ]
     );
