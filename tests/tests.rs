@@ -7,6 +7,7 @@ mod support;
 mod bad_input;
 mod config_fixtures;
 mod conformance;
+mod correlate;
 mod crash;
 mod engine;
 mod eval;

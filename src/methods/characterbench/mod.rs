@@ -14,6 +14,7 @@
 use super::Method;
 
 pub mod bench;
+pub mod build;
 pub mod offline;
 pub mod parsers;
 pub mod prompts;
@@ -29,6 +30,9 @@ pub static METHOD: Method = Method {
         &stages::roleplay::KIND,
         &stages::judge::KIND,
         &stages::score::KIND,
+        &stages::targets::KIND,
+        &stages::script::KIND,
+        &stages::export::KIND,
     ],
     parsers: parsers::KINDS,
     shapes: offline::SHAPES,

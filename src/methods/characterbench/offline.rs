@@ -12,13 +12,31 @@ use rand::RngExt;
 use rand_chacha::ChaCha8Rng;
 use regex::Regex;
 
-use super::parsers::{JUDGE_SHAPE, RESPONSE_SHAPE};
+use super::parsers::{DIALOGUE_SHAPE, JUDGE_SHAPE, RESPONSE_SHAPE};
 use crate::llm::offline::{OfflineShape, ShapeInput};
 
-pub static SHAPES: &[&OfflineShape] = &[&RESPONSE, &JUDGE];
+pub static SHAPES: &[&OfflineShape] = &[&RESPONSE, &JUDGE, &DIALOGUE];
 
 pub static RESPONSE: OfflineShape = OfflineShape { name: RESPONSE_SHAPE, generate: response };
 pub static JUDGE: OfflineShape = OfflineShape { name: JUDGE_SHAPE, generate: judge };
+pub static DIALOGUE: OfflineShape = OfflineShape { name: DIALOGUE_SHAPE, generate: dialogue };
+
+const ZH_ASK: &[&str] = &["最近在忙什么呀？", "你平时喜欢做什么？", "还记得你上次说的事吗？", "今天心情怎么样？", "能讲讲你以前的经历吗？"];
+const EN_ASK: &[&str] = &["What have you been up to?", "What do you like to do?", "Remember what you told me last time?", "How are you feeling today?", "Can you tell me about your past?"];
+
+/// A context dialogue: 8 or 10 alternating turns, user first, the character last.
+fn dialogue(input: &ShapeInput<'_>, rng: &mut ChaCha8Rng) -> String {
+    let zh = input.prompt.contains("请根据下面的角色设定");
+    let (ask, reply) = if zh { (ZH_ASK, ZH) } else { (EN_ASK, EN) };
+    let turns = if rng.random_range(0..2u32) == 0 { 8 } else { 10 };
+    let list: Vec<serde_json::Value> = (0..turns)
+        .map(|i| {
+            let (speaker, pool) = if i % 2 == 0 { ("user", ask) } else { ("character", reply) };
+            serde_json::json!({"speaker": speaker, "utterance": pool[rng.random_range(0..pool.len())]})
+        })
+        .collect();
+    serde_json::json!({ "dialogue": list }).to_string()
+}
 
 const ZH: &[&str] = &["（笑）这个嘛，你猜猜看。", "我记得很清楚，就是那天的事。", "（皱眉）别这么说，我会生气的。", "好啊，我们一起去吧！", "（叹气）唉，说来话长。"];
 const EN: &[&str] = &["(smiles) Guess for yourself.", "I remember that day well.", "(frowns) Don't say that.", "Sure, let's go together!", "(sighs) It's a long story."];

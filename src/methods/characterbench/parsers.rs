@@ -18,11 +18,12 @@ use crate::data::Row;
 use crate::data::python::py_str;
 use crate::llm::parse::{Parser, ParserKind, extract_json_object};
 
-pub static KINDS: &[&ParserKind] = &[&RESPONSE];
+pub static KINDS: &[&ParserKind] = &[&RESPONSE, &DIALOGUE];
 
 /// The offline shapes of the method's answers (`super::offline`).
 pub const RESPONSE_SHAPE: &str = "characterbench_response";
 pub const JUDGE_SHAPE: &str = "characterbench_judge";
+pub const DIALOGUE_SHAPE: &str = "characterbench_dialogue";
 
 pub static RESPONSE: ParserKind = ParserKind {
     name: "characterbench_response",
@@ -252,6 +253,56 @@ impl Parser for ResponseParser {
 
     fn expect(&self) -> String {
         RESPONSE_SHAPE.into()
+    }
+}
+
+pub static DIALOGUE: ParserKind = ParserKind {
+    name: "characterbench_dialogue",
+    about: "a generated dialogue context (construction): JSON {\"dialogue\": [{speaker, utterance}]} or speaker：utterance lines; at least min_turns, user first, alternating, the character last; column `context` (JSON list of {speaker, utterance})",
+    options: &[
+        OptionSpec::default("min_turns", crate::config::options::POSITIVE, "8", "fewest turns (the paper's scripts have n >= 5 exchanges)"),
+        OptionSpec::default("name_column", Ty::Str, "\"character_name\"", "the record's column with the character's name"),
+        OptionSpec::default("lang_column", Ty::Str, "\"lang\"", "the record's column with the language (the user's label: 用户 / User)"),
+    ],
+    build: |v| {
+        #[derive(Deserialize)]
+        struct O {
+            min_turns: Option<usize>,
+            name_column: Option<String>,
+            lang_column: Option<String>,
+        }
+        let o: O = serde_json::from_value(if v.is_null() { Value::Object(Map::new()) } else { v.clone() })
+            .map_err(|e| format!("bad parser options: {e}"))?;
+        Ok(Box::new(DialogueParser {
+            min_turns: o.min_turns.unwrap_or(8),
+            name_column: o.name_column.unwrap_or_else(|| "character_name".into()),
+            lang_column: o.lang_column.unwrap_or_else(|| "lang".into()),
+        }))
+    },
+};
+
+struct DialogueParser {
+    min_turns: usize,
+    name_column: String,
+    lang_column: String,
+}
+
+impl Parser for DialogueParser {
+    fn fields(&self) -> Vec<Field> {
+        vec![Field::new("context", DataType::Utf8, false)]
+    }
+
+    fn parse(&self, text: &str, record: &Row) -> Result<Row, String> {
+        let name = record.get(&self.name_column).and_then(Value::as_str).unwrap_or_default();
+        let user = if record.get(&self.lang_column).and_then(Value::as_str) == Some("zh") { "用户" } else { "User" };
+        let turns = super::build::parse_dialogue(text, name, user, self.min_turns)?;
+        let list: Vec<Value> =
+            turns.iter().map(|t| serde_json::json!({"speaker": t.speaker, "utterance": t.utterance})).collect();
+        Ok(Row::from_iter([("context".to_string(), Value::String(Value::Array(list).to_string()))]))
+    }
+
+    fn expect(&self) -> String {
+        DIALOGUE_SHAPE.into()
     }
 }
 

@@ -166,10 +166,11 @@ pub fn read_file(
     Ok((items, problems))
 }
 
-type Bad = (String, String);
+/// The field at fault and why.
+pub type Bad = (String, String);
 
 /// One record in one language, or the field at fault and why.
-fn item(rec: &Map<String, Value>, dim: &Dimension, bench: &Bench, lang: &str, record_id: &str, index: usize) -> Result<Item, Bad> {
+pub fn item(rec: &Map<String, Value>, dim: &Dimension, bench: &Bench, lang: &str, record_id: &str, index: usize) -> Result<Item, Bad> {
     let language = &bench.languages[lang];
     let (src, prefix): (&Map<String, Value>, String) = match &language.record {
         None => (rec, String::new()),

@@ -2,14 +2,17 @@
 //! Evaluation: the release as one record per language (`release`), the official
 //! role-play prompt (`roleplay`), the official judge prompt (`judge`), the benchmark's
 //! scores in the Tables 4–5 layout (`score`). Construction: target-oriented query plans
-//! per character and dimension (`targets`), records in the release layout with a card
-//! (`export`). Sampling several judge answers, their mean and the correlation with human
+//! per character and dimension (`targets`), test scripts in the release's record layout
+//! (`script`), the release files with a card (`export`). Sampling several judge answers, their mean and the correlation with human
 //! scores are the engine's `llm` (`n`), `aggregate` and `correlate`.
 
+pub mod export;
 pub mod judge;
 pub mod release;
 pub mod roleplay;
 pub mod score;
+pub mod script;
+pub mod targets;
 
 use crate::config::diag::Diagnostics;
 use crate::methods::characterbench::bench::Bench;

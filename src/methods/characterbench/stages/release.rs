@@ -127,7 +127,8 @@ pub fn output_schema() -> SchemaRef {
     data::schema_with_id(fields)
 }
 
-fn item_row(item: &Item, bench: &Bench, file: &str) -> Row {
+/// The output row of an item (also the script rows of the construction pipeline).
+pub(super) fn item_row(item: &Item, bench: &Bench, file: &str) -> Row {
     let dim = bench.dimension(&item.dimension).expect("read from the definition");
     let mut r = Row::new();
     r.insert(data::ID.into(), json!(item.key));
