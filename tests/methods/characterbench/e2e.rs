@@ -136,3 +136,114 @@ fn table_4_and_5_arithmetic_reproduces_published_rows() {
     assert_eq!(scores::score5(1.0, 4.0), 1.25);
     assert_eq!(scores::score5(2.0, 2.0), 5.0);
 }
+
+/// Table 6's ranking agreement between two runs of several models (characterbench-compare
+/// with two different offline judges), and against a human ranking file: the engine's
+/// source → filter → join → correlate over the models' AVG.
+#[test]
+fn ranking_agreement_between_two_runs_and_with_humans() {
+    use synth::eval::correlation::{self, Method};
+    let p = Project::new();
+    let compare = repo().join("pipelines/characterbench-compare.toml");
+    for (out, seed) in [("a", "17"), ("b", "99")] {
+        let dir = p.path().join(out);
+        let set = format!("providers.judge.seed={seed}");
+        p.synth(&["run", compare.to_str().unwrap(), "--offline", "--profile", "demo", "--limit", "2", "--set", &set, "--out", dir.to_str().unwrap()]).ok();
+    }
+    let avg = |run: &str| -> BTreeMap<String, f64> {
+        parquet_rows(&p.path().join(run).join("report.parquet"))
+            .iter()
+            .filter(|r| r["table"] == "characterbench_zh" && r["metric"] == "avg" && r["group"] == "overall")
+            .map(|r| (r["label"].as_str().unwrap().to_string(), r["value"].as_f64().unwrap()))
+            .collect()
+    };
+    let (a, b) = (avg("a"), avg("b"));
+    assert_eq!(a.len(), 3, "three models per run");
+    let xs: Vec<f64> = a.values().copied().collect();
+    let ys: Vec<f64> = a.keys().map(|k| b[k]).collect();
+    let rank = repo().join("pipelines/characterbench-rank.toml");
+    let set_a = format!("stages.run_a.path={:?}", p.path().join("a/report.parquet").to_string_lossy());
+    let set_b = format!("stages.run_b.path={:?}", p.path().join("b/report.parquet").to_string_lossy());
+    let out = p.path().join("rank");
+    p.synth(&["run", rank.to_str().unwrap(), "--set", &set_a, "--set", &set_b, "--out", out.to_str().unwrap()]).ok();
+    let got = parquet_rows(&out.join("ranking.parquet"));
+    for m in [Method::Spearman, Method::Kendall] {
+        let want = correlation::correlate(m, &xs, &ys).statistic;
+        let row = got.iter().find(|r| r["method"] == m.name()).unwrap();
+        assert_eq!(row["n"].as_u64(), Some(3));
+        match row["statistic"].as_f64() {
+            Some(s) => assert!((s - want).abs() < 1e-12, "{}: {s} vs {want}", m.name()),
+            None => assert!(want.is_nan()),
+        }
+    }
+    // Against the demo human ranking (model_a 41, model_b 37, model_c 44).
+    let out = p.path().join("rank-human");
+    p.synth(&["run", rank.to_str().unwrap(), "--profile", "human", "--set", &set_a, "--out", out.to_str().unwrap()]).ok();
+    let human = [41.0, 37.0, 44.0];
+    let want = correlation::correlate(Method::Spearman, &xs, &human).statistic;
+    let row = parquet_rows(&out.join("ranking.parquet")).into_iter().find(|r| r["method"] == "spearman").unwrap();
+    assert!((row["statistic"].as_f64().unwrap_or(f64::NAN) - want).abs() < 1e-12 || want.is_nan());
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(report.contains("| benchmark vs humans |"), "{report}");
+}
+
+/// The official benchmark scripts judge the Python repr of the parsed reply (P6): with
+/// parity_dict_repr the judge prompt holds `name：{'response': '…'}`; by default the text.
+#[test]
+fn parity_dict_repr_puts_the_reply_object_in_the_judge_prompt() {
+    let p = Project::new();
+    run(&p, "out", &["--profile", "demo", "--limit", "1", "--until", "bench_prompts", "--set", "stages.bench_prompts.parity_dict_repr=true"]);
+    let prompts = parquet_rows(&p.path().join("out/bench_prompts.parquet"));
+    assert!(!prompts.is_empty());
+    for q in &prompts {
+        let object: serde_json::Value = serde_json::from_str(q["reply_object"].as_str().unwrap()).unwrap();
+        let repr = synth::data::python::py_repr(&object);
+        assert!(repr.starts_with("{'response': "), "{repr}");
+        let line = format!("{}：{repr}", q["speaker"].as_str().unwrap());
+        assert!(q["judge_prompt"].as_str().unwrap().contains(&line), "{line}");
+        assert_eq!(q["judged_response"].as_str().unwrap(), repr);
+    }
+}
+
+/// Any chat model as judge (`--profile chat-judge`): the official prompt plus the JSON
+/// instruction, `{"score": n}` read and clamped to the dimension's scale, an answer without a
+/// score asked again; the numbers are labelled an approximate baseline.
+#[test]
+fn a_chat_model_judges_as_an_approximate_baseline() {
+    use crate::support::openai_server::{self, Behaviour};
+    let server = openai_server::start(Behaviour {
+        responder: std::sync::Arc::new(|body: &serde_json::Value| {
+            let last = openai_server::last_user(body);
+            if last.starts_with("Your answer could not be used") {
+                "```json\n{\"explanation\": \"fine\", \"score\": 2}\n```".to_string()
+            } else if last.len() % 3 == 0 {
+                "I would rate it highly.".to_string()
+            } else {
+                "{\"explanation\": \"very good\", \"score\": 9}".to_string()
+            }
+        }),
+        ..Default::default()
+    });
+    let p = Project::new();
+    let url = server.base_url();
+    let env = [("JUDGE_BASE_URL", url.as_str()), ("JUDGE_MODEL", "chat-judge"), ("JUDGE_API_KEY", "k-1")];
+    let pipeline = repo().join("pipelines/characterbench.toml");
+    let out = p.path().join("out");
+    p.synth_env(
+        &["run", pipeline.to_str().unwrap(), "--offline", "--profile", "demo,chat-judge", "--limit", "2", "--until", "judge_agreement", "--out", out.to_str().unwrap()],
+        &env,
+    )
+    .ok();
+    let prompts = parquet_rows(&out.join("shipped_prompts.parquet"));
+    assert!(prompts.iter().all(|q| q["judge_prompt"].as_str().unwrap().contains("\"score\"")), "the JSON instruction is appended");
+    let judged = parquet_rows(&out.join("shipped_judged.parquet"));
+    assert_eq!(judged.len(), 13 * 2 * 2, "one sample per record");
+    for j in &judged {
+        let max = j["scale_max"].as_f64().unwrap();
+        let want = if j["attempts"].as_i64() == Some(1) { max } else { 2.0_f64.min(max) };
+        assert_eq!(j["score"].as_f64(), Some(want), "9 clamped to the scale; re-asked answers score 2");
+    }
+    assert!(judged.iter().any(|j| j["attempts"].as_i64() == Some(2)), "answers without a score were asked again");
+    let report = p.path().join("out/judge_agreement.summary.parquet");
+    assert!(parquet_rows(&report).iter().all(|r| r["label"] == "chat judge (approximate baseline)"));
+}
