@@ -88,32 +88,37 @@ pub fn correlate(method: Method, x: &[f64], y: &[f64]) -> Correlation {
 /// NumPy's pairwise summation (`np.add.reduce` on a contiguous float64 array): blocks of
 /// up to 128 summed with 8 accumulators, halves above that.
 pub fn pairwise_sum(a: &[f64]) -> f64 {
-    let n = a.len();
+    pairwise_by(0, a.len(), &|i| a[i])
+}
+
+/// [`pairwise_sum`] of `f(lo..hi)`, without materializing the values.
+fn pairwise_by<F: Fn(usize) -> f64>(lo: usize, hi: usize, f: &F) -> f64 {
+    let n = hi - lo;
     if n < 8 {
         let mut s = -0.0;
-        for v in a {
-            s += v;
+        for i in lo..hi {
+            s += f(i);
         }
         s
     } else if n <= 128 {
-        let mut r = [a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]];
+        let mut r = [f(lo), f(lo + 1), f(lo + 2), f(lo + 3), f(lo + 4), f(lo + 5), f(lo + 6), f(lo + 7)];
         let mut i = 8;
         while i < n - (n % 8) {
-            for k in 0..8 {
-                r[k] += a[i + k];
+            for (k, acc) in r.iter_mut().enumerate() {
+                *acc += f(lo + i + k);
             }
             i += 8;
         }
         let mut res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
         while i < n {
-            res += a[i];
+            res += f(lo + i);
             i += 1;
         }
         res
     } else {
         let mut n2 = n / 2;
         n2 -= n2 % 8;
-        pairwise_sum(&a[..n2]) + pairwise_sum(&a[n2..])
+        pairwise_by(lo, lo + n2, f) + pairwise_by(lo + n2, hi, f)
     }
 }
 
@@ -132,14 +137,13 @@ pub fn pearson(x: &[f64], y: &[f64]) -> Correlation {
         return Correlation::undefined(n);
     }
     let (xmean, ymean) = (mean(x), mean(y));
-    let xm: Vec<f64> = x.iter().map(|v| v - xmean).collect();
-    let ym: Vec<f64> = y.iter().map(|v| v - ymean).collect();
-    let scaled_norm = |a: &[f64]| {
-        let max = a.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-        max * a.iter().map(|v| (v / max) * (v / max)).sum::<f64>().sqrt()
+    // NumPy: xm / max|xm| before the norm (no premature overflow), sums pairwise.
+    let norm = |a: &[f64], m: f64| -> f64 {
+        let max = a.iter().fold(0.0f64, |acc, v| acc.max((v - m).abs()));
+        max * pairwise_by(0, a.len(), &|i| ((a[i] - m) / max) * ((a[i] - m) / max)).sqrt()
     };
-    let (nx, ny) = (scaled_norm(&xm), scaled_norm(&ym));
-    let r: f64 = xm.iter().zip(&ym).map(|(a, b)| (a / nx) * (b / ny)).sum();
+    let (nx, ny) = (norm(x, xmean), norm(y, ymean));
+    let r = pairwise_by(0, n, &|i| ((x[i] - xmean) / nx) * ((y[i] - ymean) / ny));
     let r = r.clamp(-1.0, 1.0);
     // The null distribution of r: beta(n/2 - 1, n/2 - 1) on (-1, 1); p = 2 * sf(|r|).
     let ab = n as f64 / 2.0 - 1.0;
@@ -177,21 +181,33 @@ fn normal_sf(z: f64) -> f64 {
     0.5 * statrs::function::erf::erfc(z / std::f64::consts::SQRT_2)
 }
 
+/// An order-preserving integer key of an f64 (no NaN; -0.0 and 0.0 equal).
+fn key(v: f64) -> u64 {
+    let bits = (v + 0.0).to_bits();
+    if bits >> 63 == 1 { !bits } else { bits | (1 << 63) }
+}
+
+/// (key, index) pairs sorted by value: a flat sort, no indirection through the data.
+fn sorted_keys(a: &[f64]) -> Vec<(u64, u32)> {
+    let mut keyed: Vec<(u64, u32)> = a.iter().enumerate().map(|(i, v)| (key(*v), i as u32)).collect();
+    keyed.par_sort_unstable();
+    keyed
+}
+
 /// Ranks 1..n with ties given their average rank (`scipy.stats.rankdata`, method "average").
 pub fn rank_average(a: &[f64]) -> Vec<f64> {
     let n = a.len();
-    let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by(|&i, &j| a[i].total_cmp(&a[j]).then(i.cmp(&j)));
+    let keyed = sorted_keys(a);
     let mut ranks = vec![0.0; n];
     let mut i = 0;
     while i < n {
         let mut j = i + 1;
-        while j < n && a[order[j]] == a[order[i]] {
+        while j < n && keyed[j].0 == keyed[i].0 {
             j += 1;
         }
         let r = (i + 1 + j) as f64 / 2.0;
-        for k in &order[i..j] {
-            ranks[*k] = r;
+        for k in &keyed[i..j] {
+            ranks[k.1 as usize] = r;
         }
         i = j;
     }
@@ -208,13 +224,11 @@ pub fn spearman(x: &[f64], y: &[f64]) -> Correlation {
     // np.corrcoef: the covariance matrix divided by the outer product of the standard deviations.
     let (mx, my) = (mean(&rx), mean(&ry));
     let fact = (n - 1) as f64;
-    let (mut sxx, mut syy, mut sxy) = (0.0, 0.0, 0.0);
-    for (a, b) in rx.iter().zip(&ry) {
-        let (a, b) = (a - mx, b - my);
-        sxx += a * a;
-        syy += b * b;
-        sxy += a * b;
-    }
+    let (sxx, syy, sxy) = (
+        pairwise_by(0, n, &|i| (rx[i] - mx) * (rx[i] - mx)),
+        pairwise_by(0, n, &|i| (ry[i] - my) * (ry[i] - my)),
+        pairwise_by(0, n, &|i| (rx[i] - mx) * (ry[i] - my)),
+    );
     let (cxx, cyy, cxy) = (sxx / fact, syy / fact, sxy / fact);
     let rs = (cxy / cxx.sqrt() / cyy.sqrt()).clamp(-1.0, 1.0);
     let dof = n as f64 - 2.0;
@@ -223,27 +237,26 @@ pub fn spearman(x: &[f64], y: &[f64]) -> Correlation {
     Correlation { n, statistic: rs, p_value }
 }
 
-/// Dense ranks 1.. of `a` (equal values share a rank).
-fn dense_ranks(a: &[f64]) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..a.len()).collect();
-    order.par_sort_unstable_by(|&i, &j| a[i].total_cmp(&a[j]));
-    let mut ranks = vec![0usize; a.len()];
-    let mut rank = 0;
-    for (k, &i) in order.iter().enumerate() {
-        if k == 0 || a[i] != a[order[k - 1]] {
+/// Dense ranks 1.. of `a` (equal values share a rank) and the largest rank.
+fn dense_ranks(a: &[f64]) -> (Vec<u32>, usize) {
+    let keyed = sorted_keys(a);
+    let mut ranks = vec![0u32; a.len()];
+    let mut rank = 0u32;
+    for (k, &(v, i)) in keyed.iter().enumerate() {
+        if k == 0 || v != keyed[k - 1].0 {
             rank += 1;
         }
-        ranks[i] = rank;
+        ranks[i as usize] = rank;
     }
-    ranks
+    (ranks, rank as usize)
 }
 
 /// (pairs tied, Σ t(t-1)(t-2), Σ t(t-1)(2t+5)) over the tie groups of dense ranks, as
 /// SciPy's `count_rank_tie` (the two sums in float64, then truncated to integers).
-fn tie_stats(ranks: &[usize], max_rank: usize) -> (u128, u128, u128) {
+fn tie_stats(ranks: &[u32], max_rank: usize) -> (u128, u128, u128) {
     let mut counts = vec![0u64; max_rank + 1];
     for &r in ranks {
-        counts[r] += 1;
+        counts[r as usize] += 1;
     }
     let (mut ties, mut s0, mut s1) = (0u128, 0.0f64, 0.0f64);
     for &c in counts.iter().filter(|&&c| c > 1) {
@@ -263,31 +276,30 @@ pub fn kendall_tau_b(x: &[f64], y: &[f64]) -> Correlation {
     if n == 0 {
         return Correlation::undefined(0);
     }
-    let (xr, yr) = rayon::join(|| dense_ranks(x), || dense_ranks(y));
-    let ymax = yr.iter().copied().max().unwrap_or(0);
-    let xmax = xr.iter().copied().max().unwrap_or(0);
-    let mut order: Vec<usize> = (0..n).collect();
-    order.par_sort_unstable_by(|&i, &j| xr[i].cmp(&xr[j]).then(yr[i].cmp(&yr[j])));
+    let ((xr, xmax), (yr, ymax)) = rayon::join(|| dense_ranks(x), || dense_ranks(y));
+    // Pairs sorted by (x rank, y rank), packed in one u64 each.
+    let mut pairs: Vec<u64> = xr.iter().zip(&yr).map(|(a, b)| (u64::from(*a) << 32) | u64::from(*b)).collect();
+    pairs.par_sort_unstable();
 
     // Discordant pairs: for each element, earlier elements of a strictly smaller x with a
-    // strictly larger y (SciPy's _kendall_dis).
-    let mut tree = vec![0u64; ymax + 1];
+    // strictly larger y (SciPy's _kendall_dis), with a Fenwick tree over y's ranks.
+    let mut tree = vec![0u32; ymax + 1];
     let (mut dis, mut i) = (0u128, 0usize);
     while i < n {
+        let xi = pairs[i] >> 32;
         let mut k = i;
-        while k < n && xr[order[k]] == xr[order[i]] {
-            // Elements before the group with y ≤ y[k].
+        while k < n && pairs[k] >> 32 == xi {
             let mut le = 0u64;
-            let mut idx = yr[order[k]];
+            let mut idx = (pairs[k] & 0xffff_ffff) as usize;
             while idx > 0 {
-                le += tree[idx];
+                le += u64::from(tree[idx]);
                 idx &= idx - 1;
             }
             dis += (i as u64 - le) as u128;
             k += 1;
         }
-        for &e in &order[i..k] {
-            let mut idx = yr[e];
+        for &p in &pairs[i..k] {
+            let mut idx = (p & 0xffff_ffff) as usize;
             while idx <= ymax {
                 tree[idx] += 1;
                 idx += idx & idx.wrapping_neg();
@@ -295,11 +307,11 @@ pub fn kendall_tau_b(x: &[f64], y: &[f64]) -> Correlation {
         }
         i = k;
     }
-    // Joint ties: runs of equal (x, y) in the sorted order.
+    // Joint ties: runs of equal (x, y).
     let mut ntie = 0u128;
     let mut run = 1u128;
     for k in 1..=n {
-        if k < n && xr[order[k]] == xr[order[k - 1]] && yr[order[k]] == yr[order[k - 1]] {
+        if k < n && pairs[k] == pairs[k - 1] {
             run += 1;
         } else {
             ntie += run * (run - 1) / 2;
@@ -417,7 +429,8 @@ mod tests {
     #[test]
     fn ranks_average_ties() {
         assert_eq!(rank_average(&[10.0, 20.0, 10.0, 30.0]), vec![1.5, 3.0, 1.5, 4.0]);
-        assert_eq!(dense_ranks(&[3.0, 1.0, 3.0, 2.0]), vec![3, 1, 3, 2]);
+        assert_eq!(dense_ranks(&[3.0, 1.0, 3.0, 2.0]), (vec![3, 1, 3, 2], 3));
+        assert_eq!(dense_ranks(&[-0.0, 0.0, -1.0]).0, vec![2, 2, 1]);
     }
 
     #[test]

@@ -176,10 +176,28 @@ fn numbers(col: &ArrayRef, name: &str) -> Result<Vec<Option<f64>>> {
     Ok((0..a.len()).map(|i| (a.is_valid(i) && a.value(i).is_finite()).then(|| a.value(i) + 0.0)).collect())
 }
 
-fn labels_of(col: &ArrayRef) -> Result<Vec<String>> {
+/// The distinct values of a label column (`first` ones first, then first-seen order; a null
+/// is "null") and each row's index into them; without a column, every row is `none`.
+fn codes(col: &Option<ArrayRef>, n: usize, first: &[String], none: &str) -> Result<(Vec<String>, Vec<usize>)> {
+    let Some(col) = col else { return Ok((vec![none.to_string()], vec![0; n])) };
     let text = arrow::compute::cast(col, &DataType::Utf8)?;
     let s = text.as_string::<i32>();
-    Ok((0..s.len()).map(|i| if s.is_valid(i) { s.value(i).to_string() } else { "null".to_string() }).collect())
+    let mut order: Vec<String> = first.to_vec();
+    let mut index: std::collections::HashMap<String, usize> = order.iter().cloned().enumerate().map(|(i, v)| (v, i)).collect();
+    let mut out = Vec::with_capacity(n);
+    for i in 0..s.len() {
+        let v = if s.is_valid(i) { s.value(i) } else { "null" };
+        let code = match index.get(v) {
+            Some(c) => *c,
+            None => {
+                order.push(v.to_string());
+                index.insert(v.to_string(), order.len() - 1);
+                order.len() - 1
+            }
+        };
+        out.push(code);
+    }
+    Ok((order, out))
 }
 
 impl Correlate {
@@ -216,16 +234,19 @@ impl Stage for Correlate {
     }
 
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
-        // Only the named columns are read (1M rows of a few numbers).
-        let (_, batches) = crate::store::parquet::read_all(&ctx.inputs[0].path)?;
-        let column = |name: &str| -> Result<Vec<ArrayRef>> {
-            batches
+        // Only the named columns are read and decoded (1M rows of a few numbers).
+        let mut wanted: Vec<&str> = self.opts.x.iter().map(String::as_str).collect();
+        wanted.push(&self.opts.y);
+        wanted.extend(self.opts.group_by.as_deref());
+        wanted.extend(self.opts.split_by.as_deref());
+        wanted.sort_unstable();
+        wanted.dedup();
+        let batches = crate::store::parquet::read_columns(&ctx.inputs[0].path, &wanted)?;
+        let concat = |name: &str| -> Result<ArrayRef> {
+            let parts: Vec<ArrayRef> = batches
                 .iter()
                 .map(|b| b.column_by_name(name).cloned().ok_or_else(|| anyhow!("input has no column \"{name}\"")))
-                .collect()
-        };
-        let concat = |name: &str| -> Result<ArrayRef> {
-            let parts = column(name)?;
+                .collect::<Result<_>>()?;
             let refs: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
             if refs.is_empty() {
                 return Ok(arrow::array::new_empty_array(&DataType::Float64));
@@ -234,45 +255,38 @@ impl Stage for Correlate {
         };
         let y = numbers(&concat(&self.opts.y)?, &self.opts.y)?;
         let n_rows = y.len();
-        let groups: Vec<String> = match &self.opts.group_by {
-            Some(g) => labels_of(&concat(g)?)?,
-            None => vec![OVERALL.to_string(); n_rows],
-        };
-        let splits: Vec<String> = match &self.opts.split_by {
-            Some(s) => labels_of(&concat(s)?)?,
-            None => vec![String::new(); n_rows],
-        };
-        // Row indices per split, per group (first-seen order; group_order first).
-        let mut split_order: Vec<String> = Vec::new();
-        let mut group_order: Vec<String> = self.opts.group_order.clone().unwrap_or_default();
-        let mut cells: BTreeMap<(String, String), Vec<usize>> = BTreeMap::new();
+        // Rows per (split, group) as codes: 1M rows need no string per row.
+        let (split_order, split_code) = codes(&self.opts.split_by.as_ref().map(|s| concat(s)).transpose()?, n_rows, &[], "")?;
+        let (group_order, group_code) = codes(
+            &self.opts.group_by.as_ref().map(|g| concat(g)).transpose()?,
+            n_rows,
+            self.opts.group_order.as_deref().unwrap_or_default(),
+            OVERALL,
+        )?;
+        let mut cells: BTreeMap<(usize, usize), Vec<usize>> = BTreeMap::new();
         for i in 0..n_rows {
-            if !split_order.contains(&splits[i]) {
-                split_order.push(splits[i].clone());
-            }
-            if !group_order.contains(&groups[i]) {
-                group_order.push(groups[i].clone());
-            }
-            cells.entry((splits[i].clone(), groups[i].clone())).or_default().push(i);
+            cells.entry((split_code[i], group_code[i])).or_default().push(i);
         }
         let seed = ctx.record_key("", "bootstrap");
         let mut results: Vec<Cell> = Vec::new();
         for x_name in &self.opts.x {
             let x = numbers(&concat(x_name)?, x_name)?;
-            for split in &split_order {
-                let mut tasks: Vec<(String, Vec<usize>)> = group_order
+            for (si, split) in split_order.iter().enumerate() {
+                let mut tasks: Vec<(String, &[usize])> = group_order
                     .iter()
-                    .filter_map(|g| cells.get(&(split.clone(), g.clone())).map(|idx| (g.clone(), idx.clone())))
+                    .enumerate()
+                    .filter_map(|(gi, g)| cells.get(&(si, gi)).map(|idx| (g.clone(), idx.as_slice())))
                     .collect();
+                let pooled: Vec<usize>;
                 if self.opts.group_by.is_some() && self.opts.pooled {
-                    let all: Vec<usize> = (0..n_rows).filter(|&i| &splits[i] == split).collect();
-                    tasks.push((POOLED.to_string(), all));
+                    pooled = (0..n_rows).filter(|&i| split_code[i] == si).collect();
+                    tasks.push((POOLED.to_string(), pooled.as_slice()));
                 }
                 let computed: Vec<Vec<Cell>> = tasks
                     .par_iter()
                     .map(|(group, idx)| {
                         let (mut xs, mut ys) = (Vec::with_capacity(idx.len()), Vec::with_capacity(idx.len()));
-                        for &i in idx {
+                        for &i in idx.iter() {
                             if let (Some(a), Some(b)) = (x[i], y[i]) {
                                 xs.push(a);
                                 ys.push(b);
@@ -280,7 +294,7 @@ impl Stage for Correlate {
                         }
                         let invalid = (idx.len() - xs.len()) as u64;
                         self.methods
-                            .iter()
+                            .par_iter()
                             .map(|&m| {
                                 let c = correlation::correlate(m, &xs, &ys);
                                 let ci = (self.opts.bootstrap > 0)
