@@ -20,7 +20,9 @@ use synth::methods::characterbench::{prompts, release};
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let get = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
-    let dir = std::path::PathBuf::from(get("--dir").unwrap_or_else(|| "../shared/data/characterbench/eval_data/raw_data".into()));
+    let dir = std::path::PathBuf::from(
+        get("--dir").unwrap_or_else(|| "../shared/data/characterbench/eval_data/raw_data".into()),
+    );
     let repeat: usize = get("--repeat").and_then(|r| r.parse().ok()).unwrap_or(20);
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let bench = Bench::read(&root.join("pipelines/prompts/characterbench/dimensions.json")).expect("definition");

@@ -35,8 +35,20 @@ fn correlation_equals_scipy_stats_on_the_reference_cases() {
             let (ws, wp) = (want[0].as_f64(), want[1].as_f64());
             let got = correlation::correlate(m, &x, &y);
             assert_eq!(got.n, x.len());
-            assert!(close(got.statistic, ws, 1e-12, 0.0), "{} {}: statistic {} vs scipy {ws:?}", c["name"], m.name(), got.statistic);
-            assert!(close(got.p_value, wp, 1e-15, 1e-9), "{} {}: p {} vs scipy {wp:?}", c["name"], m.name(), got.p_value);
+            assert!(
+                close(got.statistic, ws, 1e-12, 0.0),
+                "{} {}: statistic {} vs scipy {ws:?}",
+                c["name"],
+                m.name(),
+                got.statistic
+            );
+            assert!(
+                close(got.p_value, wp, 1e-15, 1e-9),
+                "{} {}: p {} vs scipy {wp:?}",
+                c["name"],
+                m.name(),
+                got.p_value
+            );
             if let (Some(ws), Some(wp)) = (ws, wp) {
                 worst.0 = worst.0.max((got.statistic - ws).abs());
                 if wp > 0.0 {
@@ -77,11 +89,20 @@ fn correlate_stage_groups_splits_averages_and_never_reports_zero_for_undefined()
     for split in ["zh", "en"] {
         for i in 0..6 {
             let i = i as f64;
-            rows.push_str(&format!("{{\"id\":\"{split}a{i}\",\"g\":\"a\",\"lang\":\"{split}\",\"judge\":{i},\"human\":{i}}}\n"));
-            rows.push_str(&format!("{{\"id\":\"{split}b{i}\",\"g\":\"b\",\"lang\":\"{split}\",\"judge\":{i},\"human\":{}}}\n", -i));
-            rows.push_str(&format!("{{\"id\":\"{split}c{i}\",\"g\":\"c\",\"lang\":\"{split}\",\"judge\":1,\"human\":{i}}}\n"));
+            rows.push_str(&format!(
+                "{{\"id\":\"{split}a{i}\",\"g\":\"a\",\"lang\":\"{split}\",\"judge\":{i},\"human\":{i}}}\n"
+            ));
+            rows.push_str(&format!(
+                "{{\"id\":\"{split}b{i}\",\"g\":\"b\",\"lang\":\"{split}\",\"judge\":{i},\"human\":{}}}\n",
+                -i
+            ));
+            rows.push_str(&format!(
+                "{{\"id\":\"{split}c{i}\",\"g\":\"c\",\"lang\":\"{split}\",\"judge\":1,\"human\":{i}}}\n"
+            ));
         }
-        rows.push_str(&format!("{{\"id\":\"{split}n\",\"g\":\"a\",\"lang\":\"{split}\",\"judge\":null,\"human\":1}}\n"));
+        rows.push_str(&format!(
+            "{{\"id\":\"{split}n\",\"g\":\"a\",\"lang\":\"{split}\",\"judge\":null,\"human\":1}}\n"
+        ));
     }
     p.write("pairs.jsonl", rows);
     p.write(
@@ -104,12 +125,22 @@ fn correlate_stage_groups_splits_averages_and_never_reports_zero_for_undefined()
         for m in ["pearson", "spearman", "kendall"] {
             let a = find(split, "a", m);
             assert!((a["statistic"].as_f64().unwrap() - 1.0).abs() < 1e-12);
-            assert_eq!((a["n"].as_u64(), a["invalid"].as_u64()), (Some(6), Some(1)), "the null row is counted, not used");
+            assert_eq!(
+                (a["n"].as_u64(), a["invalid"].as_u64()),
+                (Some(6), Some(1)),
+                "the null row is counted, not used"
+            );
             assert!((find(split, "b", m)["statistic"].as_f64().unwrap() + 1.0).abs() < 1e-12);
             let c = find(split, "c", m);
-            assert!(c["statistic"].is_null() || c["statistic"].as_f64().unwrap().is_nan(), "constant input: NaN, never 0: {c:?}");
+            assert!(
+                c["statistic"].is_null() || c["statistic"].as_f64().unwrap().is_nan(),
+                "constant input: NaN, never 0: {c:?}"
+            );
             let avg = find(split, "avg", m);
-            assert!(avg["statistic"].as_f64().unwrap().abs() < 1e-12, "the mean of 1 and -1; the undefined group is left out");
+            assert!(
+                avg["statistic"].as_f64().unwrap().abs() < 1e-12,
+                "the mean of 1 and -1; the undefined group is left out"
+            );
             assert_eq!((avg["n"].as_u64(), avg["invalid"].as_u64()), (Some(2), Some(1)));
             assert!(find(split, "all", m)["statistic"].as_f64().is_some());
         }
@@ -120,7 +151,11 @@ fn correlate_stage_groups_splits_averages_and_never_reports_zero_for_undefined()
     }
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(report.contains("| Model | AVG | A | b | c | All |"), "{report}");
-    assert!(report.contains("| J | 0.00 | 100.00 | -100.00 |") || report.contains("| J | 0.0000 | 100.0000 | -100.0000 | NaN |"), "{report}");
+    assert!(
+        report.contains("| J | 0.00 | 100.00 | -100.00 |")
+            || report.contains("| J | 0.0000 | 100.0000 | -100.0000 | NaN |"),
+        "{report}"
+    );
     // Deterministic (the bootstrap is seeded).
     p.synth(&["run", "p.toml", "--out", "again"]).ok();
     assert_eq!(parquet_rows(&p.path().join("again/agree.parquet")), rows);

@@ -237,7 +237,10 @@ mod tests {
         assert_eq!(py_repr(&json!("line\nnext\t\\")), "'line\\nnext\\t\\\\'");
         assert_eq!(py_repr(&json!("中文，　全角空格")), "'中文，\\u3000全角空格'");
         assert_eq!(py_repr(&json!("\u{7f}\u{0}\u{200b}")), "'\\x7f\\x00\\u200b'");
-        assert_eq!(py_repr(&json!({"a": [1, 2.5, null, true], "b": {"c": "d"}})), "{'a': [1, 2.5, None, True], 'b': {'c': 'd'}}");
+        assert_eq!(
+            py_repr(&json!({"a": [1, 2.5, null, true], "b": {"c": "d"}})),
+            "{'a': [1, 2.5, None, True], 'b': {'c': 'd'}}"
+        );
         assert_eq!(py_str(&json!("plain")), "plain");
         for (f, s) in [
             (1.0, "1.0"),

@@ -386,7 +386,14 @@ fn factorial(n: usize) -> f64 {
 /// (e.g. 0.95): `resamples` resamples of the pairs with replacement, each drawn from its
 /// own ChaCha8 stream of `seed`; undefined coefficients (a constant resample) are left out.
 /// Quantiles interpolate linearly (NumPy's default). `None` when no resample is defined.
-pub fn bootstrap_ci(method: Method, x: &[f64], y: &[f64], resamples: usize, level: f64, seed: u64) -> Option<(f64, f64)> {
+pub fn bootstrap_ci(
+    method: Method,
+    x: &[f64],
+    y: &[f64],
+    resamples: usize,
+    level: f64,
+    seed: u64,
+) -> Option<(f64, f64)> {
     let n = x.len();
     if n == 0 || resamples == 0 {
         return None;

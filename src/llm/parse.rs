@@ -268,8 +268,18 @@ pub static NUMBER: ParserKind = ParserKind {
     name: "number",
     about: "a numeric score (float): the first line read as Python's float() (`mode = \"first_line\"`, a fine-tuned judge's bare number), a JSON object's key then regexes (`\"json\"`), or the first match of regexes (`\"search\"`); `fallback` scores an unreadable answer instead of re-asking and flags it in `<column>_fallback`; `min`/`max` (or per-row `min_column`/`max_column`) clamp",
     options: &[
-        OptionSpec::default("mode", Ty::Enum(&["first_line", "json", "search"]), "\"first_line\"", "where the number is read"),
-        OptionSpec::default("column", Ty::Str, "\"score\"", "output column (a Float64; `<column>_fallback` flags fallbacks)"),
+        OptionSpec::default(
+            "mode",
+            Ty::Enum(&["first_line", "json", "search"]),
+            "\"first_line\"",
+            "where the number is read",
+        ),
+        OptionSpec::default(
+            "column",
+            Ty::Str,
+            "\"score\"",
+            "output column (a Float64; `<column>_fallback` flags fallbacks)",
+        ),
         OptionSpec::default("key", Ty::Str, "\"score\"", "mode = json: the key holding the number"),
         OptionSpec::default(
             "patterns",
@@ -282,7 +292,11 @@ pub static NUMBER: ParserKind = ParserKind {
             Ty::Str,
             "mode = first_line: a column with the prompt; \"Human: <prompt>\\nAssistant: \" is removed from the answer first (an echoing server)",
         ),
-        OptionSpec::optional("fallback", crate::config::options::NUMBER, "score of an unreadable answer (else it is re-asked, then fails)"),
+        OptionSpec::optional(
+            "fallback",
+            crate::config::options::NUMBER,
+            "score of an unreadable answer (else it is re-asked, then fails)",
+        ),
         OptionSpec::optional("min", crate::config::options::NUMBER, "clamp below"),
         OptionSpec::optional("max", crate::config::options::NUMBER, "clamp above"),
         OptionSpec::optional("min_column", Ty::Str, "clamp below at this column's value of the record"),
@@ -390,7 +404,8 @@ pub fn python_float(text: &str) -> Option<f64> {
         };
         if c == '_' {
             // PEP 515: only between two digits.
-            let next_digit = chars.get(i + 1).is_some_and(|n| n.is_ascii_digit() || ('\u{ff10}'..='\u{ff19}').contains(n));
+            let next_digit =
+                chars.get(i + 1).is_some_and(|n| n.is_ascii_digit() || ('\u{ff10}'..='\u{ff19}').contains(n));
             if !(prev_digit && next_digit) {
                 return None;
             }
@@ -542,9 +557,26 @@ mod tests {
 
     #[test]
     fn number_parser_reads_like_python() {
-        for (t, v) in [(" 2 ", Some(2.0)), ("3.5", Some(3.5)), ("1_0", Some(10.0)), ("+4", Some(4.0)), ("1e1", Some(10.0)),
-            (".5", Some(0.5)), ("5.", Some(5.0)), ("３", Some(3.0)), ("\u{3000}2\t", Some(2.0)), ("nan", None), ("inf", None),
-            ("评分：2", None), ("1__0", None), ("_1", None), ("", None), ("0x10", None), ("1.2.3", None), ("e5", None)] {
+        for (t, v) in [
+            (" 2 ", Some(2.0)),
+            ("3.5", Some(3.5)),
+            ("1_0", Some(10.0)),
+            ("+4", Some(4.0)),
+            ("1e1", Some(10.0)),
+            (".5", Some(0.5)),
+            ("5.", Some(5.0)),
+            ("３", Some(3.0)),
+            ("\u{3000}2\t", Some(2.0)),
+            ("nan", None),
+            ("inf", None),
+            ("评分：2", None),
+            ("1__0", None),
+            ("_1", None),
+            ("", None),
+            ("0x10", None),
+            ("1.2.3", None),
+            ("e5", None),
+        ] {
             let got = python_float(t).filter(|v| v.is_finite());
             assert_eq!(got, v, "{t:?}");
         }
@@ -552,27 +584,30 @@ mod tests {
         assert_eq!(python_float("-Infinity"), Some(f64::NEG_INFINITY));
         let row = Row::new();
         let p = build("number", &serde_json::json!({"fallback": 3.0})).unwrap();
-        let read = |p: &Box<dyn Parser>, t: &str| {
+        let read = |p: &dyn Parser, t: &str| {
             let r = p.parse(t, &row).unwrap();
             (r["score"].as_f64().unwrap(), r["score_fallback"].as_bool().unwrap())
         };
-        assert_eq!(read(&p, "2"), (2.0, false));
-        assert_eq!(read(&p, "3\n理由：……"), (3.0, false));
-        assert_eq!(read(&p, "评分：2"), (3.0, true));
-        assert_eq!(read(&p, "好\n2"), (3.0, true));
+        assert_eq!(read(p.as_ref(), "2"), (2.0, false));
+        assert_eq!(read(p.as_ref(), "3\n理由：……"), (3.0, false));
+        assert_eq!(read(p.as_ref(), "评分：2"), (3.0, true));
+        assert_eq!(read(p.as_ref(), "好\n2"), (3.0, true));
         let strict = build("number", &Value::Null).unwrap();
         assert!(strict.parse("评分：2", &row).unwrap_err().contains("not a number"));
         assert!(strict.parse("x\n2", &row).unwrap_err().contains("first line"));
         let echo = build("number", &serde_json::json!({"echo_column": "prompt"})).unwrap();
         let rec = Row::from_iter([("prompt".to_string(), Value::from("Q?"))]);
         assert_eq!(echo.parse("Human: Q?\nAssistant: 4", &rec).unwrap()["score"], 4.0);
-        let json = build("number", &serde_json::json!({"mode": "json", "max_column": "scale_max", "min": 1.0})).unwrap();
+        let json =
+            build("number", &serde_json::json!({"mode": "json", "max_column": "scale_max", "min": 1.0})).unwrap();
         let rec = Row::from_iter([("scale_max".to_string(), Value::from(4))]);
         assert_eq!(json.parse("```json\n{\"explanation\": \"...\", \"score\": 3}\n```", &rec).unwrap()["score"], 3.0);
         assert_eq!(json.parse("{\"score\": 9}", &rec).unwrap()["score"], 4.0);
         assert_eq!(json.parse("broken {\"score\": 2, \"explanation\": \"unterminated", &rec).unwrap()["score"], 2.0);
         assert!(json.parse("no score here", &rec).is_err());
-        let search = build("number", &serde_json::json!({"mode": "search", "patterns": ["评分：(\\d+(\\.\\d{1,3})?)"]})).unwrap();
+        let search =
+            build("number", &serde_json::json!({"mode": "search", "patterns": ["评分：(\\d+(\\.\\d{1,3})?)"]}))
+                .unwrap();
         assert_eq!(search.parse("评分：2.5\n...", &row).unwrap()["score"], 2.5);
     }
 }

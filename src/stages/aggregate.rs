@@ -27,7 +27,12 @@ const HOW: &[&str] = &["mean", "vote", "median", "min", "max"];
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::required("column", Ty::Str, "the numeric column to aggregate over a record's samples"),
-    OptionSpec::default("how", Ty::Enum(HOW), "\"mean\"", "mean, vote (majority; ties to the lower value), median, min, max"),
+    OptionSpec::default(
+        "how",
+        Ty::Enum(HOW),
+        "\"mean\"",
+        "mean, vote (majority; ties to the lower value), median, min, max",
+    ),
     OptionSpec::optional("count", Ty::StrList, "boolean columns whose true samples are counted in <name>_count"),
     OptionSpec::optional(
         "collect",
@@ -126,24 +131,29 @@ impl Aggregate {
     fn layout(&self, input: &Schema) -> std::result::Result<Layout, String> {
         let has = |c: &str| input.field_with_name(c).is_ok();
         let need = |c: &str, what: &str| -> std::result::Result<(), String> {
-            if has(c) { Ok(()) } else { Err(format!("no column \"{c}\" to {what} (columns: {})", data::column_list(input))) }
+            if has(c) {
+                Ok(())
+            } else {
+                Err(format!("no column \"{c}\" to {what} (columns: {})", data::column_list(input)))
+            }
         };
         let col = &self.opts.column;
         need(col, "aggregate")?;
         if !input.field_with_name(col).map(|f| f.data_type().is_numeric()).unwrap_or(false) {
             return Err(format!("column \"{col}\" is not numeric"));
         }
-        let pick = |given: &Option<Vec<String>>, default: &[&str], what: &str| -> std::result::Result<Vec<String>, String> {
-            match given {
-                Some(list) => {
-                    for c in list {
-                        need(c, what)?;
+        let pick =
+            |given: &Option<Vec<String>>, default: &[&str], what: &str| -> std::result::Result<Vec<String>, String> {
+                match given {
+                    Some(list) => {
+                        for c in list {
+                            need(c, what)?;
+                        }
+                        Ok(list.clone())
                     }
-                    Ok(list.clone())
+                    None => Ok(default.iter().filter(|c| has(c)).map(|c| c.to_string()).collect()),
                 }
-                None => Ok(default.iter().filter(|c| has(c)).map(|c| c.to_string()).collect()),
-            }
-        };
+            };
         let count = pick(&self.opts.count, &[], "count")?;
         for c in &count {
             if input.field_with_name(c).map(|f| f.data_type() != &DataType::Boolean).unwrap_or(true) {
@@ -198,7 +208,6 @@ impl Aggregate {
         }
         Ok(Layout { schema: data::schema_with_id(fields), count, collect, sum, keep, has_sample: has("sample") })
     }
-
 }
 
 impl Layout {

@@ -166,7 +166,9 @@ fn numbers(col: &ArrayRef, name: &str) -> Result<Vec<Option<f64>>> {
             // Text that reads as a number counts; anything else is invalid.
             let text = arrow::compute::cast(col, &DataType::Utf8)?;
             let s = text.as_string::<i32>();
-            return Ok((0..s.len()).map(|i| s.is_valid(i).then(|| s.value(i).trim().parse::<f64>().ok()).flatten()).collect());
+            return Ok((0..s.len())
+                .map(|i| s.is_valid(i).then(|| s.value(i).trim().parse::<f64>().ok()).flatten())
+                .collect());
         }
         DataType::Boolean => arrow::compute::cast(col, &DataType::Float64)?,
         t if t.is_numeric() => arrow::compute::cast(col, &DataType::Float64)?,
@@ -183,7 +185,8 @@ fn codes(col: &Option<ArrayRef>, n: usize, first: &[String], none: &str) -> Resu
     let text = arrow::compute::cast(col, &DataType::Utf8)?;
     let s = text.as_string::<i32>();
     let mut order: Vec<String> = first.to_vec();
-    let mut index: std::collections::HashMap<String, usize> = order.iter().cloned().enumerate().map(|(i, v)| (v, i)).collect();
+    let mut index: std::collections::HashMap<String, usize> =
+        order.iter().cloned().enumerate().map(|(i, v)| (v, i)).collect();
     let mut out = Vec::with_capacity(n);
     for i in 0..s.len() {
         let v = if s.is_valid(i) { s.value(i) } else { "null" };
@@ -256,7 +259,8 @@ impl Stage for Correlate {
         let y = numbers(&concat(&self.opts.y)?, &self.opts.y)?;
         let n_rows = y.len();
         // Rows per (split, group) as codes: 1M rows need no string per row.
-        let (split_order, split_code) = codes(&self.opts.split_by.as_ref().map(|s| concat(s)).transpose()?, n_rows, &[], "")?;
+        let (split_order, split_code) =
+            codes(&self.opts.split_by.as_ref().map(|s| concat(s)).transpose()?, n_rows, &[], "")?;
         let (group_order, group_code) = codes(
             &self.opts.group_by.as_ref().map(|g| concat(g)).transpose()?,
             n_rows,
@@ -299,7 +303,9 @@ impl Stage for Correlate {
                                 let c = correlation::correlate(m, &xs, &ys);
                                 let ci = (self.opts.bootstrap > 0)
                                     .then(|| {
-                                        let key = blake3::hash(format!("{seed}/{x_name}/{split}/{group}/{}", m.name()).as_bytes());
+                                        let key = blake3::hash(
+                                            format!("{seed}/{x_name}/{split}/{group}/{}", m.name()).as_bytes(),
+                                        );
                                         let s = u64::from_le_bytes(key.as_bytes()[..8].try_into().expect("8 bytes"));
                                         correlation::bootstrap_ci(m, &xs, &ys, self.opts.bootstrap, self.opts.ci, s)
                                     })
@@ -368,8 +374,10 @@ impl Stage for Correlate {
             parts.push(r.method.name());
             parts.join("/")
         };
-        let text = |f: &dyn Fn(&Cell) -> String| Arc::new(StringArray::from_iter_values(results.iter().map(f))) as ArrayRef;
-        let float = |f: &dyn Fn(&Cell) -> Option<f64>| Arc::new(Float64Array::from_iter(results.iter().map(f))) as ArrayRef;
+        let text =
+            |f: &dyn Fn(&Cell) -> String| Arc::new(StringArray::from_iter_values(results.iter().map(f))) as ArrayRef;
+        let float =
+            |f: &dyn Fn(&Cell) -> Option<f64>| Arc::new(Float64Array::from_iter(results.iter().map(f))) as ArrayRef;
         let y_name = self.opts.y.clone();
         let batch = RecordBatch::try_new(
             schema.clone(),

@@ -272,9 +272,9 @@ pub fn item(rec: &Map<String, Value>, dim: &Dimension, bench: &Bench, lang: &str
             "user"
         } else {
             let cname = name_of(src.get("character_name"), "character_name")?;
-            if sp_norm == cname || (en_rules && cname.contains(sp_norm)) {
-                "assistant"
-            } else if en_rules && messages.last().is_some_and(|m| m.0 == "user") {
+            // en: the name, a speaker contained in it, or "assistant after a user turn".
+            let after_user = en_rules && messages.last().is_some_and(|m| m.0 == "user");
+            if sp_norm == cname || (en_rules && cname.contains(sp_norm)) || after_user {
                 "assistant"
             } else {
                 return Err((

@@ -14,7 +14,15 @@ use crate::support::{Project, parquet_rows};
 fn run_agreement(p: &Project, profile: &[&str]) -> Vec<Map<String, Value>> {
     let pipeline = repo().join("pipelines/characterbench.toml");
     let out = p.path().join("out");
-    let mut args = vec!["run", pipeline.to_str().unwrap(), "--offline", "--until", "official_agreement", "--out", out.to_str().unwrap()];
+    let mut args = vec![
+        "run",
+        pipeline.to_str().unwrap(),
+        "--offline",
+        "--until",
+        "official_agreement",
+        "--out",
+        out.to_str().unwrap(),
+    ];
     args.extend_from_slice(profile);
     p.synth(&args).ok();
     parquet_rows(&out.join("official_agreement.parquet"))

@@ -33,7 +33,10 @@ fn bad_records_go_to_failures_naming_file_record_and_field() {
     let records = release_with(&p, "memory_consistency", |r| {
         // Record 1: the character speaks last (zh); record 2: an unknown speaker (zh);
         // record 3: no English copy; record 4: a human score off the 1..4 scale.
-        r[1]["dialogue"].as_array_mut().unwrap().push(serde_json::json!({"turn": 9, "speaker": "character", "utterance": "还有呢？"}));
+        r[1]["dialogue"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!({"turn": 9, "speaker": "character", "utterance": "还有呢？"}));
         r[2]["dialogue"][1]["speaker"] = Value::from("路人甲");
         r[3].as_object_mut().unwrap().remove("translation_en");
         r[4]["gold"] = Value::from(7);
@@ -45,7 +48,9 @@ fn bad_records_go_to_failures_naming_file_record_and_field() {
     let rows = parquet_rows(&out.join("release.parquet"));
     let fails = failures(&out, "release");
     let file = "release/memory_consistency_test.json";
-    let find = |key: String| fails.iter().find(|f| f["id"] == key.as_str()).unwrap_or_else(|| panic!("{key}: {fails:?}")).clone();
+    let find = |key: String| {
+        fails.iter().find(|f| f["id"] == key.as_str()).unwrap_or_else(|| panic!("{key}: {fails:?}")).clone()
+    };
 
     let f = find(format!("memory_consistency/{}/zh", id(1)));
     let m = f["message"].as_str().unwrap();
@@ -58,7 +63,10 @@ fn bad_records_go_to_failures_naming_file_record_and_field() {
 
     let m = find(format!("memory_consistency/{}/en", id(3)))["message"].as_str().unwrap().to_string();
     assert!(m.contains(&format!("record {}", id(3))) && m.contains("field \"translation_en\": missing"), "{m}");
-    assert!(rows.iter().any(|r| r["id"] == format!("memory_consistency/{}/zh", id(3)).as_str()), "its Chinese record is still read");
+    assert!(
+        rows.iter().any(|r| r["id"] == format!("memory_consistency/{}/zh", id(3)).as_str()),
+        "its Chinese record is still read"
+    );
 
     let m = find(format!("memory_consistency/{}/zh", id(4)))["message"].as_str().unwrap().to_string();
     assert!(m.contains("field \"gold\"") && m.contains("outside memory_consistency's scale 1..=4"), "{m}");
@@ -135,7 +143,11 @@ fn judge_replies_that_are_not_numbers_fall_back_counted_or_fail_when_strict() {
     let scores = parquet_rows(&out.join("scores.parquet"));
     assert_eq!(scores.iter().map(|s| s["score_fallback_count"].as_i64().unwrap() as usize).sum::<usize>(), fell);
     let bench = parquet_rows(&out.join("bench.parquet"));
-    assert_eq!(bench.iter().map(|b| b["fallback_samples"].as_i64().unwrap() as usize).sum::<usize>(), fell, "counted and reported");
+    assert_eq!(
+        bench.iter().map(|b| b["fallback_samples"].as_i64().unwrap() as usize).sum::<usize>(),
+        fell,
+        "counted and reported"
+    );
     assert!(failures(&out, "judged").is_empty());
 
     // Without a fallback, an answer that is not a number fails its record with the reason.

@@ -41,7 +41,8 @@ fn build_offline_writes_a_release_the_reader_reads_back() {
     let mut total = 0;
     for d in &bench.dimensions {
         let records: Vec<Value> =
-            serde_json::from_str(&std::fs::read_to_string(release.join(format!("{}_test.json", d.id))).unwrap()).unwrap();
+            serde_json::from_str(&std::fs::read_to_string(release.join(format!("{}_test.json", d.id))).unwrap())
+                .unwrap();
         assert!(!records.is_empty(), "{}", d.id);
         for (i, r) in records.iter().enumerate() {
             assert_eq!(r["id"], i as i64 + 1);
@@ -64,7 +65,10 @@ fn build_offline_writes_a_release_the_reader_reads_back() {
                 assert!(profile.ends_with(r["response_messages"]["character_style"].as_str().unwrap()));
             }
             if d.id == "morality_robustness" {
-                assert!(settings.lines().skip(1).any(|l| profile.ends_with(l.split('\t').nth(1).unwrap())), "{profile}");
+                assert!(
+                    settings.lines().skip(1).any(|l| profile.ends_with(l.split('\t').nth(1).unwrap())),
+                    "{profile}"
+                );
             }
         }
         total += records.len();
@@ -80,8 +84,14 @@ fn build_offline_writes_a_release_the_reader_reads_back() {
 
     // Human scores imported for an earlier export's ids.
     p.write("human.csv", "dimension,id,score\nengagement,1,4\nengagement,2,2\nmemory_consistency,1,3\n");
-    build(&p, "out", &["--set", &format!("stages.export.annotations={:?}", p.path().join("human.csv").to_string_lossy())]).ok();
-    let eg: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(release.join("engagement_test.json")).unwrap()).unwrap();
+    build(
+        &p,
+        "out",
+        &["--set", &format!("stages.export.annotations={:?}", p.path().join("human.csv").to_string_lossy())],
+    )
+    .ok();
+    let eg: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(release.join("engagement_test.json")).unwrap()).unwrap();
     assert_eq!((eg[0]["gold"].as_i64(), eg[1]["annotation_score"].as_i64()), (Some(4), Some(2)));
     assert!(eg[2]["gold"].is_null());
 }
@@ -90,9 +100,23 @@ fn build_offline_writes_a_release_the_reader_reads_back() {
 fn build_from_the_rolemrc_meta_pool_in_english() {
     let p = Project::new();
     let rolemrc = p.path().join("rolemrc");
-    p.synth(&["run", repo().join("pipelines/rolemrc.toml").to_str().unwrap(), "--offline", "--until", "profiles", "--out", rolemrc.to_str().unwrap()]).ok();
+    p.synth(&[
+        "run",
+        repo().join("pipelines/rolemrc.toml").to_str().unwrap(),
+        "--offline",
+        "--until",
+        "profiles",
+        "--out",
+        rolemrc.to_str().unwrap(),
+    ])
+    .ok();
     let profiles = rolemrc.join("profiles.parquet");
-    build(&p, "out", &["--profile", "rolemrc-offline", "--set", &format!("stages.characters.path={:?}", profiles.to_string_lossy())]).ok();
+    build(
+        &p,
+        "out",
+        &["--profile", "rolemrc-offline", "--set", &format!("stages.characters.path={:?}", profiles.to_string_lossy())],
+    )
+    .ok();
     let out = p.path().join("out");
     let plan = parquet_rows(&out.join("plan.parquet"));
     assert_eq!(plan.len(), 13 * 4, "4 characters per dimension from the meta-pool");
@@ -103,14 +127,22 @@ fn build_from_the_rolemrc_meta_pool_in_english() {
     // English scripts: the text is also the records' translation_en, so both views read.
     let rows = read_back(&p, &out.join("release"), "[\"zh\", \"en\"]");
     assert!(rows.iter().any(|r| r["lang"] == "en"));
-    assert!(rows.iter().all(|r| r["user_query"].as_str().unwrap().starts_with(if r["lang"] == "en" { "User：" } else { "用户：" })));
+    assert!(rows.iter().all(|r| r["user_query"].as_str().unwrap().starts_with(if r["lang"] == "en" {
+        "User："
+    } else {
+        "用户："
+    })));
 }
 
 #[test]
 fn a_bad_behaviour_list_names_its_line() {
     let p = Project::new();
     p.write("behaviors.tsv", "zh\ten\n说话很慢。\t Speaks slowly.\n只有一列\n");
-    let r = build(&p, "out", &["--set", &format!("stages.plan.behaviors={:?}", p.path().join("behaviors.tsv").to_string_lossy())]);
+    let r = build(
+        &p,
+        "out",
+        &["--set", &format!("stages.plan.behaviors={:?}", p.path().join("behaviors.tsv").to_string_lossy())],
+    );
     assert_ne!(r.code, 0);
     assert!(r.stderr.contains("behaviors.tsv:3: 1 fields, the header has 2"), "{}", r.stderr);
 }

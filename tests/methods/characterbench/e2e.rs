@@ -33,7 +33,9 @@ fn benchmark_offline_end_to_end_on_the_demo_release() {
     for j in &judged {
         if j["score_fallback"] == true {
             assert_eq!(j["score"].as_f64(), Some(3.0), "the official fallback score");
-            *fallbacks.entry((j["lang"].as_str().unwrap().into(), j["dimension"].as_str().unwrap().into())).or_default() += 1;
+            *fallbacks
+                .entry((j["lang"].as_str().unwrap().into(), j["dimension"].as_str().unwrap().into()))
+                .or_default() += 1;
         }
     }
     assert!(fallbacks.values().sum::<u64>() > 0, "the offline judge sometimes answers with no number");
@@ -59,18 +61,26 @@ fn benchmark_offline_end_to_end_on_the_demo_release() {
             let want = recs.iter().sum::<f64>() / recs.len() as f64 / d.scale.1 as f64 * 5.0;
             let row = benchmark.iter().find(|r| r["lang"] == lang && r["dimension"] == d.id.as_str()).unwrap();
             assert!((row["score5"].as_f64().unwrap() - want).abs() < 1e-12, "{lang} {}", d.id);
-            assert_eq!(row["fallback_samples"].as_u64(), Some(fallbacks.get(&(lang.into(), d.id.clone())).copied().unwrap_or(0)));
+            assert_eq!(
+                row["fallback_samples"].as_u64(),
+                Some(fallbacks.get(&(lang.into(), d.id.clone())).copied().unwrap_or(0))
+            );
             score5.push(want);
         }
         let summary = parquet_rows(&out.join("benchmark.summary.parquet"));
-        let avg = summary.iter().find(|r| r["table"] == format!("characterbench_{lang}").as_str() && r["metric"] == "avg").unwrap();
+        let avg = summary
+            .iter()
+            .find(|r| r["table"] == format!("characterbench_{lang}").as_str() && r["metric"] == "avg")
+            .unwrap();
         assert!((avg["value"].as_f64().unwrap() - score5.iter().sum::<f64>() / 13.0).abs() < 1e-12);
         assert_eq!(avg["n"].as_u64(), Some(13));
         let persona = summary
             .iter()
             .find(|r| r["table"] == format!("characterbench_aspects_{lang}").as_str() && r["metric"] == "persona")
             .unwrap();
-        assert!((persona["value"].as_f64().unwrap() - (score5[3] + score5[4] + score5[5] + score5[6]) / 4.0).abs() < 1e-12);
+        assert!(
+            (persona["value"].as_f64().unwrap() - (score5[3] + score5[4] + score5[5] + score5[6]) / 4.0).abs() < 1e-12
+        );
     }
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(report.contains("## CharacterBench (Table 4 layout, 5-point scale): zh\n"), "{report}");
@@ -91,7 +101,11 @@ fn benchmark_offline_end_to_end_on_the_demo_release() {
 
     // Up to date on a second run; the same bytes from a fresh directory.
     let again = run(&p, "out", &["--profile", "demo"]);
-    assert!(again.stdout.contains("everything is up to date") || again.stderr.contains("everything is up to date"), "{}", again.stderr);
+    assert!(
+        again.stdout.contains("everything is up to date") || again.stderr.contains("everything is up to date"),
+        "{}",
+        again.stderr
+    );
     run(&p, "fresh", &["--profile", "demo"]);
     assert_same_outputs(&out, &p.path().join("fresh"));
 }
@@ -114,6 +128,7 @@ fn shipped_release_offline_with_a_limit() {
 /// Tables 4–5 arithmetic on the paper's published rows (spec §3.4): AVG is the mean of the 13
 /// dimension scores, an aspect the mean of its dimensions.
 #[test]
+#[allow(clippy::approx_constant)] // 3.14 is a published score, not π
 fn table_4_and_5_arithmetic_reproduces_published_rows() {
     use synth::methods::characterbench::scores;
     let bench = bench();
@@ -148,7 +163,20 @@ fn ranking_agreement_between_two_runs_and_with_humans() {
     for (out, seed) in [("a", "17"), ("b", "99")] {
         let dir = p.path().join(out);
         let set = format!("providers.judge.seed={seed}");
-        p.synth(&["run", compare.to_str().unwrap(), "--offline", "--profile", "demo", "--limit", "2", "--set", &set, "--out", dir.to_str().unwrap()]).ok();
+        p.synth(&[
+            "run",
+            compare.to_str().unwrap(),
+            "--offline",
+            "--profile",
+            "demo",
+            "--limit",
+            "2",
+            "--set",
+            &set,
+            "--out",
+            dir.to_str().unwrap(),
+        ])
+        .ok();
     }
     let avg = |run: &str| -> BTreeMap<String, f64> {
         parquet_rows(&p.path().join(run).join("report.parquet"))
@@ -178,7 +206,8 @@ fn ranking_agreement_between_two_runs_and_with_humans() {
     }
     // Against the demo human ranking (model_a 41, model_b 37, model_c 44).
     let out = p.path().join("rank-human");
-    p.synth(&["run", rank.to_str().unwrap(), "--profile", "human", "--set", &set_a, "--out", out.to_str().unwrap()]).ok();
+    p.synth(&["run", rank.to_str().unwrap(), "--profile", "human", "--set", &set_a, "--out", out.to_str().unwrap()])
+        .ok();
     let human = [41.0, 37.0, 44.0];
     let want = correlation::correlate(Method::Spearman, &xs, &human).statistic;
     let row = parquet_rows(&out.join("ranking.parquet")).into_iter().find(|r| r["method"] == "spearman").unwrap();
@@ -192,7 +221,20 @@ fn ranking_agreement_between_two_runs_and_with_humans() {
 #[test]
 fn parity_dict_repr_puts_the_reply_object_in_the_judge_prompt() {
     let p = Project::new();
-    run(&p, "out", &["--profile", "demo", "--limit", "1", "--until", "bench_prompts", "--set", "stages.bench_prompts.parity_dict_repr=true"]);
+    run(
+        &p,
+        "out",
+        &[
+            "--profile",
+            "demo",
+            "--limit",
+            "1",
+            "--until",
+            "bench_prompts",
+            "--set",
+            "stages.bench_prompts.parity_dict_repr=true",
+        ],
+    );
     let prompts = parquet_rows(&p.path().join("out/bench_prompts.parquet"));
     assert!(!prompts.is_empty());
     for q in &prompts {
@@ -216,7 +258,7 @@ fn a_chat_model_judges_as_an_approximate_baseline() {
             let last = openai_server::last_user(body);
             if last.starts_with("Your answer could not be used") {
                 "```json\n{\"explanation\": \"fine\", \"score\": 2}\n```".to_string()
-            } else if last.len() % 3 == 0 {
+            } else if last.len().is_multiple_of(3) {
                 "I would rate it highly.".to_string()
             } else {
                 "{\"explanation\": \"very good\", \"score\": 9}".to_string()
@@ -230,12 +272,27 @@ fn a_chat_model_judges_as_an_approximate_baseline() {
     let pipeline = repo().join("pipelines/characterbench.toml");
     let out = p.path().join("out");
     p.synth_env(
-        &["run", pipeline.to_str().unwrap(), "--offline", "--profile", "demo,chat-judge", "--limit", "2", "--until", "judge_agreement", "--out", out.to_str().unwrap()],
+        &[
+            "run",
+            pipeline.to_str().unwrap(),
+            "--offline",
+            "--profile",
+            "demo,chat-judge",
+            "--limit",
+            "2",
+            "--until",
+            "judge_agreement",
+            "--out",
+            out.to_str().unwrap(),
+        ],
         &env,
     )
     .ok();
     let prompts = parquet_rows(&out.join("shipped_prompts.parquet"));
-    assert!(prompts.iter().all(|q| q["judge_prompt"].as_str().unwrap().contains("\"score\"")), "the JSON instruction is appended");
+    assert!(
+        prompts.iter().all(|q| q["judge_prompt"].as_str().unwrap().contains("\"score\"")),
+        "the JSON instruction is appended"
+    );
     let judged = parquet_rows(&out.join("shipped_judged.parquet"));
     assert_eq!(judged.len(), 13 * 2 * 2, "one sample per record");
     for j in &judged {

@@ -40,7 +40,8 @@ fn prompt_files_are_the_official_constants_listed_in_the_readme() {
         .lines()
         .filter_map(|l| {
             let (sum, path) = l.trim().split_once("  ")?;
-            (sum.len() == 64 && sum.chars().all(|c| c.is_ascii_hexdigit())).then(|| (path.trim().to_string(), sum.to_string()))
+            (sum.len() == 64 && sum.chars().all(|c| c.is_ascii_hexdigit()))
+                .then(|| (path.trim().to_string(), sum.to_string()))
         })
         .collect();
     assert_eq!(listed, sums, "README.md lists every template with its sha256");
@@ -122,15 +123,12 @@ fn check_renderings(dir: &Path, reference: &str) -> usize {
                 },
             )
             .unwrap();
-            let rp = prompts::roleplay(&bench, &item.lang, &item.character_profile, &item.user_profile, &item.messages).unwrap();
+            let rp = prompts::roleplay(&bench, &item.lang, &item.character_profile, &item.user_profile, &item.messages)
+                .unwrap();
             for (kind, text) in [("judge", &judge), ("roleplay", &rp)] {
                 let key = (d.id.clone(), item.record_id.clone(), item.lang.clone(), kind.to_string());
                 let (chars, sha) = want.get(&key).unwrap_or_else(|| panic!("no reference for {key:?}"));
-                assert_eq!(
-                    (text.chars().count(), prompts::sha256(text)),
-                    (*chars, sha.clone()),
-                    "{key:?}:\n{text}"
-                );
+                assert_eq!((text.chars().count(), prompts::sha256(text)), (*chars, sha.clone()), "{key:?}:\n{text}");
                 checked += 1;
             }
         }
@@ -157,13 +155,62 @@ fn the_spec_reference_renderings() {
     let Some(dir) = shared_release() else { return };
     let bench = bench();
     let spec: &[(&str, &str, usize, &str, usize, &str)] = &[
-        ("memory_consistency", "325", 902, "9cb857026aa7120a60f6c472f35445534571a9957f1d4b337100e358ce60357f", 2454, "0f8569ca865281207ee7ce23bb3fe3fbdba734efeca9c3724866c64b89dfa14a"),
-        ("attribute_consistency_bot", "290", 764, "5feaa10c07547e82ed017a95d5dbcea4fbdfbf53ed651cb6cf3d105cd6f83b23", 2253, "69ae86460b4c3431c7b503e8c6cffd29f4c5c56eb7259b3140a2e56d64922fab"),
-        ("attribute_consistency_human", "201", 1467, "0aa8f37c69020d0122198d075e0994e8d1b08aca500a81a1ae647bf0eaaf1d22", 4707, "b19f998c5cbc09f9367f59ecab869ad216a4015d5ec3177aaa75cf1b4644e673"),
-        ("behavior_consistency_human", "237", 1200, "3ae2e98d8b875fbd3e08b09a57956332bffd8445c40ed69a13e3b002bdfcd4fe", 3787, "0ecd523641f3789702861c436e9a96b44ffc4aac7cc4f2a6808312d0fffe8d91"),
-        ("empathetic_responsiveness", "260", 878, "4e9ba9c92c931f9647d8ac004f8ca8dc7c5c5de107338babed71eb66de7a101d", 3774, "6acacdee3ab6ae184f159c7cc94617b0ab9acf0f56fcc491df0b30318d304c91"),
-        ("engagement", "216", 2141, "eba55347170743f857b03804e811622d0121125183c80bc89aa0ce4072d0c3fa", 6948, "aa6d77cf2464f3dbdfca96fa456a6e1e9f50548e5f9c6d492e9d477d918e989e"),
-        ("human_likeness", "237", 939, "c9c296249d172507fec5782e726c0ac82d5d7a3b0d378964239b874a71c9ad92", 3205, "d0b7e12198df04b8e4d3526abc7dccdd6888f34568dfc9439a2fa3a3b2278eca"),
+        (
+            "memory_consistency",
+            "325",
+            902,
+            "9cb857026aa7120a60f6c472f35445534571a9957f1d4b337100e358ce60357f",
+            2454,
+            "0f8569ca865281207ee7ce23bb3fe3fbdba734efeca9c3724866c64b89dfa14a",
+        ),
+        (
+            "attribute_consistency_bot",
+            "290",
+            764,
+            "5feaa10c07547e82ed017a95d5dbcea4fbdfbf53ed651cb6cf3d105cd6f83b23",
+            2253,
+            "69ae86460b4c3431c7b503e8c6cffd29f4c5c56eb7259b3140a2e56d64922fab",
+        ),
+        (
+            "attribute_consistency_human",
+            "201",
+            1467,
+            "0aa8f37c69020d0122198d075e0994e8d1b08aca500a81a1ae647bf0eaaf1d22",
+            4707,
+            "b19f998c5cbc09f9367f59ecab869ad216a4015d5ec3177aaa75cf1b4644e673",
+        ),
+        (
+            "behavior_consistency_human",
+            "237",
+            1200,
+            "3ae2e98d8b875fbd3e08b09a57956332bffd8445c40ed69a13e3b002bdfcd4fe",
+            3787,
+            "0ecd523641f3789702861c436e9a96b44ffc4aac7cc4f2a6808312d0fffe8d91",
+        ),
+        (
+            "empathetic_responsiveness",
+            "260",
+            878,
+            "4e9ba9c92c931f9647d8ac004f8ca8dc7c5c5de107338babed71eb66de7a101d",
+            3774,
+            "6acacdee3ab6ae184f159c7cc94617b0ab9acf0f56fcc491df0b30318d304c91",
+        ),
+        (
+            "engagement",
+            "216",
+            2141,
+            "eba55347170743f857b03804e811622d0121125183c80bc89aa0ce4072d0c3fa",
+            6948,
+            "aa6d77cf2464f3dbdfca96fa456a6e1e9f50548e5f9c6d492e9d477d918e989e",
+        ),
+        (
+            "human_likeness",
+            "237",
+            939,
+            "c9c296249d172507fec5782e726c0ac82d5d7a3b0d378964239b874a71c9ad92",
+            3205,
+            "d0b7e12198df04b8e4d3526abc7dccdd6888f34568dfc9439a2fa3a3b2278eca",
+        ),
     ];
     let langs = vec!["zh".to_string(), "en".to_string()];
     for (dim, id, zh_chars, zh_sha, en_chars, en_sha) in spec {
