@@ -44,22 +44,7 @@ fn main() {
         let mut digest = digest;
         let mut bytes = 0usize;
         for item in &items {
-            let d = bench.dimension(&item.dimension).expect("known");
-            let p = prompts::judge(
-                &bench,
-                d,
-                &item.lang,
-                &prompts::JudgeInput {
-                    profile: &item.judge_profile,
-                    dialogue: &item.judge_dialogue,
-                    user_query: &item.user_query,
-                    speaker: &item.speaker,
-                    response: item.response.as_deref().unwrap_or_default(),
-                    target_slot: item.target_slot.as_deref(),
-                    target: item.target.as_deref(),
-                },
-            )
-            .expect("renders");
+            let p = prompts::judge_item(&bench, item, item.response.as_deref().unwrap_or_default()).expect("renders");
             bytes += p.len();
             if let Some(h) = digest.as_deref_mut() {
                 h.update(p.as_bytes());

@@ -47,6 +47,25 @@ pub fn judge(bench: &Bench, dim: &Dimension, lang: &str, input: &JudgeInput<'_>)
     judge_with(bench.template(rel), input)
 }
 
+/// The judge prompt of a release item with `response` as the character's reply.
+pub fn judge_item(bench: &Bench, item: &super::release::Item, response: &str) -> Result<String, String> {
+    let dim = bench.dimension(&item.dimension).ok_or_else(|| format!("unknown dimension \"{}\"", item.dimension))?;
+    judge(
+        bench,
+        dim,
+        &item.lang,
+        &JudgeInput {
+            profile: &item.judge_profile,
+            dialogue: &item.judge_dialogue,
+            user_query: &item.user_query,
+            speaker: &item.speaker,
+            response,
+            target_slot: item.target_slot.as_deref(),
+            target: item.target.as_deref(),
+        },
+    )
+}
+
 /// A judge prompt from a given template text.
 pub fn judge_with(template: &str, input: &JudgeInput<'_>) -> Result<String, String> {
     let mut fields = Map::new();

@@ -304,3 +304,19 @@ fn a_chat_model_judges_as_an_approximate_baseline() {
     let report = p.path().join("out/judge_agreement.summary.parquet");
     assert!(parquet_rows(&report).iter().all(|r| r["label"] == "chat judge (approximate baseline)"));
 }
+
+/// Without the release at `path` (e.g. no ../shared on this machine), `fallback_path` is read,
+/// with a warning, and the directory used is recorded.
+#[test]
+fn the_release_falls_back_to_the_generated_files_when_absent() {
+    let p = Project::new();
+    let r = run(&p, "out", &["--until", "official_agreement", "--set", "stages.release.path=\"no/such/release\""]);
+    assert!(
+        r.stderr.contains("no/such/release is not here; reading pipelines/data/characterbench-demo instead"),
+        "{}",
+        r.stderr
+    );
+    let manifest = std::fs::read_to_string(p.path().join("out/manifest.json")).unwrap();
+    assert!(manifest.contains("\"directory\": \"pipelines/data/characterbench-demo\""), "{manifest}");
+    assert_eq!(parquet_rows(&p.path().join("out/release.parquet")).len(), 13 * 12 * 2);
+}

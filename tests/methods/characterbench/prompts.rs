@@ -108,21 +108,7 @@ fn check_renderings(dir: &Path, reference: &str) -> usize {
         let (items, problems) = release::read_file(&path, d, &bench, &langs).unwrap();
         assert!(problems.is_empty(), "{problems:?}");
         for item in &items {
-            let judge = prompts::judge(
-                &bench,
-                d,
-                &item.lang,
-                &prompts::JudgeInput {
-                    profile: &item.judge_profile,
-                    dialogue: &item.judge_dialogue,
-                    user_query: &item.user_query,
-                    speaker: &item.speaker,
-                    response: item.response.as_deref().unwrap(),
-                    target_slot: item.target_slot.as_deref(),
-                    target: item.target.as_deref(),
-                },
-            )
-            .unwrap();
+            let judge = prompts::judge_item(&bench, item, item.response.as_deref().unwrap()).unwrap();
             let rp = prompts::roleplay(&bench, &item.lang, &item.character_profile, &item.user_profile, &item.messages)
                 .unwrap();
             for (kind, text) in [("judge", &judge), ("roleplay", &rp)] {
@@ -219,21 +205,7 @@ fn the_spec_reference_renderings() {
         for (lang, chars, sha) in [("zh", zh_chars, zh_sha), ("en", en_chars, en_sha)] {
             let item = items.iter().find(|i| i.record_id == *id && i.lang == lang).unwrap();
             assert_eq!(item.index, 0, "the first record of the file");
-            let p = prompts::judge(
-                &bench,
-                d,
-                lang,
-                &prompts::JudgeInput {
-                    profile: &item.judge_profile,
-                    dialogue: &item.judge_dialogue,
-                    user_query: &item.user_query,
-                    speaker: &item.speaker,
-                    response: item.response.as_deref().unwrap(),
-                    target_slot: item.target_slot.as_deref(),
-                    target: item.target.as_deref(),
-                },
-            )
-            .unwrap();
+            let p = prompts::judge_item(&bench, item, item.response.as_deref().unwrap()).unwrap();
             assert_eq!((p.chars().count(), prompts::sha256(&p).as_str()), (*chars, *sha), "{dim} {id} {lang}");
         }
     }
@@ -251,21 +223,7 @@ fn the_spec_reference_renderings() {
         (1967, "d029fe8571bf50ec82d6f922323c21c0cac084d5d96cb936d756d227322ef07c")
     );
     // The zh memory prompt's empty [多轮对话] block and the duplicated name of the reference line.
-    let judge = prompts::judge(
-        &bench,
-        d,
-        "zh",
-        &prompts::JudgeInput {
-            profile: &item.judge_profile,
-            dialogue: &item.judge_dialogue,
-            user_query: &item.user_query,
-            speaker: &item.speaker,
-            response: item.response.as_deref().unwrap(),
-            target_slot: item.target_slot.as_deref(),
-            target: item.target.as_deref(),
-        },
-    )
-    .unwrap();
+    let judge = prompts::judge_item(&bench, item, item.response.as_deref().unwrap()).unwrap();
     assert!(judge.contains("[多轮对话]\n\n\n[用户发言]\n用户：阿耀哥，你每天穿过沿海公路做什么活动啊？\n\n[角色回复]\n吴仁耀：其实没什么活动，就是在路上练车。"), "{judge}");
     assert!(judge.ends_with("[参考对话历史]\n吴仁耀：吴仁耀：我呢，一直生活在这个小岛，没什么朋友。我只有一辆摩托车，所以它是我的朋友。我给它改了很多东西，用它练飞坡和特技。我每天都会开着它穿过沿海公路到码头做表演。\n\n"));
 }
