@@ -320,3 +320,109 @@ fn the_release_falls_back_to_the_generated_files_when_absent() {
     assert!(manifest.contains("\"directory\": \"pipelines/data/characterbench-demo\""), "{manifest}");
     assert_eq!(parquet_rows(&p.path().join("out/release.parquet")).len(), 13 * 12 * 2);
 }
+
+/// Benchmark mode against OpenAI-compatible endpoints (no `--offline`): the candidate answers
+/// the official role-play prompt with fenced JSON, a Python dict literal or plain text; the
+/// plain text is kept as the reply and flagged; the judge (system prompt "You are a helpful
+/// assistant.", `max_tokens` 512, 1 sample with `--profile no-sc`) answers a number, and
+/// Table 4 is `5·mean/scale_max` of it. The API keys appear in no output.
+#[test]
+fn benchmark_mode_against_openai_compatible_endpoints() {
+    use crate::support::openai_server::{self, Behaviour};
+    use serde_json::Value;
+    let server = openai_server::start(Behaviour {
+        responder: std::sync::Arc::new(|body: &Value| {
+            let messages = body["messages"].as_array().unwrap();
+            let last = openai_server::last_user(body);
+            if messages[0]["role"] == "system" {
+                assert_eq!(messages[0]["content"], "You are a helpful assistant.");
+                assert_eq!(body["max_tokens"].as_u64().or(body["max_completion_tokens"].as_u64()), Some(512));
+                return "2\nreasonable".to_string();
+            }
+            match last.chars().count() % 3 {
+                0 => "```json\n{\"response\": \"fenced reply\"}\n```".to_string(),
+                1 => "{'response': 'dict reply'}".to_string(),
+                _ => "just a plain reply".to_string(),
+            }
+        }),
+        ..Default::default()
+    });
+    let p = Project::new();
+    let url = server.base_url();
+    let env = [
+        ("CANDIDATE_BASE_URL", url.as_str()),
+        ("CANDIDATE_MODEL", "candidate-model"),
+        ("CANDIDATE_API_KEY", "sk-candidate-secret-16"),
+        ("JUDGE_BASE_URL", url.as_str()),
+        ("JUDGE_MODEL", "thu-coai/CharacterJudge"),
+        ("JUDGE_API_KEY", "sk-judge-secret-16"),
+    ];
+    let pipeline = repo().join("pipelines/characterbench.toml");
+    let out = p.path().join("out");
+    p.synth_env(
+        &[
+            "run",
+            pipeline.to_str().unwrap(),
+            "--profile",
+            "demo,no-sc",
+            "--limit",
+            "2",
+            "--until",
+            "benchmark",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &env,
+    )
+    .ok();
+    let replies = parquet_rows(&out.join("replies.parquet"));
+    assert_eq!(replies.len(), 13 * 2 * 2, "every record and language answered");
+    let mut kinds = BTreeMap::new();
+    for r in &replies {
+        let reply = r["reply"].as_str().unwrap();
+        let plain = reply == "just a plain reply";
+        assert!(plain || reply == "fenced reply" || reply == "dict reply", "{reply}");
+        assert_eq!(r["reply_fallback"].as_bool(), Some(plain), "{reply}");
+        *kinds.entry(reply.to_string()).or_insert(0) += 1;
+    }
+    assert_eq!(kinds.len(), 3, "all three answer shapes occurred: {kinds:?}");
+    let prompts = parquet_rows(&out.join("bench_prompts.parquet"));
+    for (r, q) in replies.iter().zip(&prompts) {
+        let line = format!("{}：{}", q["speaker"].as_str().unwrap(), r["reply"].as_str().unwrap());
+        assert!(q["judge_prompt"].as_str().unwrap().contains(&line), "the judge sees the parsed reply as text");
+    }
+    let judged = parquet_rows(&out.join("bench_judged.parquet"));
+    assert_eq!(judged.len(), 13 * 2 * 2, "one sample per record with no-sc");
+    assert!(judged.iter().all(|j| j["score"].as_f64() == Some(2.0) && j["score_fallback"] == false));
+    let benchmark = parquet_rows(&out.join("benchmark.parquet"));
+    assert_eq!(benchmark.len(), 13 * 2);
+    for d in &bench().dimensions {
+        for lang in ["zh", "en"] {
+            let row = benchmark.iter().find(|r| r["lang"] == lang && r["dimension"] == d.id.as_str()).unwrap();
+            let want = 5.0 * 2.0 / d.scale.1 as f64;
+            assert!((row["score5"].as_f64().unwrap() - want).abs() < 1e-12, "{lang} {}", d.id);
+        }
+    }
+    // Secrets never reach the outputs (manifest, caches, tables): nothing in the project.
+    let files = walk(p.path());
+    assert!(files.iter().any(|f| f.ends_with("manifest.json")), "{files:?}");
+    for entry in files {
+        let bytes = std::fs::read(&entry).unwrap();
+        for secret in ["sk-candidate-secret-16", "sk-judge-secret-16"] {
+            assert!(!bytes.windows(secret.len()).any(|w| w == secret.as_bytes()), "{secret} in {}", entry.display());
+        }
+    }
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let path = e.unwrap().path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
