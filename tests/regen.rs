@@ -527,7 +527,11 @@ fn max_cost_usd_stops_the_run_and_nothing_is_snapshotted() {
     // [regenerate] max_cost_usd would be a second cap: refused, pointing to [pipeline].
     p.write("bad.toml", llm_pipeline(&server.base_url(), "m", pricing, "[regenerate]\nmax_cost_usd = 5.0"));
     let bad = p.synth_env(&["regenerate", "bad.toml"], &env).code(78);
-    assert!(bad.stderr.contains("max_cost_usd belongs in [pipeline]") && bad.stderr.contains("bad.toml"), "{}", bad.stderr);
+    assert!(
+        bad.stderr.contains("max_cost_usd belongs in [pipeline]") && bad.stderr.contains("bad.toml"),
+        "{}",
+        bad.stderr
+    );
 }
 
 /// A batch stage left waiting (a `vllm run-batch` file for the user to run) is a partial
