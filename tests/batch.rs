@@ -358,8 +358,7 @@ fn batch_cancel_cancels_at_the_provider_and_a_later_run_pays_nothing_twice() {
     let last_status = log
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|r| r["status"].is_string())
-        .last()
+        .rfind(|r| r["status"].is_string())
         .unwrap_or_else(|| panic!("no status record in the journal:\n{log}"));
     assert!(last_status["status"].as_str().unwrap().starts_with("cancel"), "{last_status}");
     assert!(!log.contains(KEY), "the key leaked into the journal");
