@@ -1,6 +1,9 @@
-//! Hugging Face Hub datasets through hf-hub: resolve a revision to a commit, pick
-//! the data files of a config/split, download them into the local cache (or reuse
-//! it), and fall back to the cache alone when the hub cannot be reached.
+//! Hugging Face Hub datasets through hf-hub: resolve a revision to a commit (or use the
+//! commit a lock pins), pick the data files of a config/split, download them into the
+//! local cache (or reuse it), and fall back to the cache alone when the hub cannot be
+//! reached. Publishing (one commit of many files, then a tag) is [`commit`].
+
+pub mod commit;
 
 use std::path::{Path, PathBuf};
 
@@ -40,6 +43,17 @@ fn default_repo_type() -> String {
 }
 fn default_token_env() -> String {
     "HF_TOKEN".into()
+}
+
+/// How to resolve a hub dataset.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Resolve<'a> {
+    /// Only the local cache (dry runs, no network).
+    pub offline_only: bool,
+    /// Resolve the commit and select files, but download nothing.
+    pub resolve_only: bool,
+    /// Use this commit instead of the configured revision (`synth run --locked`).
+    pub pin: Option<&'a str>,
 }
 
 /// Resolved files of a hub dataset, downloaded into the cache.
@@ -107,15 +121,24 @@ impl HubSpec {
     /// Resolve and download. With `offline_only`, or when the hub cannot be reached,
     /// use only what the local cache holds.
     pub async fn resolve(&self, root: &Path, offline_only: bool) -> Result<HubFiles> {
-        if offline_only {
-            return self.resolve_from_cache(root);
+        self.resolve_with(root, &Resolve { offline_only, ..Default::default() }).await
+    }
+
+    /// Resolve the configured revision (or the pinned commit) to a commit and select the
+    /// files; download them unless `resolve_only` (then the paths are where the cache
+    /// would hold them). With `offline_only`, or when the hub cannot be reached, use only
+    /// what the local cache holds.
+    pub async fn resolve_with(&self, root: &Path, how: &Resolve<'_>) -> Result<HubFiles> {
+        let revision = how.pin.unwrap_or(&self.revision).to_string();
+        if how.offline_only {
+            return self.resolve_from_cache(root, &revision);
         }
         let api = self.api(root)?;
-        let repo = Repo::with_revision(self.repo.clone(), self.repo_type(), self.revision.clone());
+        let repo = Repo::with_revision(self.repo.clone(), self.repo_type(), revision.clone());
         let info = match api.repo(repo).info().await {
             Ok(info) => info,
             Err(e) => {
-                return self.resolve_from_cache(root).map_err(|cache_err| {
+                return self.resolve_from_cache(root, &revision).map_err(|cache_err| {
                     anyhow::anyhow!(
                         "cannot reach the hub for {} ({e}) and the local cache cannot serve it ({cache_err:#})",
                         self.repo
@@ -123,8 +146,23 @@ impl HubSpec {
                 });
             }
         };
+        if let Some(pin) = how.pin
+            && info.sha != pin
+        {
+            bail!("{} at commit {pin} answered as commit {}", self.repo, info.sha);
+        }
         let names: Vec<String> = info.siblings.into_iter().map(|s| s.rfilename).collect();
         let selected = self.select(&names)?;
+        let cache = self.cache(root);
+        if how.resolve_only {
+            let snapshot = cache
+                .path()
+                .join(Repo::with_revision(self.repo.clone(), self.repo_type(), info.sha.clone()).folder_name())
+                .join("snapshots")
+                .join(&info.sha);
+            let files = selected.into_iter().map(|n| (n.clone(), snapshot.join(&n))).collect();
+            return Ok(HubFiles { commit: info.sha, files });
+        }
         // Download at the resolved commit so every file comes from the same revision.
         let pinned = api.repo(Repo::with_revision(self.repo.clone(), self.repo_type(), info.sha.clone()));
         let mut files = Vec::new();
@@ -136,10 +174,11 @@ impl HubSpec {
             files.push((name, path));
         }
         // Remember which commit the configured revision pointed to, for offline re-runs.
-        let cache = self.cache(root);
-        let _ = cache
-            .repo(Repo::with_revision(self.repo.clone(), self.repo_type(), self.revision.clone()))
-            .create_ref(&info.sha);
+        if how.pin.is_none() {
+            let _ = cache
+                .repo(Repo::with_revision(self.repo.clone(), self.repo_type(), self.revision.clone()))
+                .create_ref(&info.sha);
+        }
         Ok(HubFiles { commit: info.sha, files })
     }
 
@@ -191,14 +230,14 @@ impl HubSpec {
     }
 
     /// Serve from the standard hub cache layout: refs/<revision> -> snapshots/<commit>/...
-    fn resolve_from_cache(&self, root: &Path) -> Result<HubFiles> {
+    fn resolve_from_cache(&self, root: &Path, revision: &str) -> Result<HubFiles> {
         let cache = self.cache(root);
-        let repo = Repo::with_revision(self.repo.clone(), self.repo_type(), self.revision.clone());
+        let repo = Repo::with_revision(self.repo.clone(), self.repo_type(), revision.to_string());
         let repo_dir = cache.path().join(repo.folder_name());
-        let commit = if is_commit(&self.revision) {
-            self.revision.clone()
+        let commit = if is_commit(revision) {
+            revision.to_string()
         } else {
-            let ref_path = repo_dir.join("refs").join(&self.revision);
+            let ref_path = repo_dir.join("refs").join(revision);
             std::fs::read_to_string(&ref_path)
                 .with_context(|| format!("{} is not in the local cache ({})", self.repo, ref_path.display()))?
                 .trim()

@@ -9,7 +9,8 @@
 //!   [`progress`], [`config`] (spanned TOML, diagnostics, option schemas, declarations),
 //!   [`store`] (crash-safe files, Parquet, failures, state, the summary protocol, the
 //!   response cache), [`eval`] (reference metric ports), [`retrieval`] (exact and HNSW
-//!   max/min inner-product search), [`onnx`] (ONNX Runtime), [`hub`] (hf-hub).
+//!   max/min inner-product search), [`onnx`] (ONNX Runtime), [`hub`] (hf-hub, Hub
+//!   commits), [`fetch`] (files from http(s) URLs).
 //! - L1 capabilities: [`llm`] (providers, rate control, retries, parsers, the offline
 //!   stand-in), [`embed`] (hashing, fastembed, OpenAI-compatible embedders).
 //! - L2 run services: [`services`] (what a run shares: providers, embedders, cache,
@@ -17,7 +18,8 @@
 //! - L3 stage API and L4 kinds: [`stages`] (the `Stage` trait, contexts, `exec`; one file
 //!   per engine kind), [`methods`] (one folder per benchmark method).
 //! - L5 compile and run: [`pipeline`] (TOML → checked pipeline), [`dag`] (graph,
-//!   fingerprints, the runner), [`registry`] (engine kinds + every method's).
+//!   fingerprints, the runner), [`registry`] (engine kinds + every method's),
+//!   [`regen`] (locks, scheduled regeneration, snapshots, Hub releases).
 //! - L6 front ends: [`cli`], [`bench`].
 
 pub mod bench;
@@ -27,12 +29,14 @@ pub mod dag;
 pub mod data;
 pub mod embed;
 pub mod eval;
+pub mod fetch;
 pub mod hub;
 pub mod llm;
 pub mod methods;
 pub mod onnx;
 pub mod pipeline;
 pub mod progress;
+pub mod regen;
 pub mod registry;
 pub mod retrieval;
 pub mod rng;

@@ -2,6 +2,7 @@
 //! one indicatif bar per running stage on a terminal, or as periodic plain log
 //! lines otherwise (CI, pipes), or not at all with `-q`.
 
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -23,6 +24,9 @@ pub struct StageProgress {
     /// Cost in millionths of a dollar.
     pub cost_micro_usd: AtomicU64,
     pub retries: AtomicU64,
+    /// The model ids the provider said answered (`model` of each answer, cached or not)
+    /// and its `system_fingerprint`s: what `synth.lock` records as served.
+    served: Mutex<(BTreeSet<String>, BTreeSet<String>)>,
     /// A line of state shown after the counters (e.g. a batch stage's batches).
     note: Mutex<String>,
     started: Instant,
@@ -44,6 +48,7 @@ impl StageProgress {
             tokens_out: AtomicU64::new(0),
             cost_micro_usd: AtomicU64::new(0),
             retries: AtomicU64::new(0),
+            served: Mutex::new(Default::default()),
             note: Mutex::new(String::new()),
             started: Instant::now(),
             finished: AtomicBool::new(false),
@@ -79,6 +84,25 @@ impl StageProgress {
 
     pub fn cost_usd(&self) -> f64 {
         self.cost_micro_usd.load(Ordering::Relaxed) as f64 / 1e6
+    }
+
+    /// Note the model that answered a request (and its system fingerprint, if given).
+    pub fn note_served(&self, model: &str, system_fingerprint: Option<&str>) {
+        let mut served = self.served.lock().expect("served");
+        if !served.0.contains(model) {
+            served.0.insert(model.to_string());
+        }
+        if let Some(fp) = system_fingerprint.filter(|f| !f.is_empty() && !served.1.contains(*f)) {
+            served.1.insert(fp.to_string());
+        }
+    }
+
+    pub fn served_models(&self) -> BTreeSet<String> {
+        self.served.lock().expect("served").0.clone()
+    }
+
+    pub fn system_fingerprints(&self) -> BTreeSet<String> {
+        self.served.lock().expect("served").1.clone()
     }
 
     /// "12 req/s · 3.4k tok/s · $0.0123" when the stage made requests, else "".
@@ -128,7 +152,19 @@ impl Write for LogWriter {
 pub struct ProgressHub {
     mode: Mode,
     stages: Mutex<Vec<(Arc<StageProgress>, Option<ProgressBar>)>>,
+    /// Stages that finished (well or not): what they asked and spent still counts.
+    done: Mutex<Vec<Arc<StageProgress>>>,
     line_interval: Duration,
+}
+
+/// What a run's provider calls came to, failed stages included.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Usage {
+    pub requests: u64,
+    pub cache_hits: u64,
+    pub tokens_in: u64,
+    pub tokens_out: u64,
+    pub cost_usd: f64,
 }
 
 impl ProgressHub {
@@ -136,7 +172,12 @@ impl ProgressHub {
         if mode == Mode::Bars {
             MULTI.get_or_init(|| MultiProgress::with_draw_target(ProgressDrawTarget::stderr_with_hz(8)));
         }
-        Arc::new(ProgressHub { mode, stages: Mutex::new(Vec::new()), line_interval: Duration::from_secs(10) })
+        Arc::new(ProgressHub {
+            mode,
+            stages: Mutex::new(Vec::new()),
+            done: Mutex::new(Vec::new()),
+            line_interval: Duration::from_secs(10),
+        })
     }
 
     /// Choose bars on a terminal, lines otherwise.
@@ -174,7 +215,8 @@ impl ProgressHub {
         progress.finished.store(true, Ordering::Relaxed);
         let mut stages = self.stages.lock().expect("progress");
         if let Some(idx) = stages.iter().position(|(p, _)| Arc::ptr_eq(p, progress)) {
-            let (_, bar) = stages.remove(idx);
+            let (p, bar) = stages.remove(idx);
+            self.done.lock().expect("progress").push(p);
             if let Some(bar) = bar {
                 bar.finish_and_clear();
                 if let Some(mp) = MULTI.get() {
@@ -182,6 +224,22 @@ impl ProgressHub {
                 }
             }
         }
+    }
+
+    /// Requests, tokens and cost of every stage this hub saw, finished, failed or running.
+    pub fn usage(&self) -> Usage {
+        let running: Vec<Arc<StageProgress>> =
+            self.stages.lock().expect("progress").iter().map(|(p, _)| p.clone()).collect();
+        let done = self.done.lock().expect("progress").clone();
+        let mut u = Usage::default();
+        for p in running.iter().chain(done.iter()) {
+            u.requests += p.requests.load(Ordering::Relaxed);
+            u.cache_hits += p.cache_hits.load(Ordering::Relaxed);
+            u.tokens_in += p.tokens_in.load(Ordering::Relaxed);
+            u.tokens_out += p.tokens_out.load(Ordering::Relaxed);
+            u.cost_usd += p.cost_usd();
+        }
+        u
     }
 
     /// Render until `stop` is cancelled.

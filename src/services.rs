@@ -284,6 +284,7 @@ impl Services {
             Ok(Some(hit)) => {
                 if let Ok(response) = serde_json::from_str::<ChatResponse>(&hit.response) {
                     ctx.progress.cache_hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    ctx.progress.note_served(&response.model, response.system_fingerprint.as_deref());
                     return Ok(Completed { response, cached: true, retries: 0 });
                 }
             }
@@ -420,6 +421,7 @@ impl Services {
                         p.tokens_in.fetch_add(tin, std::sync::atomic::Ordering::Relaxed);
                         p.tokens_out.fetch_add(tout, std::sync::atomic::Ordering::Relaxed);
                         p.cost_micro_usd.fetch_add((cost * 1e6).round() as u64, std::sync::atomic::Ordering::Relaxed);
+                        p.note_served(&response.model, response.system_fingerprint.as_deref());
                         Ok(Completed { response, cached: false, retries })
                     }
                     Err(e) => {

@@ -204,7 +204,7 @@ fn two_runs_cannot_share_an_output_directory() {
         .open(p.path().join("out/_synth/lock"))
         .unwrap();
     lock.lock().unwrap();
-    let run = p.synth(&["run", "p.toml"]).code(2);
+    let run = p.synth(&["run", "p.toml"]).code(75);
     assert!(run.stderr.contains("another synth run is using out"), "{}", run.stderr);
     drop(lock);
     p.synth(&["run", "p.toml"]).ok();

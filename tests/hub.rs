@@ -69,29 +69,14 @@ async fn resolve(
         .into_response()
 }
 
-/// Serve the hub on 127.0.0.1:0 from a background thread; returns its URL.
 /// Serve `hub` on 127.0.0.1 (at most 300 s): its endpoint URL and a stop handle.
 pub fn serve(hub: Arc<Hub>) -> (String, tokio::sync::oneshot::Sender<()>) {
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(async move {
-            let app = Router::new()
-                .route("/api/datasets/{org}/{name}/revision/{rev}", get(info))
-                .route("/datasets/{org}/{name}/resolve/{rev}/{*path}", get(resolve))
-                .with_state(hub);
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            addr_tx.send(listener.local_addr().unwrap()).unwrap();
-            let server = axum::serve(listener, app).with_graceful_shutdown(async {
-                let _ = rx.await;
-            });
-            // Bounded in time: a test hub never outlives a few minutes.
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(300), server).await;
-        });
-    });
-    let addr = addr_rx.recv().unwrap();
-    (format!("http://{addr}"), tx)
+    support::serve_router(
+        Router::new()
+            .route("/api/datasets/{org}/{name}/revision/{rev}", get(info))
+            .route("/datasets/{org}/{name}/resolve/{rev}/{*path}", get(resolve))
+            .with_state(hub),
+    )
 }
 
 fn personas() -> Vec<u8> {

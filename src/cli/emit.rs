@@ -1,19 +1,24 @@
-//! `synth emit`: what a scheduler needs to run a pipeline, written as text. `k8s`: a
-//! Kubernetes Job per coordinator step and an Indexed Job per wave (completionMode
-//! Indexed, parallelism, backoffLimitPerIndex, restartPolicy Never, the provider keys
-//! from a Secret), applied together: each waits for what it needs through the state
-//! (`--wait`), and all carry one run id so none takes an earlier run's plan. `slurm`: a
-//! script that submits the steps and the `sbatch --array` waves in order
-//! (`--dependency=afterok`). Other targets (schedules) join this subcommand.
+//! `synth emit`: recipes for other systems, written as text. `schedule
+//! systemd|cron|k8s` runs `synth regenerate` on a schedule (a systemd service + timer, a
+//! crontab line under flock, a Kubernetes CronJob). `k8s`: what a scheduler needs to run
+//! a sharded pipeline, a Kubernetes Job per coordinator step and an Indexed Job per wave
+//! (completionMode Indexed, parallelism, backoffLimitPerIndex, restartPolicy Never, the
+//! provider keys from a Secret), applied together: each waits for what it needs through
+//! the state (`--wait`), and all carry one run id so none takes an earlier run's plan.
+//! `slurm`: a script that submits the steps and the `sbatch --array` waves in order
+//! (`--dependency=afterok`).
 
 use std::fmt::Write;
 
 use serde_json::{Value, json};
 
-use super::{EXIT_OK, EXIT_RUNTIME, EmitArgs, EmitCommand};
+use super::{EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME, EmitArgs, EmitCommand, EmitScheduleArgs, ScheduleTarget};
+use crate::regen::config::RegenConfig;
+use crate::regen::schedule::{self, Recipe, Target};
 
 pub fn run(cmd: &EmitCommand) -> i32 {
     let (common, text) = match cmd {
+        EmitCommand::Schedule(a) => return emit_schedule(a),
         EmitCommand::K8s(a) => (&a.common, k8s(a)),
         EmitCommand::Slurm(a) => (&a.common, slurm(a)),
     };
@@ -65,7 +70,13 @@ fn plan(a: &EmitArgs) -> Result<Plan, i32> {
         (None, Some(dir)) => args.extend(["--out".into(), dir.to_string_lossy().to_string()]),
         (None, None) => {
             eprintln!("error: give --state URL (or, with a file system every node shares, --out DIR)");
-            return Err(super::EXIT_CONFIG);
+            return Err(EXIT_CONFIG);
+        }
+    }
+    if a.locked {
+        args.push("--locked".into());
+        if let Some(l) = &a.lockfile.lockfile {
+            args.extend(["--lockfile".into(), l.to_string_lossy().to_string()]);
         }
     }
     let parallel = a.parallel.unwrap_or(a.shards).min(a.shards);
@@ -312,6 +323,105 @@ fn slurm(a: &super::EmitSlurmArgs) -> Result<String, i32> {
         submit(&mut out, &format!("step-{k}"), None, cmd(&["--step".into(), k.to_string()]));
     }
     Ok(out)
+}
+
+fn emit_schedule(a: &EmitScheduleArgs) -> i32 {
+    let p = match super::load_or_report(&a.pipeline) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let fail = |e: anyhow::Error| {
+        eprintln!("error: {e:#}");
+        EXIT_CONFIG
+    };
+    let cron = match schedule::cron_of(&a.every, a.at.as_deref(), a.on.as_deref()) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    if let Err(e) = humantime::parse_duration(&a.timeout) {
+        return fail(anyhow::anyhow!("--timeout {}: {e}", a.timeout));
+    }
+    let target = match a.target {
+        ScheduleTarget::Systemd => Target::Systemd,
+        ScheduleTarget::Cron => Target::Cron,
+        ScheduleTarget::K8s => Target::K8s,
+    };
+    let cfg = match RegenConfig::of(&p) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    // The token variable of the repository it publishes to.
+    let push_token = match &a.push.push {
+        None => None,
+        Some(_) => Some(cfg.hub.as_ref().map(|h| h.token_env.clone()).unwrap_or_else(|| "HF_TOKEN".into())),
+    };
+    if matches!(&a.push.push, Some(r) if r.is_empty()) && cfg.hub.is_none() {
+        return fail(anyhow::anyhow!(
+            "--push without a repository: give --push OWNER/NAME or set [regenerate.hub] repo"
+        ));
+    }
+    let pipeline_arg = a.pipeline.pipeline.to_string_lossy().to_string();
+    let mut args = vec!["regenerate".to_string(), pipeline_arg.clone()];
+    if a.pipeline.offline {
+        args.push("--offline".into());
+    }
+    if let Some(profile) = &a.pipeline.profile {
+        args.extend(["--profile".to_string(), profile.clone()]);
+    }
+    for set in &a.pipeline.sets {
+        args.extend(["--set".to_string(), set.clone()]);
+    }
+    args.extend(["--if-changed".to_string(), "--snapshot".to_string()]);
+    if let Some(repo) = &a.push.push {
+        args.push("--push".into());
+        if !repo.is_empty() {
+            args.push(repo.clone());
+        }
+    }
+    let k8s = target == Target::K8s;
+    let workdir = a.workdir.clone().unwrap_or_else(|| {
+        if k8s {
+            "/work".into()
+        } else {
+            std::env::current_dir().map(|d| d.display().to_string()).unwrap_or_else(|_| ".".into())
+        }
+    });
+    if k8s {
+        // State (outputs, snapshots, caches) on the mounted volume.
+        args.extend(["--out".to_string(), format!("{workdir}/state/{}", p.name)]);
+    }
+    let synth = a.synth.clone().unwrap_or_else(|| {
+        if k8s {
+            "synth".into()
+        } else {
+            std::env::current_exe().map(|e| e.display().to_string()).unwrap_or_else(|_| "synth".into())
+        }
+    });
+    let name: String = format!("synth-{}", p.name)
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c.to_ascii_lowercase() } else { '-' })
+        .collect();
+    let recipe = Recipe {
+        target,
+        pipeline_arg,
+        every: a.every.clone(),
+        cron,
+        timezone: a.timezone.clone(),
+        args,
+        workdir,
+        synth,
+        image: a.image.clone(),
+        name,
+        timeout: a.timeout.clone(),
+        secrets: schedule::secrets_of(&p, push_token.as_deref()),
+    };
+    match schedule::render(&recipe) {
+        Ok(text) => {
+            print!("{text}");
+            EXIT_OK
+        }
+        Err(e) => fail(e),
+    }
 }
 
 #[cfg(test)]

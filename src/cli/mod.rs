@@ -1,6 +1,6 @@
 //! The `synth` command line: argument definitions, logging setup and the mapping
-//! from outcomes to exit codes (0 ok, 1 quality gate, 2 runtime failure, 78 bad
-//! config, 130 interrupted). Each subcommand lives in its own file.
+//! from outcomes to exit codes (0 ok, 2 runtime failure, 75 another run holds the
+//! output directory, 78 bad config, 130 interrupted). Each subcommand lives in its own file.
 
 use std::path::PathBuf;
 
@@ -12,14 +12,19 @@ mod emit;
 mod graph;
 mod inspect;
 mod list;
+mod lock;
+mod regenerate;
 mod run;
 mod score;
+mod snapshot;
 mod stats;
 mod status;
 mod validate;
 
 pub const EXIT_OK: i32 = 0;
 pub const EXIT_RUNTIME: i32 = 2;
+/// Another run (or regeneration) holds the output directory: nothing was done (EX_TEMPFAIL).
+pub const EXIT_BUSY: i32 = 75;
 pub const EXIT_CONFIG: i32 = 78;
 pub const EXIT_INTERRUPTED: i32 = 130;
 /// A part of a sharded run whose prerequisites are not there yet (EX_TEMPFAIL).
@@ -57,6 +62,13 @@ pub enum Command {
     List,
     /// Run a pipeline (incrementally: up-to-date stages are skipped).
     Run(RunArgs),
+    /// Pin every upstream (hub commits, file hashes, served models) in synth.lock.
+    Lock(LockArgs),
+    /// Re-resolve upstreams, run what changed, snapshot and publish (for schedulers).
+    Regenerate(RegenerateArgs),
+    /// The snapshots of an output directory.
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
     /// Look into a Parquet file.
     Inspect(InspectArgs),
     /// Per-stage figures of the last run in an output directory.
@@ -72,7 +84,9 @@ pub enum Command {
     /// Where a run stands: its last outcome and, for sharded runs, each wave's shards
     /// done and missing, with the retry set.
     Status(StatusArgs),
-    /// Write what a scheduler needs to run a pipeline (Kubernetes Jobs, a Slurm script).
+    /// Print a ready recipe for another system: a schedule for `synth regenerate`
+    /// (systemd, cron, Kubernetes CronJob), or what a scheduler needs to run a sharded
+    /// pipeline (Kubernetes Jobs, a Slurm script).
     #[command(subcommand)]
     Emit(EmitCommand),
     /// Provider batches of an output directory (stages run with `batch = true`).
@@ -96,6 +110,8 @@ pub struct StatusArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum EmitCommand {
+    /// A recipe that runs `synth regenerate` on a schedule.
+    Schedule(EmitScheduleArgs),
     /// Kubernetes: a Job per coordinator step and an Indexed Job per wave (apply all at once).
     K8s(EmitK8sArgs),
     /// Slurm: a script submitting the steps and the `sbatch --array` waves in order.
@@ -131,6 +147,12 @@ pub struct EmitArgs {
     /// How long a job waits for what it needs before failing, in seconds.
     #[arg(long, default_value_t = 86_400)]
     pub wait: u64,
+    /// The jobs run with `--locked`: upstreams resolve to the versions of synth.lock (which
+    /// must be where the jobs run: next to the pipeline, or --lockfile).
+    #[arg(long)]
+    pub locked: bool,
+    #[command(flatten)]
+    pub lockfile: LockfileArg,
     /// Write to this file instead of standard output.
     #[arg(long = "output", short = 'o', value_name = "FILE")]
     pub output: Option<PathBuf>,
@@ -411,6 +433,12 @@ pub struct RunArgs {
     /// written by a step with this run id.
     #[arg(long, value_name = "ID", requires = "shards")]
     pub run_id: Option<String>,
+    /// Use exactly the upstream versions of synth.lock (hub commits, file contents,
+    /// served models); a stage whose upstream differs fails.
+    #[arg(long)]
+    pub locked: bool,
+    #[command(flatten)]
+    pub lockfile: LockfileArg,
     /// Stages in batch mode stop once their batches are submitted (exit 0); run the same
     /// command again later to collect the results.
     #[arg(long)]
@@ -421,6 +449,159 @@ pub struct RunArgs {
 pub enum Executor {
     /// Shards as processes of this machine.
     Local,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct LockfileArg {
+    /// Lock file (default: synth.lock next to the pipeline file).
+    #[arg(long, value_name = "FILE")]
+    pub lockfile: Option<PathBuf>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct PushArg {
+    /// Publish each snapshot to the Hugging Face Hub as one commit (implies --snapshot);
+    /// REPO defaults to [regenerate.hub] repo.
+    #[arg(long, value_name = "REPO", num_args = 0..=1, default_missing_value = "")]
+    pub push: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct LockArgs {
+    #[command(flatten)]
+    pub pipeline: PipelineArgs,
+    /// Re-resolve every upstream (the explicit bump); without it, what is locked stays.
+    #[arg(long)]
+    pub update: bool,
+    /// Output directory whose last run tells which models providers served (default: the
+    /// pipeline's output_dir).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    #[command(flatten)]
+    pub lockfile: LockfileArg,
+}
+
+#[derive(Args, Debug)]
+pub struct RegenerateArgs {
+    #[command(flatten)]
+    pub pipeline: PipelineArgs,
+    /// When nothing moved since the last release, do nothing and exit 0 ("unchanged").
+    #[arg(long)]
+    pub if_changed: bool,
+    /// Write an immutable snapshot of the release and move `latest` to it.
+    #[arg(long)]
+    pub snapshot: bool,
+    #[command(flatten)]
+    pub push: PushArg,
+    /// Use the upstream versions of synth.lock instead of resolving them anew.
+    #[arg(long)]
+    pub locked: bool,
+    #[command(flatten)]
+    pub lockfile: LockfileArg,
+    /// Stop sending provider requests before this regeneration's spending would pass this
+    /// many USD (overrides [pipeline] max_cost_usd, the run's cost cap).
+    #[arg(long, value_name = "USD")]
+    pub max_cost_usd: Option<f64>,
+    /// Keep only the newest N snapshots (overrides [regenerate] keep).
+    #[arg(long, value_name = "N")]
+    pub keep: Option<usize>,
+    /// Output directory (default: the pipeline's output_dir).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Print the summary (what hooks receive) as one JSON line on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Where the snapshots are: a pipeline file (its output_dir and [regenerate]
+/// snapshots_dir), an output directory, or a snapshots directory.
+#[derive(Args, Debug, Clone)]
+pub struct SnapshotsArg {
+    /// A pipeline file, an output directory or a snapshots directory.
+    pub target: PathBuf,
+    /// With a pipeline file: its profile (changes the output directory of some pipelines).
+    #[arg(long, value_name = "NAME[,NAME]")]
+    pub profile: Option<String>,
+    #[arg(long)]
+    pub offline: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SnapshotCommand {
+    /// Every snapshot: id, creation time, rows, where it was published; `*` marks latest.
+    List {
+        #[command(flatten)]
+        at: SnapshotsArg,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Rows added / removed / changed per export between two snapshots (by stable id).
+    Diff {
+        #[command(flatten)]
+        at: SnapshotsArg,
+        /// The older snapshot (default: the one before NEW).
+        old: Option<String>,
+        /// The newer snapshot (default: latest).
+        new: Option<String>,
+        /// List up to N ids of each kind of change.
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        ids: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove all but the newest N snapshots (never the one `latest` points to).
+    Gc {
+        #[command(flatten)]
+        at: SnapshotsArg,
+        #[arg(long, value_name = "N")]
+        keep: usize,
+        /// Only say what would be removed.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ScheduleTarget {
+    /// A systemd service + timer (Persistent=true).
+    Systemd,
+    /// A crontab line under flock -n.
+    Cron,
+    /// A Kubernetes CronJob (concurrencyPolicy: Forbid).
+    K8s,
+}
+
+#[derive(Args, Debug)]
+pub struct EmitScheduleArgs {
+    pub target: ScheduleTarget,
+    #[command(flatten)]
+    pub pipeline: PipelineArgs,
+    /// hourly, daily, weekly, monthly, <N>m, <N>h, or a 5-field cron expression ("0 3 * * 1").
+    #[arg(long)]
+    pub every: String,
+    /// Time of day for daily / weekly / monthly (HH:MM, 24-hour) [default: 03:00].
+    #[arg(long, value_name = "HH:MM")]
+    pub at: Option<String>,
+    /// Day of the week for weekly [default: mon].
+    #[arg(long, value_name = "DAY")]
+    pub on: Option<String>,
+    /// Time zone of the schedule.
+    #[arg(long, default_value = "UTC")]
+    pub timezone: String,
+    #[command(flatten)]
+    pub push: PushArg,
+    /// Directory the job runs in (default: the current directory; k8s: /work).
+    #[arg(long)]
+    pub workdir: Option<String>,
+    /// The synth executable the job runs (default: this one; k8s: synth).
+    #[arg(long)]
+    pub synth: Option<String>,
+    /// Container image (k8s).
+    #[arg(long, default_value = "synth:latest")]
+    pub image: String,
+    /// Longest a run may take.
+    #[arg(long, default_value = "36h")]
+    pub timeout: String,
 }
 
 #[derive(Args, Debug)]
@@ -515,6 +696,9 @@ pub fn main() -> i32 {
         Command::Graph(a) => graph::run(&a),
         Command::List => list::run(),
         Command::Run(a) => run::run(&a, cli.quiet, cli.log_format),
+        Command::Lock(a) => lock::run(&a),
+        Command::Regenerate(a) => regenerate::run(&a, cli.quiet),
+        Command::Snapshot(c) => snapshot::run(c),
         Command::Inspect(a) => inspect::run(&a),
         Command::Stats(a) => stats::run(&a),
         Command::Score(a) => score::run(&a),

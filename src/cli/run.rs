@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_NOT_READY, EXIT_OK, EXIT_RUNTIME, RunArgs};
+use super::{EXIT_BUSY, EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_NOT_READY, EXIT_OK, EXIT_RUNTIME, RunArgs};
 use crate::dag::runner::{self, RunError, RunOptions, RunSummary};
 use crate::dag::shard::{self, ShardOutcome, Sharding};
 use crate::progress::ProgressHub;
@@ -27,6 +27,19 @@ pub fn run(args: &RunArgs, quiet: bool, log_format: super::LogFormat) -> i32 {
         Err(code) => return code,
     };
     let out_dir = args.out.clone().unwrap_or_else(|| p.output_dir.clone());
+    let lock = match args.locked {
+        false => None,
+        true => {
+            let (path, key) = crate::regen::lock::location(&args.pipeline.pipeline, args.lockfile.lockfile.as_deref());
+            match crate::regen::locked_entry(&path, &key, p.profile.as_deref()) {
+                Ok(entry) => Some(Arc::new(entry)),
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return EXIT_CONFIG;
+                }
+            }
+        }
+    };
     let (state, work) = match &args.state {
         None => (None, out_dir.clone()),
         Some(url) => {
@@ -70,14 +83,14 @@ pub fn run(args: &RunArgs, quiet: bool, log_format: super::LogFormat) -> i32 {
         dry_run: args.dry_run,
         lease_ttl: Some(std::time::Duration::from_secs(args.lease_seconds.max(1))),
         role: None,
+        resolve_only: false,
+        lock: lock.clone(),
         detach: args.detach,
+        max_cost_usd: None,
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match runtime() {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return EXIT_RUNTIME;
-        }
+        Err(code) => return code,
     };
     let dry_run = opts.dry_run;
     let result = runtime.block_on(async move {
@@ -124,6 +137,21 @@ pub fn run(args: &RunArgs, quiet: bool, log_format: super::LogFormat) -> i32 {
         }
         Ok(summary) => {
             print_summary(&summary);
+            // Under --locked, the models that answered must be the locked ones.
+            // (The manifest of where this process ran: the --out directory, the work
+            // mirror of --state, a shard's own work directory.)
+            if let Some(lock) = &lock
+                && let Ok(manifest) = crate::store::state::Manifest::load(&summary.out_dir)
+            {
+                let bad = crate::regen::lock::served_mismatches(lock, &manifest);
+                if !bad.is_empty() {
+                    eprintln!(
+                        "error: {}\nthe outputs are kept; run `synth lock --update` to accept the model that answered",
+                        bad.join("\n")
+                    );
+                    return EXIT_RUNTIME;
+                }
+            }
             EXIT_OK
         }
         Err(RunError::Usage(msg)) => {
@@ -141,6 +169,10 @@ pub fn run(args: &RunArgs, quiet: bool, log_format: super::LogFormat) -> i32 {
         Err(RunError::NotReady(msg)) => {
             eprintln!("not ready: {msg}");
             EXIT_NOT_READY
+        }
+        Err(RunError::Busy(msg)) => {
+            eprintln!("error: {msg}");
+            EXIT_BUSY
         }
     }
 }
@@ -238,6 +270,14 @@ fn launcher(
     if let Some(id) = &args.run_id {
         base.extend(["--run-id".into(), id.into()]);
     }
+    // Each shard resolves its upstreams to the same locked versions (and checks its files
+    // and served models against the lock) as the steps do.
+    if args.locked {
+        base.push("--locked".into());
+        if let Some(l) = &args.lockfile.lockfile {
+            base.extend(["--lockfile".into(), l.clone().into()]);
+        }
+    }
     if matches!(log_format, super::LogFormat::Json) {
         base.extend(["--log-format".into(), "json".into()]);
     }
@@ -261,7 +301,15 @@ fn launcher(
     }
 }
 
-fn spawn_signal_handler(cancel: CancellationToken) {
+/// The multi-threaded runtime a command runs on (or the exit code when it cannot start).
+pub(super) fn runtime() -> Result<tokio::runtime::Runtime, i32> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| {
+        eprintln!("error: cannot start the async runtime: {e}");
+        EXIT_RUNTIME
+    })
+}
+
+pub(super) fn spawn_signal_handler(cancel: CancellationToken) {
     tokio::spawn(async move {
         #[cfg(unix)]
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();

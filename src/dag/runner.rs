@@ -25,6 +25,7 @@ use crate::store::atomic::clean_debris;
 use crate::store::failures::write_failures;
 use crate::store::filehash::FileHasher;
 use crate::store::lease::Lease;
+use crate::store::lock::{PipelineLock, StageLock, Upstream};
 use crate::store::object::StateStore;
 use crate::store::parquet::FINGERPRINT_KEY;
 use crate::store::state::{
@@ -50,8 +51,16 @@ pub struct RunOptions {
     /// A part of a sharded run (`dag::shard` sets it): which stages run how, and where
     /// their inputs come from.
     pub role: Option<Arc<super::shard::Role>>,
+    /// With `dry_run`: resolve upstreams over the network (without downloading) so every
+    /// stage's fingerprint is known (`synth lock`, `synth regenerate`).
+    pub resolve_only: bool,
+    /// `synth run --locked`: upstreams resolve to the versions of this `synth.lock` entry,
+    /// and a stage reading a file whose content differs from the lock fails.
+    pub lock: Option<Arc<PipelineLock>>,
     /// Batch stages stop once their batches are submitted; a later run collects them.
     pub detach: bool,
+    /// Overrides `[pipeline] max_cost_usd` for this run (`synth regenerate --max-cost-usd`).
+    pub max_cost_usd: Option<f64>,
 }
 
 impl std::fmt::Debug for RunOptions {
@@ -65,7 +74,11 @@ impl std::fmt::Debug for RunOptions {
             .field("limit", &self.limit)
             .field("force", &self.force)
             .field("dry_run", &self.dry_run)
+            .field("lease_ttl", &self.lease_ttl)
+            .field("resolve_only", &self.resolve_only)
+            .field("locked", &self.lock.is_some())
             .field("detach", &self.detach)
+            .field("max_cost_usd", &self.max_cost_usd)
             .finish()
     }
 }
@@ -89,6 +102,9 @@ pub enum RunError {
     /// planned, shards are missing): exit 75, try again later.
     #[error("{0}")]
     NotReady(String),
+    /// Another run holds the output directory: exit 75.
+    #[error("{0}")]
+    Busy(String),
 }
 
 /// One line of the run summary (or of a dry-run plan).
@@ -105,6 +121,16 @@ pub struct StageLine {
     /// Records this run sent to the failures table: the first one's id and reason, and
     /// the table's path (the CLI warns about them at the end of the run).
     pub failures: Option<FailureNote>,
+    /// What the fingerprint was computed from and the upstream versions the stage
+    /// resolved to (when it got that far).
+    pub resolved: Option<Resolved>,
+}
+
+/// A stage's fingerprint parts and resolved upstreams.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub parts: FingerprintParts,
+    pub upstream: Vec<Upstream>,
 }
 
 #[derive(Debug, Clone)]
@@ -150,10 +176,10 @@ pub(crate) enum Mode {
 }
 
 enum Outcome {
-    UpToDate { fp: String, state: Box<StageState> },
-    Ran { fp: String, parts: FingerprintParts, ctx: Box<RunCtx> },
+    UpToDate { fp: String, state: Box<StageState>, resolved: Resolved },
+    Ran { fp: String, resolved: Resolved, ctx: Box<RunCtx> },
     NotUpToDate { reason: String },
-    WouldRun { fp: Option<String>, reason: String },
+    WouldRun { fp: Option<String>, reason: String, resolved: Option<Resolved> },
 }
 
 struct TaskResult {
@@ -255,12 +281,13 @@ pub async fn run(
     if !opts.dry_run {
         save_manifest(&mut manifest, &store).await.map_err(fail)?;
     }
-    let hasher = Arc::new(Mutex::new(if opts.dry_run { FileHasher::ephemeral() } else { FileHasher::load(&out_dir) }));
+    // A dry run reads the memo (an unchanged input is not read again) but never saves it.
+    let hasher = Arc::new(Mutex::new(FileHasher::load(&out_dir)));
     let services = match &opts.role {
         Some(role) => role.services(&p, &out_dir),
         None => Services::new(&out_dir, &p.root, p.providers.clone(), p.embedders.clone(), p.registry.shapes.clone()),
     };
-    services.set_run_options(opts.detach, p.max_cost_usd);
+    services.set_run_options(opts.detach, opts.max_cost_usd.or(p.max_cost_usd));
     let mut detached: Vec<String> = Vec::new();
 
     let mut nodes: Vec<Node> = (0..n)
@@ -326,6 +353,8 @@ pub async fn run(
                     store: store.clone(),
                     role: opts.role.clone(),
                     dry_run: opts.dry_run,
+                    resolve_only: opts.resolve_only && opts.dry_run,
+                    lock: opts.lock.clone(),
                 };
                 let task = async move {
                     let idx = job.idx;
@@ -374,16 +403,19 @@ pub async fn run(
             report: None,
             fingerprint: None,
             failures: None,
+            resolved: None,
         };
         match outcome {
-            Ok(Outcome::UpToDate { fp, state }) => {
+            Ok(Outcome::UpToDate { fp, state, resolved }) => {
+                line.resolved = Some(resolved);
                 line.fingerprint = Some(fp.clone());
                 nodes[idx] = Node::Done(Some(fp.clone()));
                 line.status = StageStatus::UpToDate;
                 line.report = Some(state.report.clone());
                 set_manifest(&mut manifest, &name, StageStatus::UpToDate, Some(fp), Some(&state), None);
             }
-            Ok(Outcome::WouldRun { fp, reason }) => {
+            Ok(Outcome::WouldRun { fp, reason, resolved }) => {
+                line.resolved = resolved;
                 line.fingerprint = fp.clone();
                 nodes[idx] = Node::Done(fp);
                 line.status = StageStatus::Pending;
@@ -401,9 +433,10 @@ pub async fn run(
                 line.status = StageStatus::Failed;
                 stopping = true;
             }
-            Ok(Outcome::Ran { fp, parts, ctx }) => {
-                match finish_stage(&store, decl, &fp, parts, *ctx, &opts.role, &lease).await {
+            Ok(Outcome::Ran { fp, resolved, ctx }) => {
+                match finish_stage(&store, decl, &fp, resolved.parts.clone(), *ctx, &opts.role, &lease).await {
                     Ok((state, failures)) => {
+                        line.resolved = Some(resolved);
                         line.failures = failures;
                         let r = &state.report;
                         tracing::info!(
@@ -446,10 +479,13 @@ pub async fn run(
             }
             Err(e) => {
                 let msg = stage_error(&name, &e, &out_dir);
-                tracing::error!("{msg}");
+                if !opts.dry_run {
+                    tracing::error!("{msg}");
+                }
                 errors.push(msg.clone());
                 nodes[idx] = Node::Failed;
                 line.status = StageStatus::Failed;
+                line.reason = Some(msg.clone());
                 set_manifest(&mut manifest, &name, StageStatus::Failed, None, None, Some(msg));
                 stopping = true;
             }
@@ -478,6 +514,7 @@ pub async fn run(
             report: None,
             fingerprint: None,
             failures: None,
+            resolved: None,
         });
     }
     let mut ordered: Vec<StageLine> = p.graph.order.iter().filter_map(|i| lines.remove(i)).collect();
@@ -570,7 +607,11 @@ fn prepare_out_dir(out_dir: &Path) -> Result<std::fs::File, RunError> {
     match lock.try_lock() {
         Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {
-            return Err(RunError::Failed(format!("another synth run is using {}", out_dir.display())));
+            return Err(RunError::Busy(format!(
+                "another synth run is using {}; this one did nothing (it holds {})",
+                out_dir.display(),
+                lock_path.display()
+            )));
         }
         Err(std::fs::TryLockError::Error(e)) => {
             return Err(RunError::Failed(format!("cannot lock {}: {e}", lock_path.display())));
@@ -628,6 +669,7 @@ fn new_manifest(p: &Pipeline, previous: &Option<Manifest>) -> Manifest {
         config: crate::secrets::redact(&p.resolved),
         stages,
         totals: Default::default(),
+        release: None,
     }
 }
 
@@ -668,30 +710,48 @@ struct StageJob {
     store: StateStore,
     role: Option<Arc<super::shard::Role>>,
     dry_run: bool,
+    resolve_only: bool,
+    lock: Option<Arc<PipelineLock>>,
 }
 
 impl StageJob {
     async fn run(self) -> Result<Outcome> {
         let decl = &self.p.stages[self.idx];
         let dry = self.dry_run;
+        let pins = match &self.lock {
+            None => None,
+            Some(lock) => Some(lock.stages.get(&decl.name).ok_or_else(|| {
+                anyhow!("not in synth.lock (locked {}); run `synth lock --update` to lock it", lock.locked_at)
+            })?),
+        };
         let prepare_ctx = PrepareCtx {
             name: &decl.name,
             services: &self.services,
             root: &self.p.root,
             out_dir: &self.out_dir,
-            offline_only: dry,
+            offline_only: dry && !self.resolve_only,
+            resolve_only: self.resolve_only,
+            pins,
             limit: self.limit,
         };
         let prepared = decl.stage.prepare(&prepare_ctx).await?;
         let unknown_input = self.input_fps.iter().find(|(_, fp)| fp.is_none()).map(|(n, _)| n.clone());
         let Some(prepared) = prepared else {
-            return Ok(Outcome::WouldRun { fp: None, reason: "needs the network to check its source".into() });
+            return Ok(Outcome::WouldRun {
+                fp: None,
+                reason: "needs the network to check its source".into(),
+                resolved: None,
+            });
         };
         if let Some(input) = unknown_input {
-            return Ok(Outcome::WouldRun { fp: None, reason: format!("input \"{input}\" would run") });
+            return Ok(Outcome::WouldRun { fp: None, reason: format!("input \"{input}\" would run"), resolved: None });
         }
         let parts = self.parts(&prepared).await?;
+        if let Some(pins) = pins {
+            check_locked_files(pins, &parts)?;
+        }
         let fp = combine(&parts);
+        let resolved = Resolved { parts: parts.clone(), upstream: prepared.upstream.clone() };
         let state = StageState::load(&self.out_dir, &decl.name);
         let up_to_date = match &state {
             Some(s) if s.fingerprint == fp => self.outputs_match(s, &fp).await,
@@ -703,11 +763,11 @@ impl StageJob {
         };
         match self.mode {
             _ if up_to_date && !forced => {
-                return Ok(Outcome::UpToDate { fp, state: Box::new(state.expect("up to date")) });
+                return Ok(Outcome::UpToDate { fp, state: Box::new(state.expect("up to date")), resolved });
             }
             Mode::Check => return Ok(Outcome::NotUpToDate { reason: reason() }),
             Mode::Plan { .. } => {
-                return Ok(Outcome::WouldRun { fp: Some(fp), reason: reason() });
+                return Ok(Outcome::WouldRun { fp: Some(fp), reason: reason(), resolved: Some(resolved) });
             }
             Mode::Given(_) => unreachable!("given stages do not run"),
             Mode::Run { .. } | Mode::Merge => {}
@@ -763,7 +823,7 @@ impl StageJob {
         result?;
         if merging {
             // The shards' figures, summed by the merge; the wall time is the wave's.
-            return Ok(Outcome::Ran { fp, parts, ctx: Box::new(ctx) });
+            return Ok(Outcome::Ran { fp, resolved, ctx: Box::new(ctx) });
         }
         if let Some(role) = &self.role
             && role.sharded(self.idx)
@@ -777,10 +837,17 @@ impl StageJob {
         r.tokens_in = progress.tokens_in.load(Ordering::Relaxed);
         r.tokens_out = progress.tokens_out.load(Ordering::Relaxed);
         r.cost_usd = progress.cost_usd();
+        for (key, values) in
+            [("served_model", progress.served_models()), ("system_fingerprint", progress.system_fingerprints())]
+        {
+            if !values.is_empty() {
+                r.info.insert(key.into(), values.into_iter().collect::<Vec<_>>().join(","));
+            }
+        }
         if decl.kind.role != Role::Sink && ctx.output.is_none() {
             return Err(anyhow!("stage produced no output (a bug in the {} kind)", decl.kind.name));
         }
-        Ok(Outcome::Ran { fp, parts, ctx: Box::new(ctx) })
+        Ok(Outcome::Ran { fp, resolved, ctx: Box::new(ctx) })
     }
 
     async fn parts(&self, prepared: &Prepared) -> Result<FingerprintParts> {
@@ -848,6 +915,22 @@ impl StageJob {
         }
         Ok(local)
     }
+}
+
+/// Under `--locked`: every file the stage reads has the content `synth.lock` recorded.
+fn check_locked_files(pins: &StageLock, parts: &FingerprintParts) -> Result<()> {
+    let mut problems = Vec::new();
+    for (file, hash) in &parts.files {
+        match pins.files.get(file) {
+            Some(h) if h == hash => {}
+            Some(_) => problems.push(format!("{file} changed since it was locked")),
+            None => problems.push(format!("{file} is not in the lock")),
+        }
+    }
+    if problems.is_empty() {
+        return Ok(());
+    }
+    Err(anyhow!("{} (run `synth lock --update` to accept the current files)", problems.join("; ")))
 }
 
 /// Check the failure ratio, then commit: failures, outputs, state record (each

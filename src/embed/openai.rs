@@ -106,6 +106,7 @@ impl Embedder for OpenAiEmbedder {
                     finish_reason: "stop".into(),
                     usage: Usage { prompt_tokens: tokens, completion_tokens: 0 },
                     model: String::new(),
+                    system_fingerprint: None,
                 })
             })
             .await

@@ -137,7 +137,13 @@ pub fn message_response(body: serde_json::Value, model: &str) -> Result<ChatResp
         Some("max_tokens") => "length".to_string(),
         Some(other) => other.to_string(),
     };
-    Ok(ChatResponse { text, finish_reason, usage, model: body.model.unwrap_or_else(|| model.to_string()) })
+    Ok(ChatResponse {
+        text,
+        finish_reason,
+        usage,
+        model: body.model.unwrap_or_else(|| model.to_string()),
+        system_fingerprint: None,
+    })
 }
 
 /// Anthropic's error types → our classification (status first: 529 is overload).

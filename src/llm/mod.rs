@@ -6,7 +6,8 @@
 //!
 //! **Invariant:** the only modules that do network I/O are `llm/openai.rs`,
 //! `llm/openai_batch.rs`, `llm/anthropic.rs`, `embed/openai.rs`, `embed/fastembed.rs`
-//! (model download) and `hub.rs`; `llm/local_batch.rs` runs a local batch command.
+//! (model download), `hub.rs` (with `hub/commit.rs`) and `fetch.rs`; `llm/local_batch.rs`
+//! runs a local batch command.
 
 pub mod anthropic;
 pub mod batch;
@@ -128,6 +129,9 @@ pub struct ChatResponse {
     pub usage: Usage,
     /// The model the server says answered.
     pub model: String,
+    /// The backend configuration the server says answered (OpenAI's `system_fingerprint`), when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_fingerprint: Option<String>,
 }
 
 /// How a provider call failed; decides retry, per-record failure or run stop.

@@ -119,6 +119,8 @@ impl OpenAiChat {
 struct CompletionBody {
     #[serde(default)]
     model: Option<String>,
+    #[serde(default)]
+    system_fingerprint: Option<String>,
     choices: Vec<Choice>,
     #[serde(default)]
     usage: Option<UsageBody>,
@@ -298,6 +300,7 @@ fn completion(body: CompletionBody, model: &str, estimate: impl FnOnce() -> Usag
         finish_reason: choice.finish_reason.unwrap_or_else(|| "stop".into()),
         usage,
         model: body.model.unwrap_or_else(|| model.to_string()),
+        system_fingerprint: body.system_fingerprint,
     })
 }
 
@@ -326,6 +329,7 @@ fn text_completion(body: TextCompletionBody, req: &LoglikRequest, model: &str) -
         finish_reason: "loglik".into(),
         usage,
         model: body.model.unwrap_or_else(|| model.to_string()),
+        system_fingerprint: body.system_fingerprint,
     })
 }
 
@@ -334,6 +338,8 @@ fn text_completion(body: TextCompletionBody, req: &LoglikRequest, model: &str) -
 struct TextCompletionBody {
     #[serde(default)]
     model: Option<String>,
+    #[serde(default)]
+    system_fingerprint: Option<String>,
     choices: Vec<TextChoice>,
     #[serde(default)]
     usage: Option<UsageBody>,

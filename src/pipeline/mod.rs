@@ -14,7 +14,7 @@ use serde::Deserialize;
 use crate::config::decl::{Decl, ProviderKind};
 use crate::config::diag::{Diagnostics, did_you_mean, stage_subject};
 use crate::config::node::{self, Node, SourceFile, Span, Table, Value};
-use crate::config::options::{CheckCtx, OptionSpans, OptionSpec, RATIO, Ty, UINT, check_table};
+use crate::config::options::{CheckCtx, OptionSpans, OptionSpec, POSITIVE, RATIO, Ty, UINT, check_table};
 use crate::dag::Graph;
 use crate::registry::Registry;
 use crate::stages::{
@@ -22,7 +22,7 @@ use crate::stages::{
 };
 
 /// Top-level tables of a pipeline file.
-pub const TOP_LEVEL: &[&str] = &["pipeline", "stages", "providers", "embedders", "profiles"];
+pub const TOP_LEVEL: &[&str] = &["pipeline", "stages", "providers", "embedders", "profiles", "regenerate"];
 
 const PIPELINE_OPTIONS: &[OptionSpec] = &[
     OptionSpec::optional("name", Ty::Str, "pipeline name (default: the file name)"),
@@ -46,6 +46,54 @@ const PIPELINE_OPTIONS: &[OptionSpec] = &[
 
 pub fn pipeline_options() -> &'static [OptionSpec] {
     PIPELINE_OPTIONS
+}
+
+/// `[regenerate.hub]`: where `synth regenerate --push` publishes snapshots.
+const HUB_PUSH_OPTIONS: &[OptionSpec] = &[
+    OptionSpec::required("repo", Ty::Str, "repository snapshots are committed to, e.g. \"org/dataset\""),
+    OptionSpec::default("branch", Ty::Str, "\"main\"", "branch the commit goes to"),
+    OptionSpec::default("repo_type", Ty::Enum(&["dataset", "model"]), "\"dataset\"", "repository type"),
+    OptionSpec::optional("endpoint", Ty::Str, "hub URL (default: HF_ENDPOINT, else https://huggingface.co)"),
+    OptionSpec::default("token_env", Ty::Str, "\"HF_TOKEN\"", "environment variable holding a write token"),
+    OptionSpec::default(
+        "tag",
+        Ty::Str,
+        "\"{id}\"",
+        "tag created on the commit ({id}, {date}, {fingerprint}, {name} are filled in; \"\" for none)",
+    ),
+];
+
+/// Hook options: a command run through `sh -c` with the run's JSON summary on stdin.
+pub const HOOKS: &[&str] = &["on_success", "on_failure", "on_unchanged"];
+
+/// `[regenerate]`: snapshots, publishing and guards of `synth regenerate`.
+const REGENERATE_OPTIONS: &[OptionSpec] = &[
+    OptionSpec::optional("exports", Ty::List(&Ty::Str), "stages whose files make a snapshot (default: every sink)"),
+    OptionSpec::optional(
+        "card",
+        Ty::Str,
+        "export stage whose README.md gets the changelog (default: the export that writes README.md)",
+    ),
+    OptionSpec::default(
+        "snapshots_dir",
+        Ty::Str,
+        "\"snapshots\"",
+        "where snapshots go, relative to the output directory",
+    ),
+    OptionSpec::optional("keep", POSITIVE, "snapshots kept; older ones are removed after a new one (default: all)"),
+    OptionSpec::optional("hub", Ty::Struct(HUB_PUSH_OPTIONS), "publish every snapshot to the Hugging Face Hub"),
+    OptionSpec::optional("on_success", Ty::Str, "command run after a new snapshot (sh -c; JSON summary on stdin)"),
+    OptionSpec::optional(
+        "on_failure",
+        Ty::Str,
+        "command run after a failed regeneration (sh -c; JSON summary on stdin)",
+    ),
+    OptionSpec::optional("on_unchanged", Ty::Str, "command run when nothing changed (sh -c; JSON summary on stdin)"),
+    OptionSpec::default("hook_timeout_seconds", POSITIVE, "300", "a hook still running after this is killed"),
+];
+
+pub fn regenerate_options() -> &'static [OptionSpec] {
+    REGENERATE_OPTIONS
 }
 
 #[derive(Debug, Default, Clone)]
@@ -95,6 +143,8 @@ pub struct Pipeline {
     pub resolved: serde_json::Value,
     /// The kinds, parsers and offline shapes it was checked against.
     pub registry: Arc<Registry>,
+    /// The checked `[regenerate]` table (defaults filled; an empty object when absent).
+    pub regenerate: serde_json::Value,
     /// `[pipeline] max_cost_usd`: this run's spending cap.
     pub max_cost_usd: Option<f64>,
 }
@@ -360,6 +410,7 @@ fn check(
         },
     }
 
+    let regenerate = check_regenerate(&root, &base_dir, &raws, diags);
     let (graph, broken) = check_graph(&raws, diags);
     plan(&mut raws, &graph, &broken, &root_dir, &providers, &embedders, diags);
     let runnable = !broken.iter().any(|b| *b);
@@ -368,6 +419,14 @@ fn check(
     let mut resolved = Node { span: file_span, value: Value::Table(root) }.to_json();
     if let Some(obj) = resolved.as_object_mut() {
         obj.remove("profiles");
+        // Hook commands often carry a webhook URL: never written to a manifest.
+        if let Some(serde_json::Value::Object(regen)) = obj.get_mut("regenerate") {
+            for hook in HOOKS {
+                if let Some(v) = regen.get_mut(*hook) {
+                    *v = serde_json::Value::String("***".into());
+                }
+            }
+        }
     }
     let ptable = ptable?;
     let output_dir = normalize(&root_dir.join(ptable.output_dir.clone().unwrap_or_else(|| format!("outputs/{name}"))));
@@ -385,8 +444,47 @@ fn check(
         embedders,
         resolved,
         registry,
+        regenerate,
         max_cost_usd: ptable.max_cost_usd,
     })
+}
+
+/// Check `[regenerate]`; its `exports` and `card` must name stages.
+fn check_regenerate(root: &Table, base_dir: &Path, raws: &[RawStage], diags: &mut Diagnostics) -> serde_json::Value {
+    let Some(entry) = root.get("regenerate") else {
+        return serde_json::Value::Object(Default::default());
+    };
+    let Some(table) = entry.node.as_table() else {
+        diags.error(&entry.node.span, None, "\"regenerate\" must be a table");
+        return serde_json::Value::Object(Default::default());
+    };
+    let mut spans = OptionSpans { table: Some(entry.node.span.clone()), ..Default::default() };
+    // The run's one cost cap is `[pipeline] max_cost_usd`; say so rather than "unknown option".
+    let ctx = CheckCtx { root: base_dir, subject: Some("[regenerate]"), extra_keys: &["max_cost_usd"] };
+    let checked = check_table(table, &entry.node.span, REGENERATE_OPTIONS, &ctx, "", &mut spans, diags);
+    if let Some(cap) = table.get("max_cost_usd") {
+        diags.error(
+            &cap.key_span,
+            Some("[regenerate]"),
+            "max_cost_usd belongs in [pipeline] (the one cost cap of every run, regenerations included); `synth regenerate --max-cost-usd` overrides it",
+        );
+    }
+    let names: Vec<&str> = raws.iter().map(|r| r.name.as_str()).collect();
+    let mut check_stage = |name: &str, span: Span| {
+        if !names.contains(&name) {
+            let hint = did_you_mean(name, names.iter().copied()).unwrap_or_default();
+            diags.error(&span, Some("[regenerate]"), format!("no stage \"{name}\"{hint}"));
+        }
+    };
+    if let Some(exports) = checked.get("exports").and_then(|e| e.as_array()) {
+        for e in exports.iter().filter_map(|e| e.as_str()) {
+            check_stage(e, spans.get("exports"));
+        }
+    }
+    if let Some(card) = checked.get("card").and_then(|c| c.as_str()) {
+        check_stage(card, spans.get("card"));
+    }
+    serde_json::Value::Object(checked)
 }
 
 /// A stage table as far as it could be understood: always its name and inputs,

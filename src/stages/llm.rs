@@ -6,7 +6,7 @@
 //! `tokens_in`, `tokens_out`, `finish_reason`, `attempts` (and `sample` when n > 1).
 //! Every call goes through the shared cache, so re-runs and resumed runs do not pay
 //! again. With `batch = true` (or the provider's `batch`), uncached requests go
-//! through the provider's batch API (`exec::batch_rounds`) and the output is the same.
+//! through the provider's batch API (`exec::batch_map_rows`) and the output is the same.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::exec::{RowError, batch_rounds, map_rows};
+use super::exec::{RowError, batch_map_rows, map_rows};
 use super::{
     Arity, BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Sharding, Stage,
 };
@@ -362,14 +362,13 @@ impl Stage for Llm {
             async move { this.answer(row, &services, &provider, &call).await }
         };
         let batch = start_batch(ctx, &provider, &call, self.opts.batch, self.opts.batch_fallback.as_deref())?;
-        let call = match &batch {
+        match &batch {
             Some(b) => {
-                batch_rounds(ctx, 0, b, &call, concurrency.max(COLLECT_CONCURRENCY), &answer).await?;
-                call.with_batch(b.collector.clone())
+                batch_map_rows(ctx, 0, schema, concurrency, concurrency.max(COLLECT_CONCURRENCY), b, &call, &answer)
+                    .await?
             }
-            None => call,
-        };
-        map_rows(ctx, 0, schema, concurrency, |row: Row| answer(row, call.clone())).await?;
+            None => map_rows(ctx, 0, schema, concurrency, |row: Row| answer(row, call.clone())).await?,
+        }
         if let Some(b) = &batch {
             report_batch(ctx, b);
         }

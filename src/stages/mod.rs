@@ -20,14 +20,18 @@ use tokio_util::sync::CancellationToken;
 use crate::config::decl::Decl;
 use crate::config::diag::{Diagnostics, stage_subject};
 use crate::config::options::{OptionSpans, OptionSpec};
+use crate::hub::{HubFiles, HubSpec};
 use crate::progress::StageProgress;
 use crate::services::Services;
 use crate::store::atomic::PendingFile;
 use crate::store::failures::FailureLog;
+use crate::store::lock::{StageLock, Upstream};
 use crate::store::parquet::{FINGERPRINT_KEY, Footer, ParquetOut, STAGE_KEY};
 use crate::store::state::StageReport;
 
+pub mod aggregate;
 pub mod concat;
+pub mod correlate;
 pub mod embed;
 pub mod exec;
 pub mod filter;
@@ -63,7 +67,9 @@ pub static KINDS: &[&KindInfo] = &[
     &retrieve::KIND,
     &judge_plan::KIND,
     &judge_score::KIND,
+    &aggregate::KIND,
     &metrics::KIND,
+    &correlate::KIND,
     &report::KIND,
     &train::KIND,
     &parquet::KIND,
@@ -343,7 +349,91 @@ pub struct PrepareCtx<'a> {
     pub out_dir: &'a Path,
     /// Do not use the network (dry runs).
     pub offline_only: bool,
+    /// Resolve upstream versions (e.g. a hub revision to its commit) but download
+    /// nothing: a plan that must know every fingerprint (`synth lock`, `regenerate`).
+    pub resolve_only: bool,
+    /// This stage's entry of `synth.lock` under `synth run --locked`: upstreams resolve
+    /// to the versions recorded there, not to what their revisions point to now.
+    pub pins: Option<&'a StageLock>,
     pub limit: Option<u64>,
+}
+
+impl PrepareCtx<'_> {
+    /// Resolve a hub dataset this stage reads: the configured revision, or the commit
+    /// `synth.lock` pins it to. `None` when offline and the local cache cannot tell.
+    /// The returned `Upstream` belongs in [`Prepared::upstream`].
+    pub async fn resolve_hub(&self, spec: &HubSpec, root: &Path) -> Result<Option<(HubFiles, Upstream)>> {
+        let pin = match self.pins {
+            None => None,
+            Some(lock) => {
+                let key = hub_upstream(spec, String::new(), Vec::new()).key();
+                let pinned = lock.upstream.iter().find(|u| u.key() == key).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "{}@{} is not in synth.lock for this stage (locked: {}); run `synth lock --update` to lock it",
+                        spec.repo,
+                        spec.revision,
+                        if lock.upstream.is_empty() {
+                            "no hub repository".to_string()
+                        } else {
+                            lock.upstream.iter().map(Upstream::describe).collect::<Vec<_>>().join(", ")
+                        }
+                    )
+                })?;
+                Some(pinned.version().to_string())
+            }
+        };
+        let how = crate::hub::Resolve {
+            offline_only: self.offline_only,
+            resolve_only: self.resolve_only,
+            pin: pin.as_deref(),
+        };
+        match spec.resolve_with(root, &how).await {
+            Ok(files) => {
+                let up = hub_upstream(spec, files.commit.clone(), files.files.iter().map(|(n, _)| n.clone()).collect());
+                Ok(Some((files, up)))
+            }
+            Err(_) if self.offline_only => Ok(None),
+            Err(e) => Err(e.context(format!("resolving {} on the hub", spec.repo))),
+        }
+    }
+}
+
+impl PrepareCtx<'_> {
+    /// Fetch a file from an http(s) URL into the output directory's download cache
+    /// (`_synth/downloads/`; a conditional request, so an unchanged file is not
+    /// downloaded again), or read the version `synth.lock` pins. `None` when offline and
+    /// not cached. The `Upstream` belongs in [`Prepared::upstream`].
+    pub async fn fetch_url(&self, url: &str) -> Result<Option<(crate::fetch::Fetched, Upstream)>> {
+        let key = format!("url:{url}");
+        let pin = match self.pins {
+            None => None,
+            Some(lock) => Some(
+                lock.upstream.iter().find(|u| u.key() == key).map(|u| u.version().to_string()).ok_or_else(|| {
+                    anyhow::anyhow!("{url} is not in synth.lock for this stage; run `synth lock --update` to lock it")
+                })?,
+            ),
+        };
+        let cache = self.out_dir.join(crate::store::state::INTERNAL_DIR).join("downloads");
+        let how = crate::fetch::Fetch { offline_only: self.offline_only, pin: pin.as_deref() };
+        let Some(f) = crate::fetch::fetch(url, &cache, &how).await? else { return Ok(None) };
+        let up = Upstream::Url {
+            url: url.to_string(),
+            blake3: f.blake3.clone(),
+            etag: f.etag.clone(),
+            last_modified: f.last_modified.clone(),
+        };
+        Ok(Some((f, up)))
+    }
+}
+
+fn hub_upstream(spec: &HubSpec, commit: String, files: Vec<String>) -> Upstream {
+    Upstream::Hub {
+        repo: spec.repo.clone(),
+        repo_type: spec.repo_type.clone(),
+        revision: spec.revision.clone(),
+        commit,
+        files,
+    }
 }
 
 /// What prepare resolved.
@@ -354,6 +444,8 @@ pub struct Prepared {
     /// Local files to read; content-hashed into the fingerprint when `hash_files`.
     pub files: Vec<PathBuf>,
     pub hash_files: bool,
+    /// The versions outside the pipeline this stage resolved to (what `synth.lock` records).
+    pub upstream: Vec<Upstream>,
 }
 
 /// An upstream stage's materialized output.

@@ -46,6 +46,11 @@ const FORMATS: &[&str] = &["auto", "jsonl", "json", "csv", "tsv", "parquet"];
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::optional("path", Ty::Files, "local file(s): a path or glob, or a list of them"),
     OptionSpec::optional("hf", Ty::Struct(HF_OPTIONS), "a Hugging Face Hub dataset instead of local files"),
+    OptionSpec::optional(
+        "url",
+        Ty::StrList,
+        "http(s) URL(s) of files instead of local files (cached in the output directory; re-read with a conditional request)",
+    ),
     OptionSpec::default("format", Ty::Enum(FORMATS), "\"auto\"", "file format (auto: by extension)"),
     OptionSpec::optional("id_column", Ty::Str, "column holding the record id (default: \"id\" if present)"),
     OptionSpec::optional(
@@ -78,6 +83,7 @@ pub static KIND: KindInfo = KindInfo {
 struct Options {
     path: Option<Vec<String>>,
     hf: Option<HubSpec>,
+    url: Option<Vec<String>>,
     format: String,
     id_column: Option<String>,
     columns: Option<Vec<String>>,
@@ -99,10 +105,15 @@ struct Source {
 
 fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> {
     let opts: Options = ctx.parse(diags)?;
-    match (&opts.path, &opts.hf) {
-        (None, None) => ctx.error(diags, "", "a source needs \"path\" (local files) or \"hf\" (a hub dataset)"),
-        (Some(_), Some(_)) => ctx.error(diags, "hf", "give either \"path\" or \"hf\", not both"),
-        _ => {}
+    match [opts.path.is_some(), opts.hf.is_some(), opts.url.is_some()].iter().filter(|x| **x).count() {
+        0 => ctx.error(diags, "", "a source needs \"path\" (local files), \"hf\" (a hub dataset) or \"url\""),
+        1 => {}
+        _ => ctx.error(diags, if opts.hf.is_some() { "hf" } else { "url" }, "give one of \"path\", \"hf\" and \"url\""),
+    }
+    for url in opts.url.iter().flatten() {
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            ctx.error(diags, "url", format!("\"{url}\" is not an http(s) URL"));
+        }
     }
     let delimiter = match &opts.delimiter {
         Some(d) if d.len() == 1 => Some(d.as_bytes()[0]),
@@ -242,8 +253,8 @@ fn starts_with_bracket(path: &Path) -> bool {
 #[async_trait]
 impl Stage for Source {
     fn plan(&self, ctx: &mut PlanCtx<'_>) -> Option<SchemaRef> {
-        if self.opts.hf.is_some() {
-            // Columns of a hub dataset are only known once downloaded, unless declared.
+        if self.opts.hf.is_some() || self.opts.url.is_some() {
+            // Columns of a hub dataset or a URL are only known once downloaded, unless declared.
             let cols = self.opts.columns.as_ref()?;
             let fields = cols.iter().map(|c| Field::new(c, self.types.get(c).cloned().unwrap_or(DataType::Utf8), true));
             return Some(data::schema_with_id(fields));
@@ -273,26 +284,34 @@ impl Stage for Source {
     }
 
     async fn prepare(&self, ctx: &PrepareCtx<'_>) -> Result<Option<Prepared>> {
+        if let Some(urls) = &self.opts.url {
+            let mut prepared = Prepared::default();
+            for (i, url) in urls.iter().enumerate() {
+                let Some((fetched, upstream)) = ctx.fetch_url(url).await? else { return Ok(None) };
+                prepared.fingerprint.insert(format!("url.{i}"), format!("{url} {}", fetched.blake3));
+                prepared.files.push(fetched.path);
+                prepared.upstream.push(upstream);
+            }
+            return Ok(Some(prepared));
+        }
         match &self.opts.hf {
             None => Ok(Some(Prepared { files: self.local_files()?, hash_files: true, ..Default::default() })),
-            Some(hf) => match hf.resolve(ctx.root, ctx.offline_only).await {
-                Ok(resolved) => {
-                    let mut fingerprint = BTreeMap::new();
-                    fingerprint.insert("hf.repo".into(), hf.repo.clone());
-                    fingerprint.insert("hf.commit".into(), resolved.commit.clone());
-                    fingerprint.insert(
-                        "hf.files".into(),
-                        resolved.files.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(","),
-                    );
-                    Ok(Some(Prepared {
-                        fingerprint,
-                        files: resolved.files.into_iter().map(|(_, p)| p).collect(),
-                        hash_files: false,
-                    }))
-                }
-                Err(_) if ctx.offline_only => Ok(None),
-                Err(e) => Err(e.context(format!("resolving {} on the hub", hf.repo))),
-            },
+            Some(hf) => {
+                let Some((resolved, upstream)) = ctx.resolve_hub(hf, ctx.root).await? else { return Ok(None) };
+                let mut fingerprint = BTreeMap::new();
+                fingerprint.insert("hf.repo".into(), hf.repo.clone());
+                fingerprint.insert("hf.commit".into(), resolved.commit.clone());
+                fingerprint.insert(
+                    "hf.files".into(),
+                    resolved.files.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(","),
+                );
+                Ok(Some(Prepared {
+                    fingerprint,
+                    files: resolved.files.into_iter().map(|(_, p)| p).collect(),
+                    hash_files: false,
+                    upstream: vec![upstream],
+                }))
+            }
         }
     }
 

@@ -36,11 +36,6 @@ impl FileHasher {
         FileHasher { path: Some(path), entries, dirty: false }
     }
 
-    /// A memo that is never saved.
-    pub fn ephemeral() -> FileHasher {
-        FileHasher::default()
-    }
-
     /// BLAKE3 hex digest of a file's content.
     pub fn hash(&mut self, file: &Path) -> Result<String> {
         let meta = std::fs::metadata(file).with_context(|| format!("reading {}", file.display()))?;

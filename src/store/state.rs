@@ -184,6 +184,9 @@ pub struct Manifest {
     pub config: serde_json::Value,
     pub stages: IndexMap<String, ManifestStage>,
     pub totals: Totals,
+    /// Where `synth regenerate --push` published this run's snapshot (repository, commit, tag).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release: Option<serde_json::Value>,
 }
 
 impl Manifest {

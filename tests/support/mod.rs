@@ -9,6 +9,7 @@ use std::process::{Command, Output};
 
 pub mod batch_server;
 pub mod eval_fixtures;
+pub mod fake_hub;
 pub mod openai_server;
 
 /// The repository root.
@@ -88,6 +89,16 @@ impl Project {
             cmd.env(k, v);
         }
         Run::from(cmd.output().expect("run synth"))
+    }
+
+    /// Start `synth ARGS...` without waiting (stdout and stderr captured).
+    pub fn spawn_env(&self, args: &[&str], env: &[(&str, &str)]) -> std::process::Child {
+        let mut cmd = Command::new(synth_bin());
+        cmd.args(args).current_dir(self.path()).env("CI", "1").env_remove("SYNTH_LOG").env_remove("OPENAI_API_KEY");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().expect("spawn synth")
     }
 
     pub fn read(&self, rel: &str) -> String {
@@ -181,6 +192,26 @@ pub fn statuses(dir: &Path) -> BTreeMap<String, String> {
         .iter()
         .map(|(k, v)| (k.clone(), v["status"].as_str().unwrap().to_string()))
         .collect()
+}
+
+/// Serve `app` on 127.0.0.1 from a thread of its own (at most 300 s): its base URL and a
+/// stop handle.
+pub fn serve_router(app: axum::Router) -> (String, tokio::sync::oneshot::Sender<()>) {
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            addr_tx.send(listener.local_addr().unwrap()).unwrap();
+            let server = axum::serve(listener, app).with_graceful_shutdown(async {
+                let _ = rx.await;
+            });
+            // Bounded in time: a test server never outlives a few minutes.
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(300), server).await;
+        });
+    });
+    (format!("http://{}", addr_rx.recv().unwrap()), tx)
 }
 
 /// Rows of a Parquet file as JSON objects.

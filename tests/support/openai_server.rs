@@ -58,6 +58,9 @@ pub struct Behaviour {
     pub seed: u64,
     /// The server stops by itself after this long.
     pub lifetime: Duration,
+    /// The `model` and `system_fingerprint` answers name (default: the requested model,
+    /// no fingerprint); changeable while the server runs, as an alias moves to a new snapshot.
+    pub served_as: Arc<Mutex<Option<(String, String)>>>,
 }
 
 impl Default for Behaviour {
@@ -81,6 +84,7 @@ impl Default for Behaviour {
             token_logprob: Arc::new(|_, _| -1.0),
             seed: 7,
             lifetime: Duration::from_secs(600),
+            served_as: Arc::new(Mutex::new(None)),
         }
     }
 }
@@ -401,7 +405,12 @@ async fn answer(
         let tokens: usize = inputs.iter().map(|t| t.len() / 4 + 1).sum();
         serde_json::json!({"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
     } else {
-        chat_completion(&json, model, &(s.b.responder)(&json))
+        let mut answer = chat_completion(&json, model, &(s.b.responder)(&json));
+        if let Some((served, fingerprint)) = s.b.served_as.lock().unwrap().clone() {
+            answer["model"] = serde_json::json!(served);
+            answer["system_fingerprint"] = serde_json::json!(fingerprint);
+        }
+        answer
     };
     (StatusCode::OK, [("content-type", "application/json")], body.to_string()).into_response()
 }

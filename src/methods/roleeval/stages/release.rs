@@ -197,10 +197,8 @@ impl Stage for ReleaseStage {
         if spec.files.is_none() {
             spec.files = Some(wanted.clone());
         }
-        let resolved = match spec.resolve(&self.pipeline_root, ctx.offline_only).await {
-            Ok(r) => r,
-            Err(_) if ctx.offline_only => return Ok(None),
-            Err(e) => return Err(e.context(format!("resolving {} on the hub", hf.repo))),
+        let Some((resolved, upstream)) = ctx.resolve_hub(&spec, &self.pipeline_root).await? else {
+            return Ok(None);
         };
         let by_path: BTreeMap<&str, &PathBuf> = resolved.files.iter().map(|(r, l)| (r.as_str(), l)).collect();
         let mut files = Vec::new();
@@ -213,7 +211,7 @@ impl Stage for ReleaseStage {
         let mut fingerprint = BTreeMap::new();
         fingerprint.insert("hf.repo".into(), hf.repo.clone());
         fingerprint.insert("hf.commit".into(), resolved.commit.clone());
-        Ok(Some(Prepared { fingerprint, files, hash_files: false }))
+        Ok(Some(Prepared { fingerprint, files, hash_files: false, upstream: vec![upstream] }))
     }
 
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
