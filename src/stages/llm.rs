@@ -53,6 +53,11 @@ const OPTIONS: &[OptionSpec] = &[
     STOP,
     EXTRA,
     OptionSpec::default("output_prefix", Ty::Str, "\"\"", "prefix for the columns this stage adds"),
+    OptionSpec::optional(
+        "record_rejections",
+        Ty::Bool,
+        "true: add a `rejections` column: the failure kind of each answer the parser rejected before the accepted one (e.g. [\"degenerate_pair\"])",
+    ),
     KEEP_COLUMNS,
     CONCURRENCY,
 ];
@@ -101,6 +106,8 @@ pub(super) struct Options {
     pub(super) stop: Option<Vec<String>>,
     pub(super) extra: Option<serde_json::Map<String, Value>>,
     pub(super) output_prefix: String,
+    #[serde(default)]
+    pub(super) record_rejections: bool,
     pub(super) keep_columns: Option<Vec<String>>,
     pub(super) concurrency: Option<usize>,
 }
@@ -243,10 +250,15 @@ fn conversation(row: &Row, column: &str) -> std::result::Result<Vec<Message>, Ro
 impl Llm {
     fn added_fields(&self) -> Vec<Field> {
         let prefix = &self.opts.output_prefix;
+        let rejections = self.opts.record_rejections.then(|| {
+            let item = Field::new("item", DataType::Utf8, false);
+            Field::new("rejections", DataType::List(std::sync::Arc::new(item)), false)
+        });
         self.parser
             .fields()
             .into_iter()
             .chain(meta_fields(self.opts.n))
+            .chain(rejections)
             .map(|f| f.clone().with_name(format!("{prefix}{}", f.name())))
             .collect()
     }
@@ -323,9 +335,11 @@ impl Stage for Llm {
         let keep: Option<Vec<String>> = self.opts.keep_columns.clone();
         let expect = self.parser.expect();
         let this = &*self;
+        // Rejected answers by failure kind (the re-asks), for the report.
+        let rejected: Arc<std::sync::Mutex<BTreeMap<FailureKind, u64>>> = Arc::default();
         map_rows(ctx, 0, schema, concurrency, |row: Row| {
-            let (provider, services, call, keep, expect) =
-                (provider.clone(), services.clone(), call.clone(), keep.clone(), expect.clone());
+            let (provider, services, call, keep, expect, rejected) =
+                (provider.clone(), services.clone(), call.clone(), keep.clone(), expect.clone(), rejected.clone());
             async move {
                 let mut messages = Vec::new();
                 if let Some(col) = &this.opts.messages {
@@ -349,6 +363,8 @@ impl Stage for Llm {
                 for sample in 0..this.opts.n {
                     let mut convo = messages.clone();
                     let mut last_error = String::new();
+                    let mut last_kind = FailureKind::Validation;
+                    let mut kinds: Vec<FailureKind> = Vec::new();
                     let mut done = None;
                     for attempt in 1..=this.opts.max_attempts {
                         let req = ChatRequest {
@@ -363,12 +379,15 @@ impl Stage for Llm {
                             fatal: e.kind.fatal(),
                         })?;
                         let text = completed.response.text.clone();
-                        match this.parser.parse(&text, &row) {
+                        match this.parser.accept(&text, &row) {
                             Ok(fields) => {
                                 done = Some((fields, completed, attempt));
                                 break;
                             }
-                            Err(reason) => {
+                            Err(parse::Rejection { kind, reason }) => {
+                                *rejected.lock().expect("rejection counts").entry(kind).or_default() += 1;
+                                kinds.push(kind);
+                                last_kind = kind;
                                 last_error = reason.clone();
                                 let ctx = minijinja::context! { error => reason };
                                 let reask =
@@ -380,7 +399,7 @@ impl Stage for Llm {
                     }
                     let Some((fields, completed, attempts)) = done else {
                         return Err(RowError::new(
-                            FailureKind::Validation,
+                            last_kind,
                             format!("no usable answer after {} attempt(s): {last_error}", this.opts.max_attempts),
                         ));
                     };
@@ -406,12 +425,19 @@ impl Stage for Llm {
                     if this.opts.n > 1 {
                         out.insert(format!("{prefix}sample"), Value::from(sample));
                     }
+                    if this.opts.record_rejections {
+                        let kinds: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
+                        out.insert(format!("{prefix}rejections"), serde_json::json!(kinds));
+                    }
                     out_rows.push(out);
                 }
                 Ok(out_rows)
             }
         })
         .await?;
+        for (kind, n) in rejected.lock().expect("rejection counts").iter() {
+            ctx.report.metrics.insert(format!("rejected.{kind}"), *n as f64);
+        }
         report_limits(ctx, &rate);
         Ok(())
     }
