@@ -374,5 +374,19 @@ mod tests {
             &Default::default(),
         );
         assert!(!s.starts_with('('), "{s}");
+        // An edit never repeats its input, with or without narration, whatever the draw.
+        for seed in 0..40 {
+            let o = Offline { seed, score_one: 0.5, shapes: SHAPES.into() };
+            for tail in ["", "Do NOT add any narration."] {
+                let p = format!("<Role Profile>\n```\n{a}\n```\n<Naive Answer>\n```\nParis.\n```\n{tail}");
+                let s = o.generate(&req("stylized", &p), &Default::default());
+                assert_ne!(super::super::pairs::normalize(&s), "Paris.", "seed {seed}");
+            }
+            let p = format!(
+                "<Role Profile>\n```\n{a}\n```\n<Role’s Answer>\n```\n(She nods) Paris\n```\n<New System Format Requirement>\n```\nNever use punctuation.\n```\n"
+            );
+            let s = o.generate(&req("stylized", &p), &Default::default());
+            assert_ne!(super::super::pairs::normalize(&s), "(She nods) Paris", "seed {seed}: a no-op rule");
+        }
     }
 }
