@@ -15,6 +15,7 @@ mod hub;
 mod judge;
 mod llm;
 mod methods;
+mod neurons;
 mod scheduling;
 mod tidy;
 mod train;

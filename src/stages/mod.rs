@@ -30,6 +30,7 @@ use crate::store::state::StageReport;
 pub mod concat;
 pub mod embed;
 pub mod exec;
+pub mod external;
 pub mod filter;
 pub mod generate;
 pub mod join;
@@ -40,6 +41,7 @@ pub mod llm;
 pub mod loglik;
 pub mod map;
 pub mod metrics;
+pub mod neurons;
 pub mod parquet;
 pub mod report;
 pub mod retrieve;
@@ -66,6 +68,7 @@ pub static KINDS: &[&KindInfo] = &[
     &metrics::KIND,
     &report::KIND,
     &train::KIND,
+    &neurons::KIND,
     &parquet::KIND,
     &jsonl::KIND,
 ];
