@@ -23,6 +23,8 @@ pub struct StageProgress {
     /// Cost in millionths of a dollar.
     pub cost_micro_usd: AtomicU64,
     pub retries: AtomicU64,
+    /// A line of state shown after the counters (e.g. a batch stage's batches).
+    note: Mutex<String>,
     started: Instant,
     finished: AtomicBool,
 }
@@ -42,6 +44,7 @@ impl StageProgress {
             tokens_out: AtomicU64::new(0),
             cost_micro_usd: AtomicU64::new(0),
             retries: AtomicU64::new(0),
+            note: Mutex::new(String::new()),
             started: Instant::now(),
             finished: AtomicBool::new(false),
         })
@@ -64,6 +67,14 @@ impl StageProgress {
 
     pub fn elapsed(&self) -> Duration {
         self.started.elapsed()
+    }
+
+    pub fn set_note(&self, note: String) {
+        *self.note.lock().expect("note") = note;
+    }
+
+    pub fn note(&self) -> String {
+        self.note.lock().expect("note").clone()
     }
 
     pub fn cost_usd(&self) -> f64 {
@@ -194,7 +205,11 @@ impl ProgressHub {
         for (p, bar) in stages.iter() {
             let done = p.done.load(Ordering::Relaxed);
             let failed = p.failed.load(Ordering::Relaxed);
-            let extra = p.llm_summary();
+            let mut extra = p.llm_summary();
+            let note = p.note();
+            if !note.is_empty() {
+                extra = if extra.is_empty() { note } else { format!("{extra} · {note}") };
+            }
             match bar {
                 Some(bar) => {
                     if let Some(t) = p.total() {

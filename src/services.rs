@@ -5,7 +5,12 @@
 //! network runtime, and the call path: cache lookup → single-flight → journal →
 //! rate-limited call → durable store. A request identical to one already answered is
 //! never paid for again. Calls to network providers run that whole path on the
-//! network runtime (`llm/net.rs`); the offline provider runs on the caller's.
+//! network runtime (`llm/net.rs`); the offline provider runs on the caller's. In batch
+//! mode (`batch.rs`) a request that is not cached is deferred to a provider batch
+//! instead of sent; the cost cap (`cost.rs`, `max_cost_usd`) guards both paths.
+
+pub mod batch;
+pub mod cost;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -14,20 +19,25 @@ use std::sync::{Arc, Mutex};
 use anyhow::{Result, anyhow};
 
 use crate::config::decl::Decl;
+use crate::llm::batch::{Deferred, Route};
 use crate::llm::net::NetRuntime;
 use crate::llm::offline::OfflineShape;
 use crate::llm::provider::{Provider, networked_kind};
 use crate::llm::rate::{RateControl, RateRegistry};
-use crate::llm::{CallCtx, ChatRequest, ChatResponse, Completed, ErrorKind, LlmError, LoglikRequest, estimate_tokens};
-
-/// What a call asks of a provider.
-enum Call {
-    Chat(ChatRequest),
-    Loglik(LoglikRequest),
-}
+use crate::llm::{
+    Call, CallCtx, ChatRequest, ChatResponse, Completed, ErrorKind, LlmError, LoglikRequest, estimate_tokens,
+};
+use crate::store::batch::BatchLog;
 use crate::store::cache::{Cache, ResponseRow, Use};
 
 type Flight = Arc<tokio::sync::OnceCell<Result<Completed, LlmError>>>;
+
+/// Completion tokens a request without `max_tokens` is assumed to take at most (batch
+/// token and cost estimates; the cost cap: set `max_tokens` for a cap that holds
+/// whatever the model answers).
+const DEFAULT_MAX_OUT: u32 = 4096;
+/// Tokens a chat format adds per message (role, separators), counted by the cost cap.
+const MESSAGE_OVERHEAD: u64 = 8;
 
 /// Shared services of one run.
 pub struct Services {
@@ -43,6 +53,11 @@ pub struct Services {
     inflight: Mutex<HashMap<String, Flight>>,
     warned_price: Mutex<std::collections::BTreeSet<String>>,
     net: Mutex<Option<Arc<NetRuntime>>>,
+    /// `max_cost_usd` of the run and its stages.
+    pub costs: cost::CostGuard,
+    batch_log: Mutex<Option<Arc<BatchLog>>>,
+    /// `synth run --detach`: batch stages stop once their batches are submitted.
+    detach: std::sync::atomic::AtomicBool,
 }
 
 impl Services {
@@ -67,11 +82,39 @@ impl Services {
             inflight: Mutex::new(HashMap::new()),
             warned_price: Mutex::new(Default::default()),
             net: Mutex::new(None),
+            costs: Default::default(),
+            batch_log: Mutex::new(None),
+            detach: Default::default(),
         })
+    }
+
+    /// What a run asks beyond its stages: `--detach`, and `[pipeline] max_cost_usd`.
+    pub fn set_run_options(&self, detach: bool, max_cost_usd: Option<f64>) {
+        self.detach.store(detach, std::sync::atomic::Ordering::Relaxed);
+        self.costs.set_run_cap(max_cost_usd);
+    }
+
+    pub fn detach(&self) -> bool {
+        self.detach.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    pub fn out_dir(&self) -> &Path {
+        &self.out_dir
+    }
+
+    /// The batch journal of the output directory (opened on first use).
+    pub fn batch_log(&self) -> Result<Arc<BatchLog>> {
+        let mut l = self.batch_log.lock().expect("batch log");
+        if let Some(log) = l.as_ref() {
+            return Ok(log.clone());
+        }
+        let log = Arc::new(BatchLog::open(&self.out_dir.join(crate::store::state::INTERNAL_DIR))?);
+        *l = Some(log.clone());
+        Ok(log)
     }
 
     /// The cache database of the output directory (opened on first use).
@@ -185,17 +228,25 @@ impl Services {
             Call::Chat(req) => &req.params,
             Call::Loglik(_) => &no_params,
         });
-        let (doc, estimate) = match &call {
+        // The prompt's tokens (an estimate), the most they can be (UTF-8 bytes: no
+        // byte-level tokenizer makes more), and the most the answer may take.
+        let (doc, prompt, max_in, max_out) = match &call {
             Call::Chat(req) => (
                 Provider::request_doc(provider, req, &params),
-                req.messages.iter().map(|m| estimate_tokens(&m.content)).sum::<u64>()
-                    + params.max_tokens.unwrap_or(256) as u64,
+                req.messages.iter().map(|m| estimate_tokens(&m.content)).sum::<u64>(),
+                req.messages.iter().map(|m| m.content.len() as u64 + MESSAGE_OVERHEAD).sum::<u64>(),
+                params.max_tokens.map(u64::from),
             ),
             Call::Loglik(req) => (
                 Provider::loglik_doc(provider, req, &params),
-                estimate_tokens(&req.context) + estimate_tokens(&req.continuation) + 1,
+                estimate_tokens(&req.context) + estimate_tokens(&req.continuation),
+                (req.context.len() + req.continuation.len()) as u64 + MESSAGE_OVERHEAD,
+                Some(1),
             ),
         };
+        // What the rate limiter counts (as it always has: 256 when max_tokens is unset).
+        let estimate = prompt + max_out.unwrap_or(256);
+        let max_out = max_out.unwrap_or(DEFAULT_MAX_OUT as u64);
         let doc_text = doc.to_string();
         let key = blake3::hash(doc_text.as_bytes()).to_hex().to_string();
         let cache = self.cache().map_err(|e| LlmError::new(ErrorKind::Unavailable, format!("{e:#}")))?;
@@ -210,6 +261,29 @@ impl Services {
             Ok(None) => {}
             Err(e) => return Err(LlmError::new(ErrorKind::Unavailable, format!("cache: {e:#}"))),
         }
+        if let Some(route) = &ctx.batch {
+            match route.route(&key) {
+                Route::Defer => {
+                    let body = provider.backend.batch_body(&call, &params).ok_or_else(|| {
+                        LlmError::new(
+                            ErrorKind::Rejected,
+                            format!("provider \"{}\" cannot send this request in a batch", provider.name),
+                        )
+                    })?;
+                    route.defer(Deferred { key, doc: doc_text, body, tokens_in: prompt, max_in, max_out })?;
+                    return Err(crate::llm::batch::deferred());
+                }
+                Route::Fail(e) => return Err(e),
+                Route::Online => {}
+            }
+        }
+        // The most this call may cost, held against `max_cost_usd` until it is paid.
+        let reserved = if self.costs.capped(&ctx.stage) {
+            let most = provider.price.map(|p| p.cost(max_in, max_out)).unwrap_or(0.0);
+            self.costs.reserve(&ctx.stage, most)?
+        } else {
+            cost::Reserved(0.0)
+        };
         // Identical requests in flight at the same time are sent once.
         let flight: Flight = self.inflight.lock().expect("inflight").entry(key.clone()).or_default().clone();
         let result = flight
@@ -252,6 +326,7 @@ impl Services {
                                 format!("storing a paid response: {e:#}"),
                             ));
                         }
+                        self.costs.settle(&ctx.stage, reserved, cost);
                         let p = &ctx.progress;
                         p.tokens_in.fetch_add(tin, std::sync::atomic::Ordering::Relaxed);
                         p.tokens_out.fetch_add(tout, std::sync::atomic::Ordering::Relaxed);
@@ -259,6 +334,7 @@ impl Services {
                         Ok(Completed { response, cached: false, retries })
                     }
                     Err(e) => {
+                        self.costs.settle(&ctx.stage, reserved, 0.0);
                         cache.journal_end(&key);
                         Err(e)
                     }

@@ -5,6 +5,7 @@
 mod support;
 
 mod bad_input;
+mod batch;
 mod config_fixtures;
 mod conformance;
 mod crash;

@@ -213,11 +213,7 @@ pub fn llm(args: &LlmBench) -> Result<serde_json::Value> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let provider = services.provider("bench")?;
     let net = services.net()?;
-    let call = CallCtx {
-        stage: "bench".into(),
-        fingerprint: "bench".into(),
-        progress: crate::progress::StageProgress::new("bench"),
-    };
+    let call = CallCtx::new("bench", "bench", crate::progress::StageProgress::new("bench"));
     let nonce: u64 = rand::random();
     reset_peak_rss();
     let cpu0 = cpu_seconds();

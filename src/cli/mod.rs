@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+mod batch;
 mod cache;
 mod graph;
 mod inspect;
@@ -64,6 +65,30 @@ pub enum Command {
     /// The LLM response and embedding cache of an output directory.
     #[command(subcommand)]
     Cache(CacheCommand),
+    /// Provider batches of an output directory (stages run with `batch = true`).
+    #[command(subcommand)]
+    Batch(BatchCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BatchCommand {
+    /// Each batch: stage, provider, batch id, state, answered / total, attempt.
+    Status {
+        /// An output directory of `synth run`.
+        output_dir: PathBuf,
+        #[arg(long)]
+        json: bool,
+        /// Ask the providers for the current state (keys from the environment), and list
+        /// batches of this directory that its journal does not hold.
+        #[arg(long)]
+        refresh: bool,
+    },
+    /// Cancel the directory's running batches at the provider (a later run collects what
+    /// they answered and asks the rest again).
+    Cancel {
+        /// An output directory of `synth run`.
+        output_dir: PathBuf,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -234,6 +259,10 @@ pub struct RunArgs {
     /// Show what would run and what is up to date; run nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Stages in batch mode stop once their batches are submitted (exit 0); run the same
+    /// command again later to collect the results.
+    #[arg(long)]
+    pub detach: bool,
 }
 
 #[derive(Args, Debug)]
@@ -333,6 +362,7 @@ pub fn main() -> i32 {
         Command::Score(a) => score::run(&a),
         Command::Bench(b) => bench(b),
         Command::Cache(c) => cache::run(c),
+        Command::Batch(c) => batch::run(c),
     }
 }
 

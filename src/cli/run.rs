@@ -25,6 +25,7 @@ pub fn run(args: &RunArgs, quiet: bool) -> i32 {
         limit: args.limit,
         force: args.force,
         dry_run: args.dry_run,
+        detach: args.detach,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
@@ -104,7 +105,9 @@ fn spawn_signal_handler(cancel: CancellationToken) {
 }
 
 fn print_summary(summary: &RunSummary) {
-    if summary.n_ran() == 0 {
+    let waiting: Vec<&str> =
+        summary.lines.iter().filter(|l| l.status == StageStatus::Waiting).filter_map(|l| l.reason.as_deref()).collect();
+    if summary.n_ran() == 0 && waiting.is_empty() {
         println!(
             "everything is up to date ({} stages); outputs in {}",
             summary.lines.iter().filter(|l| l.status == StageStatus::UpToDate).count(),
@@ -124,6 +127,7 @@ fn print_summary(summary: &RunSummary) {
             StageStatus::Skipped => "skipped",
             StageStatus::Cancelled => "cancelled",
             StageStatus::Failed => "failed",
+            StageStatus::Waiting => "waiting",
             _ => "pending",
         };
         match (&l.report, l.status) {
@@ -139,6 +143,9 @@ fn print_summary(summary: &RunSummary) {
         }
     }
     println!("outputs in {}", summary.out_dir.display());
+    for w in waiting {
+        eprintln!("{w}");
+    }
     // Records that failed are kept, with their reasons, and the run goes on: say so loudly.
     for l in &summary.lines {
         if let Some(f) = &l.failures {

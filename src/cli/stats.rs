@@ -93,5 +93,27 @@ pub fn render(m: &Manifest) -> String {
         "{:width$}  {:10}  {:>9}  {:>9}  {:>7}  {:>9.2}  {:>8}  {:>7}  {:>10}  {:>10}  {:>9.4}",
         "total", "", "", "", "", wall, req, "", tin, tout, cost
     );
+    // Stages that ran through provider batches: their cost is at the batch price.
+    for (name, s) in &m.stages {
+        let Some(r) = &s.report else { continue };
+        if r.info.get("mode").map(String::as_str) != Some("batch") {
+            continue;
+        }
+        let metric = |k: &str| r.metrics.get(k).copied().unwrap_or(0.0);
+        let _ = writeln!(
+            out,
+            "batch: stage \"{name}\": {} answer(s) from {} batch(es) ({} api) at the batch price (x{}): ${:.4} (online: ${:.4}); {} resubmitted, {} sent online, {} rejected, {} gave up",
+            metric("batch.answered"),
+            metric("batch.batches"),
+            r.info.get("batch_api").map(String::as_str).unwrap_or("?"),
+            r.info.get("batch_price_factor").map(String::as_str).unwrap_or("?"),
+            metric("batch.cost_usd"),
+            metric("batch.online_cost_usd"),
+            metric("batch.resubmitted"),
+            metric("batch.online_fallback"),
+            metric("batch.rejected"),
+            metric("batch.gave_up"),
+        );
+    }
     out
 }

@@ -19,6 +19,7 @@ use super::fingerprint::{combine, config_part, explain};
 use crate::pipeline::Pipeline;
 use crate::progress::ProgressHub;
 use crate::services::Services;
+use crate::services::batch::Detached;
 use crate::stages::{Cancelled, Input, PrepareCtx, Prepared, Role, RunCtx, failures_path, output_path};
 use crate::store::atomic::clean_debris;
 use crate::store::failures::write_failures;
@@ -38,6 +39,8 @@ pub struct RunOptions {
     pub limit: Option<u64>,
     pub force: bool,
     pub dry_run: bool,
+    /// Batch stages stop once their batches are submitted; a later run collects them.
+    pub detach: bool,
 }
 
 /// How a run ended badly; each carries the message for the user.
@@ -184,6 +187,8 @@ pub async fn run(
     let hasher = Arc::new(Mutex::new(if opts.dry_run { FileHasher::ephemeral() } else { FileHasher::load(&out_dir) }));
     let services =
         Services::new(&out_dir, &p.root, p.providers.clone(), p.embedders.clone(), p.registry.shapes.clone());
+    services.set_run_options(opts.detach, p.max_cost_usd);
+    let mut detached: Vec<String> = Vec::new();
 
     let mut nodes: Vec<Node> = (0..n).map(|i| if modes[i].is_none() { Node::Skipped } else { Node::Pending }).collect();
     for (i, node) in nodes.iter().enumerate() {
@@ -338,6 +343,15 @@ pub async fn run(
                     stopping = true;
                 }
             },
+            Err(e) if e.downcast_ref::<Detached>().is_some() => {
+                // Its batches run at the provider; what depends on it waits for the next run.
+                nodes[idx] = Node::Cancelled;
+                line.status = StageStatus::Waiting;
+                line.reason = Some(e.to_string());
+                tracing::info!("{e}");
+                detached.push(e.to_string());
+                set_manifest(&mut manifest, &name, StageStatus::Waiting, None, None, None);
+            }
             Err(e) if e.downcast_ref::<Cancelled>().is_some() => {
                 nodes[idx] = Node::Cancelled;
                 line.status = StageStatus::Cancelled;
@@ -386,6 +400,8 @@ pub async fn run(
     manifest.finished_at = Some(now_rfc3339());
     manifest.status = if interrupted {
         RunStatus::Interrupted
+    } else if errors.is_empty() && !detached.is_empty() {
+        RunStatus::Detached
     } else if errors.is_empty() {
         RunStatus::Ok
     } else {

@@ -1,16 +1,21 @@
 //! LLM providers: the request/response types, the provider kinds (`openai` over
-//! async-openai, `offline` for demos and CI), rate control and retries, output
-//! parsers, prices. The call path every LLM stage goes through (cache lookup,
-//! single-flight, journal, rate-limited provider call, durable store) is
-//! `crate::services`, a layer above.
+//! async-openai, `anthropic` over plain HTTP, `offline` for demos and CI), their
+//! batch APIs, rate control and retries, output parsers, prices. The call path every
+//! LLM stage goes through (cache lookup, single-flight, journal, rate-limited provider
+//! call, durable store; batch mode) is `crate::services`, a layer above.
 //!
 //! **Invariant:** the only modules that do network I/O are `llm/openai.rs`,
-//! `embed/openai.rs`, `embed/fastembed.rs` (model download) and `hub.rs`.
+//! `llm/openai_batch.rs`, `llm/anthropic.rs`, `embed/openai.rs`, `embed/fastembed.rs`
+//! (model download) and `hub.rs`; `llm/local_batch.rs` runs a local batch command.
 
+pub mod anthropic;
+pub mod batch;
 pub mod endpoint;
+pub mod local_batch;
 pub mod net;
 pub mod offline;
 pub mod openai;
+pub mod openai_batch;
 pub mod parse;
 pub mod pricing;
 pub mod provider;
@@ -146,6 +151,10 @@ pub enum ErrorKind {
     NotFound,
     /// The circuit breaker gave up on the provider: stops the run.
     Unavailable,
+    /// Batch mode: the request waits for a provider batch (not an error of the record).
+    Deferred,
+    /// `max_cost_usd` would be passed: stops the run before paying.
+    Budget,
 }
 
 impl ErrorKind {
@@ -162,7 +171,7 @@ impl ErrorKind {
 
     /// Errors that make every further request pointless: stop the run with one message.
     pub fn fatal(self) -> bool {
-        matches!(self, ErrorKind::Auth | ErrorKind::NotFound | ErrorKind::Unavailable)
+        matches!(self, ErrorKind::Auth | ErrorKind::NotFound | ErrorKind::Unavailable | ErrorKind::Budget)
     }
 
     pub fn name(self) -> &'static str {
@@ -176,6 +185,8 @@ impl ErrorKind {
             ErrorKind::Auth => "auth",
             ErrorKind::NotFound => "not_found",
             ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Deferred => "deferred",
+            ErrorKind::Budget => "cost_cap",
         }
     }
 
@@ -216,6 +227,13 @@ impl std::fmt::Display for LlmError {
 
 impl std::error::Error for LlmError {}
 
+/// What a call asks of a provider.
+#[derive(Debug, Clone)]
+pub enum Call {
+    Chat(ChatRequest),
+    Loglik(LoglikRequest),
+}
+
 /// A chat-completion backend.
 #[async_trait::async_trait]
 pub trait ChatBackend: Send + Sync {
@@ -226,6 +244,12 @@ pub trait ChatBackend: Send + Sync {
     /// without completions rejects it.
     async fn loglik_once(&self, _req: &LoglikRequest, _params: &GenParams) -> Result<ChatResponse, LlmError> {
         Err(LlmError::new(ErrorKind::Rejected, "this provider cannot score log-likelihoods"))
+    }
+
+    /// The body of this call as a batch line carries it (the same body an online call
+    /// sends), and the endpoint it goes to; `None` when the backend has no batch API.
+    fn batch_body(&self, _call: &Call, _params: &GenParams) -> Option<batch::BatchBody> {
+        None
     }
 }
 
@@ -240,6 +264,21 @@ pub struct CallCtx {
     pub stage: String,
     pub fingerprint: String,
     pub progress: std::sync::Arc<crate::progress::StageProgress>,
+    /// Batch mode: where a request that is not in the cache goes instead of the wire
+    /// (`None`: online).
+    pub batch: Option<std::sync::Arc<dyn batch::BatchRoute>>,
+}
+
+impl CallCtx {
+    /// An online call context.
+    pub fn new(stage: &str, fingerprint: &str, progress: std::sync::Arc<crate::progress::StageProgress>) -> CallCtx {
+        CallCtx { stage: stage.to_string(), fingerprint: fingerprint.to_string(), progress, batch: None }
+    }
+
+    /// The same caller, with requests routed by `route`.
+    pub fn with_batch(&self, route: std::sync::Arc<dyn batch::BatchRoute>) -> CallCtx {
+        CallCtx { batch: Some(route), ..self.clone() }
+    }
 }
 
 /// A finished chat call.

@@ -14,8 +14,9 @@ use async_openai::error::OpenAIError;
 use async_openai::middleware::HttpRequestFactory;
 use serde::Deserialize;
 
+use super::batch::{BatchBody, Endpoint as BatchEndpoint};
 use super::{
-    ChatBackend, ChatRequest, ChatResponse, ErrorKind, GenParams, LlmError, Loglik, LoglikRequest, Usage,
+    Call, ChatBackend, ChatRequest, ChatResponse, ErrorKind, GenParams, LlmError, Loglik, LoglikRequest, Usage,
     estimate_tokens,
 };
 
@@ -29,6 +30,20 @@ struct Seen {
 
 tokio::task_local! {
     static SEEN: Arc<Mutex<Seen>>;
+}
+
+/// Run one async-openai call, classifying its error with the status and wait hint the
+/// HTTP service saw.
+pub(crate) async fn observed<T>(
+    call: impl std::future::Future<Output = Result<T, OpenAIError>>,
+) -> Result<T, LlmError> {
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let result = SEEN.scope(seen.clone(), call).await;
+    let (retry_after, status) = {
+        let seen = seen.lock().expect("seen");
+        (seen.retry_after, seen.status)
+    };
+    result.map_err(|e| classify(e, retry_after, status))
 }
 
 /// Sends each request once (no retries) and records what the retry layer needs.
@@ -74,7 +89,7 @@ pub struct Endpoint {
 }
 
 /// Build an async-openai client that never retries on its own.
-fn client(endpoint: &Endpoint) -> Result<Client<OpenAIConfig>, String> {
+pub(crate) fn client(endpoint: &Endpoint) -> Result<Client<OpenAIConfig>, String> {
     let http = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(15))
         .pool_idle_timeout(Duration::from_secs(90))
@@ -225,62 +240,93 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 impl ChatBackend for OpenAiChat {
     async fn chat_once(&self, req: &ChatRequest, params: &GenParams) -> Result<ChatResponse, LlmError> {
         let body = chat_body(&self.endpoint.model, req, params);
-        let seen = Arc::new(Mutex::new(Seen::default()));
-        let result: Result<CompletionBody, OpenAIError> =
-            SEEN.scope(seen.clone(), self.client.chat().create_byot(body)).await;
-        let (retry_after, status) = {
-            let seen = seen.lock().expect("seen");
-            (seen.retry_after, seen.status)
-        };
-        let body = result.map_err(|e| classify(e, retry_after, status))?;
-        let Some(choice) = body.choices.into_iter().next() else {
-            return Err(LlmError::new(ErrorKind::Malformed, "response has no choices"));
-        };
-        let Some(text) = choice.message.content else {
-            return Err(LlmError::new(ErrorKind::Malformed, "response message has no content"));
-        };
-        let usage = match body.usage {
-            Some(u) => Usage { prompt_tokens: u.prompt_tokens, completion_tokens: u.completion_tokens },
-            None => Usage {
-                prompt_tokens: req.messages.iter().map(|m| estimate_tokens(&m.content)).sum(),
-                completion_tokens: estimate_tokens(&text),
-            },
-        };
-        Ok(ChatResponse {
-            text,
-            finish_reason: choice.finish_reason.unwrap_or_else(|| "stop".into()),
-            usage,
-            model: body.model.unwrap_or_else(|| self.endpoint.model.clone()),
+        let body: CompletionBody = observed(self.client.chat().create_byot(body)).await?;
+        completion(body, &self.endpoint.model, || Usage {
+            prompt_tokens: req.messages.iter().map(|m| estimate_tokens(&m.content)).sum(),
+            completion_tokens: 0,
         })
     }
 
     async fn loglik_once(&self, req: &LoglikRequest, params: &GenParams) -> Result<ChatResponse, LlmError> {
         let body = loglik_body(&self.endpoint.model, req, params);
-        let seen = Arc::new(Mutex::new(Seen::default()));
-        let result: Result<TextCompletionBody, OpenAIError> =
-            SEEN.scope(seen.clone(), self.client.completions().create_byot(body)).await;
-        let (retry_after, status) = {
-            let seen = seen.lock().expect("seen");
-            (seen.retry_after, seen.status)
-        };
-        let body = result.map_err(|e| classify(e, retry_after, status))?;
-        let Some(lp) = body.choices.into_iter().next().and_then(|c| c.logprobs) else {
-            return Err(LlmError::new(ErrorKind::Malformed, "response has no choice with logprobs"));
-        };
-        let view =
-            LogprobsView { tokens: &lp.tokens, token_logprobs: &lp.token_logprobs, text_offset: &lp.text_offset };
-        let ll = continuation_logprob(req, &view).map_err(|m| LlmError::new(ErrorKind::Malformed, m))?;
-        let usage = match body.usage {
-            Some(u) => Usage { prompt_tokens: u.prompt_tokens, completion_tokens: u.completion_tokens },
-            None => Usage { prompt_tokens: lp.tokens.len() as u64, completion_tokens: 0 },
-        };
-        Ok(ChatResponse {
-            text: ll.to_text(),
-            finish_reason: "loglik".into(),
-            usage,
-            model: body.model.unwrap_or_else(|| self.endpoint.model.clone()),
+        let body: TextCompletionBody = observed(self.client.completions().create_byot(body)).await?;
+        text_completion(body, req, &self.endpoint.model)
+    }
+
+    fn batch_body(&self, call: &Call, params: &GenParams) -> Option<BatchBody> {
+        Some(match call {
+            Call::Chat(req) => {
+                BatchBody { endpoint: BatchEndpoint::Chat, body: chat_body(&self.endpoint.model, req, params) }
+            }
+            Call::Loglik(req) => {
+                BatchBody { endpoint: BatchEndpoint::Completions, body: loglik_body(&self.endpoint.model, req, params) }
+            }
         })
     }
+}
+
+/// A chat completion body as a [`ChatResponse`] (the same for an online answer and a
+/// batch line's); `estimate` gives the usage when the server reports none (the
+/// completion tokens are then estimated from the text).
+pub(crate) fn chat_response(
+    body: serde_json::Value,
+    model: &str,
+    estimate: impl FnOnce() -> Usage,
+) -> Result<ChatResponse, LlmError> {
+    completion(from_value(body)?, model, estimate)
+}
+
+fn from_value<T: serde::de::DeserializeOwned>(body: serde_json::Value) -> Result<T, LlmError> {
+    serde_json::from_value(body).map_err(|e| {
+        LlmError::new(ErrorKind::Malformed, crate::secrets::scrub(&format!("response is not a valid completion: {e}")))
+    })
+}
+
+fn completion(body: CompletionBody, model: &str, estimate: impl FnOnce() -> Usage) -> Result<ChatResponse, LlmError> {
+    let Some(choice) = body.choices.into_iter().next() else {
+        return Err(LlmError::new(ErrorKind::Malformed, "response has no choices"));
+    };
+    let Some(text) = choice.message.content else {
+        return Err(LlmError::new(ErrorKind::Malformed, "response message has no content"));
+    };
+    let usage = match body.usage {
+        Some(u) => Usage { prompt_tokens: u.prompt_tokens, completion_tokens: u.completion_tokens },
+        None => Usage { completion_tokens: estimate_tokens(&text), ..estimate() },
+    };
+    Ok(ChatResponse {
+        text,
+        finish_reason: choice.finish_reason.unwrap_or_else(|| "stop".into()),
+        usage,
+        model: body.model.unwrap_or_else(|| model.to_string()),
+    })
+}
+
+/// A completions body with echoed log-probabilities as the [`ChatResponse`] of a
+/// log-likelihood request (its text is the [`Loglik`] as JSON).
+pub(crate) fn loglik_response(
+    body: serde_json::Value,
+    req: &LoglikRequest,
+    model: &str,
+) -> Result<ChatResponse, LlmError> {
+    text_completion(from_value(body)?, req, model)
+}
+
+fn text_completion(body: TextCompletionBody, req: &LoglikRequest, model: &str) -> Result<ChatResponse, LlmError> {
+    let Some(lp) = body.choices.into_iter().next().and_then(|c| c.logprobs) else {
+        return Err(LlmError::new(ErrorKind::Malformed, "response has no choice with logprobs"));
+    };
+    let view = LogprobsView { tokens: &lp.tokens, token_logprobs: &lp.token_logprobs, text_offset: &lp.text_offset };
+    let ll = continuation_logprob(req, &view).map_err(|m| LlmError::new(ErrorKind::Malformed, m))?;
+    let usage = match body.usage {
+        Some(u) => Usage { prompt_tokens: u.prompt_tokens, completion_tokens: u.completion_tokens },
+        None => Usage { prompt_tokens: lp.tokens.len() as u64, completion_tokens: 0 },
+    };
+    Ok(ChatResponse {
+        text: ll.to_text(),
+        finish_reason: "loglik".into(),
+        usage,
+        model: body.model.unwrap_or_else(|| model.to_string()),
+    })
 }
 
 /// A completions answer with echoed log-probabilities.
@@ -423,14 +469,7 @@ impl OpenAiEmbed {
         if let Some(d) = dimensions {
             body["dimensions"] = d.into();
         }
-        let seen = Arc::new(Mutex::new(Seen::default()));
-        let result: Result<EmbeddingBody, OpenAIError> =
-            SEEN.scope(seen.clone(), self.client.embeddings().create_byot(body)).await;
-        let (retry_after, status) = {
-            let seen = seen.lock().expect("seen");
-            (seen.retry_after, seen.status)
-        };
-        let body = result.map_err(|e| classify(e, retry_after, status))?;
+        let body: EmbeddingBody = observed(self.client.embeddings().create_byot(body)).await?;
         if body.data.len() != texts.len() {
             return Err(LlmError::new(
                 ErrorKind::Malformed,

@@ -1,5 +1,6 @@
-//! Prices per million tokens, for cost accounting. Defaults cover common OpenAI
-//! models (list prices when this table was written); a provider's
+//! Prices per million tokens, for cost accounting. Defaults cover common OpenAI and
+//! Anthropic models (online list prices when this table was written; batch calls cost
+//! these times the provider's `batch_price_factor`); a provider's
 //! `price_input_per_mtok` / `price_output_per_mtok` override them. Unknown models
 //! cost 0 (reported once as a warning).
 
@@ -26,6 +27,13 @@ const DEFAULTS: &[(&str, f64, f64)] = &[
     ("text-embedding-3-small", 0.02, 0.0),
     ("text-embedding-3-large", 0.13, 0.0),
     ("text-embedding-ada-002", 0.10, 0.0),
+    ("claude-3-haiku", 0.25, 1.25),
+    ("claude-3-5-haiku", 0.80, 4.00),
+    ("claude-3-5-sonnet", 3.00, 15.00),
+    ("claude-3-7-sonnet", 3.00, 15.00),
+    ("claude-3-opus", 15.00, 75.00),
+    ("claude-sonnet-4", 3.00, 15.00),
+    ("claude-opus-4", 15.00, 75.00),
 ];
 
 /// The default price of a model: exact name, else the longest known prefix

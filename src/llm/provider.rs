@@ -1,13 +1,17 @@
-//! Chat provider kinds (`openai`, `offline`): their option schemas, their identity
-//! (what their answers depend on, for fingerprints and cache keys) and how a
-//! checked declaration becomes a [`Provider`].
+//! Chat provider kinds (`openai`, `anthropic`, `offline`): their option schemas, their
+//! identity (what their answers depend on, for fingerprints and cache keys), their
+//! batch settings, and how a checked declaration becomes a [`Provider`].
 
-use std::sync::Arc;
+use std::path::Path;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde::Deserialize;
 
+use super::anthropic::{AnthropicChat, AnthropicEndpoint};
+use super::batch::BatchApi;
 use super::endpoint::{DEFAULT_BASE_URL, ENDPOINT_OPTIONS, resolve_endpoint};
 use super::offline::{Offline, OfflineShape};
 use super::openai::{Endpoint, OpenAiChat};
@@ -16,6 +20,56 @@ use super::rate::{RateConfig, RateControl, RateRegistry};
 use super::{ChatBackend, ChatRequest, GenParams};
 use crate::config::decl::{Decl, ProviderKind};
 use crate::config::options::{NUMBER, OptionSpec, POSITIVE, RATIO, Ty, UINT};
+
+/// Options of the batch API, shared by the `openai` and `anthropic` kinds (none
+/// changes an answer: batch and online calls share cache keys).
+const BATCH_OPTIONS: [OptionSpec; 10] = [
+    OptionSpec::default(
+        "batch",
+        Ty::Bool,
+        "false",
+        "stages on this provider send their uncached requests through its batch API (half price, answers within 24 h) unless they set `batch` themselves",
+    )
+    .runtime_only(),
+    OptionSpec::default(
+        "batch_fallback",
+        Ty::Enum(&["batch", "online"]),
+        "\"batch\"",
+        "what happens to lines a batch did not answer (expired, failed, cancelled, server errors): \"batch\" resubmits them in a new batch (up to batch_attempts), \"online\" sends them online at once",
+    )
+    .runtime_only(),
+    OptionSpec::default("batch_attempts", POSITIVE, "3", "batches a request may go through before its record fails")
+        .runtime_only(),
+    OptionSpec::default("batch_poll_seconds", NUMBER, "60", "seconds between polls of running batches (with jitter)")
+        .runtime_only(),
+    OptionSpec::optional(
+        "batch_max_requests",
+        POSITIVE,
+        "most requests per batch (default: the API's limit, 50,000 for OpenAI, 100,000 for Anthropic)",
+    )
+    .runtime_only(),
+    OptionSpec::optional(
+        "batch_max_bytes",
+        POSITIVE,
+        "largest batch file in bytes (default: the API's limit, 200 MB for OpenAI, 256 MB for Anthropic)",
+    )
+    .runtime_only(),
+    OptionSpec::optional(
+        "batch_enqueued_tokens",
+        POSITIVE,
+        "the model's enqueued-token limit (prompt tokens of batches not yet ended): batches are submitted in waves that stay under it",
+    )
+    .runtime_only(),
+    OptionSpec::default("batch_price_factor", NUMBER, "0.5", "batch price as a share of the online price").runtime_only(),
+    OptionSpec::default(
+        "batch_delete_files",
+        Ty::Bool,
+        "true",
+        "delete a batch's input, output and error files at the provider once its answers are stored",
+    )
+    .runtime_only(),
+    OptionSpec::default("batch_completion_window", Ty::Str, "\"24h\"", "the batch's completion window").runtime_only(),
+];
 
 const GEN_OPTIONS: [OptionSpec; 6] = [
     OptionSpec::optional("temperature", Ty::Float(0.0, 2.0), "sampling temperature"),
@@ -69,6 +123,84 @@ const OPENAI_OPTIONS: &[OptionSpec] = &[
     OptionSpec::optional("price_input_per_mtok", NUMBER, "USD per million prompt tokens (default: known models)")
         .runtime_only(),
     OptionSpec::optional("price_output_per_mtok", NUMBER, "USD per million completion tokens").runtime_only(),
+    BATCH_OPTIONS[0],
+    BATCH_OPTIONS[1],
+    BATCH_OPTIONS[2],
+    BATCH_OPTIONS[3],
+    BATCH_OPTIONS[4],
+    BATCH_OPTIONS[5],
+    BATCH_OPTIONS[6],
+    BATCH_OPTIONS[7],
+    BATCH_OPTIONS[8],
+    BATCH_OPTIONS[9],
+    OptionSpec::default(
+        "batch_api",
+        Ty::Enum(&["openai", "vllm"]),
+        "\"openai\"",
+        "\"openai\": the server's Files and Batches API (OpenAI and compatible providers); \"vllm\": write the batch file for `vllm run-batch` and run `batch_command` on it (or tell you which command to run)",
+    )
+    .runtime_only(),
+    OptionSpec::optional(
+        "batch_command",
+        Ty::StrList,
+        "with batch_api = \"vllm\": the command that answers a batch file, `{input}`, `{output}` and `{model}` replaced (e.g. [\"vllm\", \"run-batch\", \"-i\", \"{input}\", \"-o\", \"{output}\", \"--model\", \"{model}\"]); unset: synth says which command to run and stops until its output exists",
+    )
+    .runtime_only(),
+];
+
+const ANTHROPIC_OPTIONS: &[OptionSpec] = &[
+    OptionSpec::optional(
+        "base_url",
+        Ty::Str,
+        "API base URL, without /v1 (default: $base_url_env, else https://api.anthropic.com)",
+    ),
+    OptionSpec::default(
+        "base_url_env",
+        Ty::Str,
+        "\"ANTHROPIC_BASE_URL\"",
+        "environment variable read when base_url is not set",
+    ),
+    ENDPOINT_OPTIONS[2],
+    ENDPOINT_OPTIONS[3],
+    OptionSpec::default("api_key_env", Ty::Str, "\"ANTHROPIC_API_KEY\"", "environment variable holding the API key")
+        .runtime_only(),
+    OptionSpec::default("anthropic_version", Ty::Str, "\"2023-06-01\"", "the anthropic-version header"),
+    GEN_OPTIONS[0],
+    GEN_OPTIONS[1],
+    OptionSpec::optional(
+        "max_tokens",
+        POSITIVE,
+        "most tokens per answer (the Messages API requires one: default 1024)",
+    ),
+    GEN_OPTIONS[4],
+    GEN_OPTIONS[5],
+    OptionSpec::optional("requests_per_minute", POSITIVE, "client-side request limit").runtime_only(),
+    OptionSpec::optional("tokens_per_minute", POSITIVE, "client-side token limit (prompt estimate + max_tokens)")
+        .runtime_only(),
+    OptionSpec::default("max_concurrency", POSITIVE, "16", "most requests in flight").runtime_only(),
+    OptionSpec::default("initial_concurrency", POSITIVE, "4", "requests in flight at start (grows on success)")
+        .runtime_only(),
+    OptionSpec::default("timeout_seconds", NUMBER, "600", "per-request timeout").runtime_only(),
+    OptionSpec::default("max_retries", UINT, "8", "retries of 429, 529, 5xx, timeouts, resets, malformed answers")
+        .runtime_only(),
+    OptionSpec::default("backoff_initial_ms", POSITIVE, "500", "first retry delay (doubles, with jitter)")
+        .runtime_only(),
+    OptionSpec::default("backoff_max_seconds", NUMBER, "60", "longest retry delay").runtime_only(),
+    OptionSpec::default("breaker_after_seconds", NUMBER, "120", "continuous failure that opens the circuit breaker")
+        .runtime_only(),
+    OptionSpec::default("breaker_pause_seconds", NUMBER, "30", "pause while the breaker is open").runtime_only(),
+    OptionSpec::default("breaker_max_trips", UINT, "5", "trips in a row after which the run stops").runtime_only(),
+    OptionSpec::optional("price_input_per_mtok", NUMBER, "USD per million prompt tokens (default: known models)")
+        .runtime_only(),
+    OptionSpec::optional("price_output_per_mtok", NUMBER, "USD per million completion tokens").runtime_only(),
+    BATCH_OPTIONS[0],
+    BATCH_OPTIONS[1],
+    BATCH_OPTIONS[2],
+    BATCH_OPTIONS[3],
+    BATCH_OPTIONS[4],
+    BATCH_OPTIONS[5],
+    BATCH_OPTIONS[6],
+    BATCH_OPTIONS[7],
 ];
 
 const OFFLINE_OPTIONS: &[OptionSpec] = &[
@@ -94,7 +226,61 @@ pub static OFFLINE: ProviderKind = ProviderKind {
     options: OFFLINE_OPTIONS,
 };
 
-pub static PROVIDER_KINDS: &[&ProviderKind] = &[&OPENAI, &OFFLINE];
+pub static ANTHROPIC: ProviderKind = ProviderKind {
+    name: "anthropic",
+    about: "Claude through Anthropic's Messages API (plain HTTP), online or as Message Batches",
+    options: ANTHROPIC_OPTIONS,
+};
+
+pub static PROVIDER_KINDS: &[&ProviderKind] = &[&OPENAI, &ANTHROPIC, &OFFLINE];
+
+/// A provider's batch settings (the `batch_*` options).
+#[derive(Debug, Clone, Deserialize)]
+pub struct BatchSettings {
+    /// Stages use batch mode unless they say otherwise.
+    #[serde(rename = "batch")]
+    pub default_on: bool,
+    #[serde(rename = "batch_fallback")]
+    pub fallback: String,
+    #[serde(rename = "batch_attempts")]
+    pub attempts: u32,
+    #[serde(rename = "batch_poll_seconds")]
+    pub poll_seconds: f64,
+    #[serde(rename = "batch_max_requests")]
+    pub max_requests: Option<u64>,
+    #[serde(rename = "batch_max_bytes")]
+    pub max_bytes: Option<u64>,
+    #[serde(rename = "batch_enqueued_tokens")]
+    pub enqueued_tokens: Option<u64>,
+    #[serde(rename = "batch_price_factor")]
+    pub price_factor: f64,
+    #[serde(rename = "batch_delete_files", default)]
+    pub delete_files: bool,
+    #[serde(rename = "batch_completion_window", default = "default_window")]
+    pub completion_window: String,
+    #[serde(rename = "batch_api", default)]
+    pub api: Option<String>,
+    #[serde(rename = "batch_command", default)]
+    pub command: Option<Vec<String>>,
+}
+
+fn default_window() -> String {
+    "24h".into()
+}
+
+/// What a provider's batch API is built from (its key is read once, with the provider's).
+enum BatchTarget {
+    OpenAi(Endpoint),
+    Anthropic(AnthropicEndpoint),
+}
+
+impl BatchSettings {
+    /// The API limits: (most requests, most bytes) per batch.
+    pub fn limits(&self, api: &str) -> (u64, u64) {
+        let (n, bytes) = if api == "anthropic" { (100_000, 256_000_000) } else { (50_000, 200_000_000) };
+        (self.max_requests.unwrap_or(n), self.max_bytes.unwrap_or(bytes))
+    }
+}
 
 #[derive(Debug, Clone, Deserialize)]
 struct OpenAiOptions {
@@ -123,6 +309,63 @@ struct OpenAiOptions {
 }
 
 #[derive(Debug, Clone, Deserialize)]
+struct AnthropicOptions {
+    base_url: Option<String>,
+    base_url_env: String,
+    model: Option<String>,
+    model_env: Option<String>,
+    api_key_env: String,
+    anthropic_version: String,
+    #[serde(flatten)]
+    generation: GenParams,
+    requests_per_minute: Option<u32>,
+    tokens_per_minute: Option<u32>,
+    max_concurrency: usize,
+    initial_concurrency: usize,
+    timeout_seconds: f64,
+    max_retries: u32,
+    backoff_initial_ms: u64,
+    backoff_max_seconds: f64,
+    breaker_after_seconds: f64,
+    breaker_pause_seconds: f64,
+    breaker_max_trips: u32,
+    price_input_per_mtok: Option<f64>,
+    price_output_per_mtok: Option<f64>,
+}
+
+impl AnthropicOptions {
+    /// Base URL (without `/v1`) and model, from the options and the environment.
+    fn resolve(&self, name: &str) -> Result<(String, String)> {
+        let base_url = self
+            .base_url
+            .clone()
+            .or_else(|| std::env::var(&self.base_url_env).ok().filter(|v| !v.trim().is_empty()))
+            .unwrap_or_else(|| super::anthropic::DEFAULT_BASE_URL.to_string());
+        let base_url = base_url.trim_end_matches('/').trim_end_matches("/v1").to_string();
+        let r = resolve_endpoint(name, &Some(base_url), "", &self.model, &self.model_env, &self.api_key_env)?;
+        Ok((r.base_url, r.model))
+    }
+
+    fn rate(&self) -> RateConfig {
+        RateConfig {
+            requests_per_minute: self.requests_per_minute,
+            tokens_per_minute: self.tokens_per_minute,
+            max_concurrency: self.max_concurrency,
+            initial_concurrency: self.initial_concurrency,
+            timeout: Duration::from_secs_f64(self.timeout_seconds.max(0.001)),
+            max_retries: self.max_retries,
+            backoff_initial: Duration::from_millis(self.backoff_initial_ms),
+            backoff_max: Duration::from_secs_f64(self.backoff_max_seconds.max(0.001)),
+            breaker_after: Duration::from_secs_f64(self.breaker_after_seconds.max(0.001)),
+            breaker_pause: Duration::from_secs_f64(self.breaker_pause_seconds.max(0.001)),
+            breaker_max_trips: self.breaker_max_trips,
+            // Anthropic advertises its limits under other header names: not learned.
+            learn_limits: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
 struct OfflineOptions {
     model: String,
     seed: i64,
@@ -147,6 +390,15 @@ pub struct Provider {
     pub(crate) offline_identity: Option<serde_json::Value>,
     /// `cache_identity`: replaces the base URL in cache keys and fingerprints.
     pub(crate) cache_identity: Option<String>,
+    /// The environment variable its key is read from (recorded with its batches, never the key).
+    pub api_key_env: String,
+    /// Batch settings (`None`: the kind has no batch API, e.g. `offline`).
+    pub batch: Option<BatchSettings>,
+    batch_target: Option<BatchTarget>,
+    batch_api: OnceLock<Arc<dyn BatchApi>>,
+    /// Prompt tokens of this provider's batches submitted and not yet ended, over every
+    /// stage of the run (the enqueued-token limit is the model's, not a stage's).
+    pub batch_enqueued: AtomicU64,
 }
 
 /// The endpoint's field of an identity or cache document: the base URL, or the
@@ -169,7 +421,44 @@ impl Provider {
 
 /// Whether a provider kind's calls leave the process.
 pub fn networked_kind(kind: &str) -> bool {
-    kind == "openai"
+    kind == "openai" || kind == "anthropic"
+}
+
+impl Provider {
+    /// The name of its batch API (`openai`, `anthropic`, `vllm`), when it has one.
+    pub fn batch_api_kind(&self) -> Option<&'static str> {
+        let settings = self.batch.as_ref()?;
+        Some(match (&self.batch_target, settings.api.as_deref()) {
+            (Some(BatchTarget::Anthropic(_)), _) => "anthropic",
+            (_, Some("vllm")) => "vllm",
+            (Some(BatchTarget::OpenAi(_)), _) => "openai",
+            (None, _) => return None,
+        })
+    }
+
+    /// Its batch API (built once; `dir` holds the part files, which the local API runs on).
+    pub fn batch_api(&self, dir: &Path) -> Result<Arc<dyn BatchApi>> {
+        if let Some(api) = self.batch_api.get() {
+            return Ok(api.clone());
+        }
+        let settings = self.batch.as_ref().ok_or_else(|| anyhow!("provider \"{}\" has no batch API", self.name))?;
+        let api: Arc<dyn BatchApi> = match (&self.batch_target, self.batch_api_kind()) {
+            (_, Some("vllm")) => {
+                let command = settings.command.clone().unwrap_or_default();
+                Arc::new(super::local_batch::LocalBatch::new(command, &self.model, dir))
+            }
+            (Some(BatchTarget::OpenAi(e)), _) => Arc::new(
+                super::openai_batch::OpenAiBatches::new(e.clone(), &settings.completion_window)
+                    .map_err(|e| anyhow!("provider \"{}\": {e}", self.name))?,
+            ),
+            (Some(BatchTarget::Anthropic(e)), _) => Arc::new(
+                super::anthropic::AnthropicBatches::new(e.clone())
+                    .map_err(|e| anyhow!("provider \"{}\": {e}", self.name))?,
+            ),
+            (None, _) => bail!("provider \"{}\" has no batch API", self.name),
+        };
+        Ok(self.batch_api.get_or_init(|| api).clone())
+    }
 }
 
 impl Provider {
@@ -182,6 +471,11 @@ impl Provider {
                 let r = resolve_endpoint(name, &o.base_url, &o.base_url_env, &o.model, &o.model_env, &o.api_key_env)?;
                 let (field, value) = endpoint(&r.base_url, o.cache_identity.as_deref());
                 serde_json::json!({"kind": "openai", field: value, "model": r.model, "params": o.generation})
+            }
+            "anthropic" => {
+                let o: AnthropicOptions = serde_json::from_value(decl.options.clone())?;
+                let (base_url, model) = o.resolve(name)?;
+                serde_json::json!({"kind": "anthropic", "base_url": base_url, "model": model, "version": o.anthropic_version, "params": o.generation})
             }
             _ => {
                 let o: OfflineOptions = serde_json::from_value(decl.options.clone())?;
@@ -205,12 +499,11 @@ impl Provider {
                         o.api_key_env
                     );
                 }
-                let backend = OpenAiChat::new(Endpoint {
-                    base_url: r.base_url.clone(),
-                    model: r.model.clone(),
-                    api_key: api_key.clone(),
-                })
-                .map_err(|e| anyhow!("provider \"{name}\": {e}"))?;
+                let endpoint =
+                    Endpoint { base_url: r.base_url.clone(), model: r.model.clone(), api_key: api_key.clone() };
+                let backend = OpenAiChat::new(endpoint.clone()).map_err(|e| anyhow!("provider \"{name}\": {e}"))?;
+                let batch: BatchSettings =
+                    serde_json::from_value(decl.options.clone()).context("provider batch options")?;
                 let cfg = RateConfig {
                     requests_per_minute: o.requests_per_minute,
                     tokens_per_minute: o.tokens_per_minute,
@@ -242,6 +535,54 @@ impl Provider {
                     price,
                     offline_identity: None,
                     cache_identity: o.cache_identity.clone(),
+                    api_key_env: o.api_key_env.clone(),
+                    batch: Some(batch),
+                    batch_target: Some(BatchTarget::OpenAi(endpoint)),
+                    batch_api: OnceLock::new(),
+                    batch_enqueued: AtomicU64::new(0),
+                }
+            }
+            "anthropic" => {
+                let o: AnthropicOptions = serde_json::from_value(decl.options.clone()).context("provider options")?;
+                let (base_url, model) = o.resolve(name)?;
+                let api_key = crate::secrets::key_from_env(&o.api_key_env);
+                if api_key.is_none() && base_url == super::anthropic::DEFAULT_BASE_URL {
+                    bail!(
+                        "provider \"{name}\": the environment variable {} is not set (the Anthropic API needs a key)",
+                        o.api_key_env
+                    );
+                }
+                let endpoint = AnthropicEndpoint {
+                    base_url: base_url.clone(),
+                    model: model.clone(),
+                    api_key: api_key.clone(),
+                    version: o.anthropic_version.clone(),
+                };
+                let backend = AnthropicChat::new(endpoint.clone()).map_err(|e| anyhow!("provider \"{name}\": {e}"))?;
+                let batch: BatchSettings =
+                    serde_json::from_value(decl.options.clone()).context("provider batch options")?;
+                let key_hash = blake3::hash(api_key.unwrap_or_default().as_bytes()).to_hex().to_string();
+                let rate = rates.get(&format!("anthropic|{base_url}|{model}|{key_hash}"), name, o.rate());
+                let price = match (o.price_input_per_mtok, o.price_output_per_mtok) {
+                    (None, None) => default_price(&model),
+                    (i, out) => Some(Price { input: i.unwrap_or(0.0), output: out.unwrap_or(0.0) }),
+                };
+                Provider {
+                    name: name.to_string(),
+                    kind: "anthropic",
+                    base_url,
+                    model,
+                    params: o.generation,
+                    backend: Arc::new(backend),
+                    rate,
+                    price,
+                    offline_identity: None,
+                    cache_identity: None,
+                    api_key_env: o.api_key_env.clone(),
+                    batch: Some(batch),
+                    batch_target: Some(BatchTarget::Anthropic(endpoint)),
+                    batch_api: OnceLock::new(),
+                    batch_enqueued: AtomicU64::new(0),
                 }
             }
             "offline" => {
@@ -264,6 +605,11 @@ impl Provider {
                     price: Some(Price { input: 0.0, output: 0.0 }),
                     offline_identity: Some(serde_json::json!({"seed": o.seed, "score_one": o.score_one})),
                     cache_identity: None,
+                    api_key_env: String::new(),
+                    batch: None,
+                    batch_target: None,
+                    batch_api: OnceLock::new(),
+                    batch_enqueued: AtomicU64::new(0),
                 }
             }
             other => bail!("provider \"{name}\": unknown kind \"{other}\""),

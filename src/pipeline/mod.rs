@@ -34,6 +34,12 @@ const PIPELINE_OPTIONS: &[OptionSpec] = &[
     ),
     OptionSpec::optional("output_dir", Ty::Str, "where outputs go, relative to root (default: outputs/<name>)"),
     OptionSpec::default("max_failure_ratio", RATIO, "0.05", "default share of failed records that aborts a run"),
+    OptionSpec::optional(
+        "max_cost_usd",
+        crate::config::options::NUMBER,
+        "stop sending LLM requests (online or in batches) before this run's spending would pass this many USD",
+    )
+    .runtime_only(),
 ];
 
 pub fn pipeline_options() -> &'static [OptionSpec] {
@@ -85,6 +91,8 @@ pub struct Pipeline {
     pub resolved: serde_json::Value,
     /// The kinds, parsers and offline shapes it was checked against.
     pub registry: Arc<Registry>,
+    /// `[pipeline] max_cost_usd`: this run's spending cap.
+    pub max_cost_usd: Option<f64>,
 }
 
 impl Pipeline {
@@ -100,6 +108,8 @@ struct PipelineTable {
     root: String,
     output_dir: Option<String>,
     max_failure_ratio: f64,
+    #[serde(default)]
+    max_cost_usd: Option<f64>,
 }
 
 /// Load and check a pipeline file. Returns the pipeline when there is no error, and
@@ -371,6 +381,7 @@ fn check(
         embedders,
         resolved,
         registry,
+        max_cost_usd: ptable.max_cost_usd,
     })
 }
 

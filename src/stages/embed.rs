@@ -242,8 +242,7 @@ impl Stage for Embed {
         let writer = super::exec::WriterTask::spawn(ctx.create_output_keeping_ids(schema.clone())?);
         let cache = ctx.services.cache()?;
         let usage = Use { stage: ctx.name.clone(), fingerprint: ctx.fingerprint.clone() };
-        let call =
-            CallCtx { stage: ctx.name.clone(), fingerprint: ctx.fingerprint.clone(), progress: ctx.progress.clone() };
+        let call = CallCtx::new(&ctx.name, &ctx.fingerprint, ctx.progress.clone());
         let batch_size = self.opts.batch_size.unwrap_or_else(|| embedder.batch_size()).max(1);
         ctx.progress.set_total(input.num_rows);
         let mut rx = stream_batches(input.path.clone(), batch_size.max(256));

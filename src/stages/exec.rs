@@ -1,8 +1,10 @@
 //! Execution helpers shared by stage kinds: batch-at-a-time transforms on a blocking
 //! thread, and record-at-a-time async processing with bounded concurrency that keeps
 //! input order (so outputs are deterministic) and keeps memory bounded (bounded
-//! channels on both sides, a fixed number of records in flight).
+//! channels on both sides, a fixed number of records in flight); and the collecting
+//! passes of an LLM stage in batch mode ([`batch_rounds`]).
 
+use std::collections::HashSet;
 use std::future::Future;
 
 use anyhow::{Context, Result, bail};
@@ -13,6 +15,9 @@ use tokio::sync::mpsc;
 
 use super::{Cancelled, RunCtx};
 use crate::data::{self, Row};
+use crate::llm::CallCtx;
+use crate::progress::StageProgress;
+use crate::services::batch::{BatchStage, Interrupted, RowRoute};
 use crate::store::failures::FailureKind;
 use crate::store::failures::FailureLog;
 use crate::store::parquet::{ParquetOut, open_reader, stream_batches};
@@ -225,4 +230,126 @@ async fn flush_rows(
             }
         }
     }
+}
+
+/// Batch mode of an LLM stage (`services::batch`): run `f` over the input's records
+/// with every request that is not cached deferred to a provider batch instead of
+/// sent — every record first, then again those that deferred something, once their
+/// batches are in (a re-ask follows its answer) — until a pass defers nothing. Then
+/// every answer is in the cache, and the stage's ordinary pass ([`map_rows`]) writes
+/// the same output an online run writes. The collecting passes write nothing and
+/// count nothing in the stage's progress; batches a stopped run left are collected
+/// first. Ctrl-C leaves submitted batches running and stops the stage.
+pub async fn batch_rounds<F, Fut>(
+    ctx: &RunCtx,
+    input: usize,
+    batch: &BatchStage,
+    call: &CallCtx,
+    concurrency: usize,
+    f: F,
+) -> Result<()>
+where
+    F: Fn(Row, CallCtx) -> Fut,
+    Fut: Future<Output = Result<Vec<Row>, RowError>>,
+{
+    let interrupted =
+        |e: anyhow::Error| if e.downcast_ref::<Interrupted>().is_some() { anyhow::anyhow!(Cancelled) } else { e };
+    batch.run_parts().await.map_err(interrupted)?;
+    let quiet = CallCtx { progress: StageProgress::new(&ctx.name), ..call.clone() };
+    let mut waiting: Option<HashSet<u64>> = None;
+    let mut pass = 0u32;
+    loop {
+        pass += 1;
+        if ctx.cancel.is_cancelled() {
+            bail!(Cancelled);
+        }
+        batch.collector.begin_pass()?;
+        ctx.progress.set_note(format!("batch: collecting requests (pass {pass})"));
+        let rows = scan_rows(ctx, input, waiting.as_ref(), concurrency, |row| {
+            let route = RowRoute::new(&batch.collector);
+            let call = quiet.with_batch(route.clone());
+            let fut = f(row, call);
+            async move {
+                let out = fut.await;
+                (route.deferred(), out)
+            }
+        })
+        .await?;
+        let deferred = batch.collector.end_pass()?;
+        if rows.is_empty() {
+            break;
+        }
+        tracing::info!(
+            "stage \"{}\": pass {pass}: {deferred} request(s) of {} record(s) wait for provider batches",
+            ctx.name,
+            rows.len()
+        );
+        batch.run_parts().await.map_err(interrupted)?;
+        waiting = Some(rows);
+    }
+    batch.collector.close();
+    ctx.progress.set_note(String::new());
+    Ok(())
+}
+
+/// Run `f` on the records of input `input` whose ordinals are in `only` (all when
+/// `None`), `concurrency` at a time; the ordinals of those for which it said `true`.
+/// A fatal error (a bad key, the cost cap, a full disk) stops the stage.
+async fn scan_rows<F, Fut>(
+    ctx: &RunCtx,
+    input: usize,
+    only: Option<&HashSet<u64>>,
+    concurrency: usize,
+    f: F,
+) -> Result<HashSet<u64>>
+where
+    F: Fn(Row) -> Fut,
+    Fut: Future<Output = (bool, Result<Vec<Row>, RowError>)>,
+{
+    let rx = stream_batches(ctx.inputs[input].path.clone(), ROW_BATCH);
+    let batches = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
+    let mut ordinal = 0u64;
+    let rows = batches
+        .map(move |batch| match batch {
+            Ok(batch) => {
+                let first = ordinal;
+                ordinal += batch.num_rows() as u64;
+                (0..batch.num_rows()).map(|i| Ok((first + i as u64, batch.clone(), i))).collect::<Vec<_>>()
+            }
+            Err(e) => vec![Err(e)],
+        })
+        .flat_map(futures::stream::iter)
+        .filter(|r| {
+            let keep = match r {
+                Ok((n, _, _)) => only.is_none_or(|o| o.contains(n)),
+                Err(_) => true,
+            };
+            async move { keep }
+        })
+        .take_until(ctx.cancel.clone().cancelled_owned());
+    let f = &f;
+    let mut results = std::pin::pin!(
+        rows.map(|r| async move {
+            let (n, batch, i) = r?;
+            let (deferred, out) = f(data::row_json(&batch, i)).await;
+            Ok::<_, anyhow::Error>((n, deferred, out))
+        })
+        .buffer_unordered(concurrency.max(1))
+    );
+    let mut deferred = HashSet::new();
+    while let Some(item) = results.next().await {
+        let (n, d, out) = item?;
+        if let Err(e) = &out
+            && e.fatal
+        {
+            bail!("{}", e.message);
+        }
+        if d {
+            deferred.insert(n);
+        }
+    }
+    if ctx.cancel.is_cancelled() {
+        bail!(Cancelled);
+    }
+    Ok(deferred)
 }

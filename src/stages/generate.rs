@@ -24,6 +24,9 @@ const OPTIONS: &[OptionSpec] = &[
     llm::EXTRA,
     llm::KEEP_COLUMNS,
     llm::CONCURRENCY,
+    llm::BATCH,
+    llm::BATCH_FALLBACK,
+    llm::MAX_COST_USD,
 ];
 
 pub static KIND: KindInfo = KindInfo {
@@ -51,6 +54,9 @@ struct Options {
     extra: Option<serde_json::Map<String, serde_json::Value>>,
     keep_columns: Option<Vec<String>>,
     concurrency: Option<usize>,
+    batch: Option<bool>,
+    batch_fallback: Option<String>,
+    max_cost_usd: Option<f64>,
 }
 
 fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> {
@@ -76,6 +82,9 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
         record_rejections: false,
         keep_columns: o.keep_columns,
         concurrency: o.concurrency,
+        batch: o.batch,
+        batch_fallback: o.batch_fallback,
+        max_cost_usd: o.max_cost_usd,
     };
     build_with(opts, ctx, diags)
 }

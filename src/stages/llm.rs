@@ -5,7 +5,8 @@
 //! reason. Output: the input columns, the parsed fields, and `raw`, `model`,
 //! `tokens_in`, `tokens_out`, `finish_reason`, `attempts` (and `sample` when n > 1).
 //! Every call goes through the shared cache, so re-runs and resumed runs do not pay
-//! again.
+//! again. With `batch = true` (or the provider's `batch`), uncached requests go
+//! through the provider's batch API (`exec::batch_rounds`) and the output is the same.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,14 +17,17 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::exec::{RowError, map_rows};
+use super::exec::{RowError, batch_rounds, map_rows};
 use super::{Arity, BuildCtx, KindInfo, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, POSITIVE, RATIO, Ty};
 use crate::data::chat::Role as ChatRole;
 use crate::data::{self, Row};
 use crate::llm::parse::{self, Parser};
-use crate::llm::{CallCtx, ChatRequest, GenParams, Message};
+use crate::llm::provider::Provider;
+use crate::llm::{CallCtx, ChatRequest, Completed, GenParams, Message};
+use crate::services::Services;
+use crate::services::batch::{BatchStage, StageBatch};
 use crate::store::failures::FailureKind;
 use crate::template::Templates;
 
@@ -60,6 +64,9 @@ const OPTIONS: &[OptionSpec] = &[
     ),
     KEEP_COLUMNS,
     CONCURRENCY,
+    BATCH,
+    BATCH_FALLBACK,
+    MAX_COST_USD,
 ];
 
 // Generation options shared with kinds that preset the rest (`generate`).
@@ -74,6 +81,25 @@ pub(super) const KEEP_COLUMNS: OptionSpec =
 pub(super) const CONCURRENCY: OptionSpec =
     OptionSpec::optional("concurrency", POSITIVE, "records in flight (default: twice the provider's concurrency)")
         .runtime_only();
+// Batch mode and the cost cap, shared by every provider-calling kind (none changes the output).
+pub(super) const BATCH: OptionSpec = OptionSpec::optional(
+    "batch",
+    Ty::Bool,
+    "send uncached requests through the provider's batch API (half price, answers within its window; default: the provider's `batch`)",
+)
+.runtime_only();
+pub(super) const BATCH_FALLBACK: OptionSpec = OptionSpec::optional(
+    "batch_fallback",
+    Ty::Enum(&["batch", "online"]),
+    "lines a batch did not answer: \"batch\" (a new batch) or \"online\" (default: the provider's)",
+)
+.runtime_only();
+pub(super) const MAX_COST_USD: OptionSpec = OptionSpec::optional(
+    "max_cost_usd",
+    crate::config::options::NUMBER,
+    "stop sending before this stage's spending in the run would pass this many USD (see also [pipeline] max_cost_usd)",
+)
+.runtime_only();
 
 pub static KIND: KindInfo = KindInfo {
     name: "llm",
@@ -110,6 +136,9 @@ pub(super) struct Options {
     pub(super) record_rejections: bool,
     pub(super) keep_columns: Option<Vec<String>>,
     pub(super) concurrency: Option<usize>,
+    pub(super) batch: Option<bool>,
+    pub(super) batch_fallback: Option<String>,
+    pub(super) max_cost_usd: Option<f64>,
 }
 
 /// Columns every LLM stage adds besides the parser's.
@@ -328,118 +357,165 @@ impl Stage for Llm {
     }
 
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
-        let (provider, call, concurrency) = start_provider(ctx, &self.opts.provider, self.opts.concurrency)?;
+        let (provider, call, concurrency) =
+            start_provider(ctx, &self.opts.provider, self.opts.concurrency, self.opts.max_cost_usd)?;
         let schema = self.output_schema(&ctx.inputs[0].schema).map_err(|m| anyhow!(m))?;
         let rate = provider.rate.clone();
         let services = ctx.services.clone();
-        let keep: Option<Vec<String>> = self.opts.keep_columns.clone();
-        let expect = self.parser.expect();
         let this = &*self;
-        // Rejected answers by failure kind (the re-asks), for the report.
-        let rejected: Arc<std::sync::Mutex<BTreeMap<FailureKind, u64>>> = Arc::default();
-        map_rows(ctx, 0, schema, concurrency, |row: Row| {
-            let (provider, services, call, keep, expect, rejected) =
-                (provider.clone(), services.clone(), call.clone(), keep.clone(), expect.clone(), rejected.clone());
-            async move {
-                let mut messages = Vec::new();
-                if let Some(col) = &this.opts.messages {
-                    messages = conversation(&row, col)?;
-                } else if this.opts.system.is_some() {
-                    let system = this
-                        .templates
-                        .render("system", &row)
-                        .map_err(|e| RowError::new(FailureKind::Template, format!("system: {e}")))?;
-                    messages.push(Message::new(ChatRole::System, system));
-                }
-                if this.opts.messages.is_none() {
-                    let user = this
-                        .templates
-                        .render("prompt", &row)
-                        .map_err(|e| RowError::new(FailureKind::Template, format!("prompt: {e}")))?;
-                    messages.push(Message::new(ChatRole::User, user));
-                }
-                let id = row.get(data::ID).and_then(Value::as_str).unwrap_or_default().to_string();
-                let mut out_rows = Vec::new();
-                for sample in 0..this.opts.n {
-                    let mut convo = messages.clone();
-                    let mut last_error = String::new();
-                    let mut last_kind = FailureKind::Validation;
-                    let mut kinds: Vec<FailureKind> = Vec::new();
-                    let mut done = None;
-                    for attempt in 1..=this.opts.max_attempts {
-                        let req = ChatRequest {
-                            messages: convo.clone(),
-                            params: this.params.clone(),
-                            sample,
-                            expect: expect.clone(),
-                        };
-                        let completed = services.chat(&provider, req, &call).await.map_err(|e| RowError {
-                            kind: FailureKind::Llm,
-                            message: e.to_string(),
-                            fatal: e.kind.fatal(),
-                        })?;
-                        let text = completed.response.text.clone();
-                        match this.parser.accept(&text, &row) {
-                            Ok(fields) => {
-                                done = Some((fields, completed, attempt));
-                                break;
-                            }
-                            Err(parse::Rejection { kind, reason }) => {
-                                *rejected.lock().expect("rejection counts").entry(kind).or_default() += 1;
-                                kinds.push(kind);
-                                last_kind = kind;
-                                last_error = reason.clone();
-                                let ctx = minijinja::context! { error => reason };
-                                let reask =
-                                    this.templates.render_value("reask", ctx).unwrap_or_else(|_| last_error.clone());
-                                convo.push(Message::new(ChatRole::Assistant, text));
-                                convo.push(Message::new(ChatRole::User, reask));
-                            }
-                        }
-                    }
-                    let Some((fields, completed, attempts)) = done else {
-                        return Err(RowError::new(
-                            last_kind,
-                            format!("no usable answer after {} attempt(s): {last_error}", this.opts.max_attempts),
-                        ));
-                    };
-                    let mut out = Row::new();
-                    let out_id = if this.opts.n > 1 { format!("{id}/{sample}") } else { id.clone() };
-                    out.insert(data::ID.into(), Value::String(out_id));
-                    for (k, v) in &row {
-                        if k != data::ID && keep.as_ref().is_none_or(|cols| cols.contains(k)) {
-                            out.insert(k.clone(), v.clone());
-                        }
-                    }
-                    let prefix = &this.opts.output_prefix;
-                    for (k, v) in fields {
-                        out.insert(format!("{prefix}{k}"), v);
-                    }
-                    let r = &completed.response;
-                    out.insert(format!("{prefix}raw"), Value::String(r.text.clone()));
-                    out.insert(format!("{prefix}model"), Value::String(r.model.clone()));
-                    out.insert(format!("{prefix}tokens_in"), Value::from(r.usage.prompt_tokens));
-                    out.insert(format!("{prefix}tokens_out"), Value::from(r.usage.completion_tokens));
-                    out.insert(format!("{prefix}finish_reason"), Value::String(r.finish_reason.clone()));
-                    out.insert(format!("{prefix}attempts"), Value::from(attempts));
-                    if this.opts.n > 1 {
-                        out.insert(format!("{prefix}sample"), Value::from(sample));
-                    }
-                    if this.opts.record_rejections {
-                        let kinds: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
-                        out.insert(format!("{prefix}rejections"), serde_json::json!(kinds));
-                    }
-                    out_rows.push(out);
-                }
-                Ok(out_rows)
+        // Rejected answers by failure kind (the re-asks), for the report: counted in the
+        // final pass only (batch collection rounds see the same answers again).
+        let rejected: std::sync::Mutex<BTreeMap<FailureKind, u64>> = Default::default();
+        let answer = |row: Row, call: CallCtx, count: bool| {
+            let (provider, services) = (provider.clone(), services.clone());
+            let rejected = count.then_some(&rejected);
+            async move { this.answer(row, &services, &provider, &call, rejected).await }
+        };
+        let batch = start_batch(ctx, &provider, &call, self.opts.batch, self.opts.batch_fallback.as_deref())?;
+        let call = match &batch {
+            Some(b) => {
+                let collect = |row: Row, call: CallCtx| answer(row, call, false);
+                batch_rounds(ctx, 0, b, &call, concurrency.max(COLLECT_CONCURRENCY), &collect).await?;
+                call.with_batch(b.collector.clone())
             }
-        })
-        .await?;
+            None => call,
+        };
+        map_rows(ctx, 0, schema, concurrency, |row: Row| answer(row, call.clone(), true)).await?;
+        if let Some(b) = &batch {
+            report_batch(ctx, b);
+        }
         for (kind, n) in rejected.lock().expect("rejection counts").iter() {
             ctx.report.metrics.insert(format!("rejected.{kind}"), *n as f64);
         }
         report_limits(ctx, &rate);
         Ok(())
+    }
+}
+
+/// Records in flight in a collecting pass of batch mode (no network: rendering and lookups).
+const COLLECT_CONCURRENCY: usize = 256;
+
+impl Llm {
+    /// The output rows of one record: its `n` samples (asked side by side), each
+    /// re-asked with the parser's reason until it parses or `max_attempts` is reached.
+    async fn answer(
+        &self,
+        row: Row,
+        services: &Arc<Services>,
+        provider: &Arc<Provider>,
+        call: &CallCtx,
+        rejected: Option<&std::sync::Mutex<BTreeMap<FailureKind, u64>>>,
+    ) -> std::result::Result<Vec<Row>, RowError> {
+        let mut messages = Vec::new();
+        if let Some(col) = &self.opts.messages {
+            messages = conversation(&row, col)?;
+        } else if self.opts.system.is_some() {
+            let system = self
+                .templates
+                .render("system", &row)
+                .map_err(|e| RowError::new(FailureKind::Template, format!("system: {e}")))?;
+            messages.push(Message::new(ChatRole::System, system));
+        }
+        if self.opts.messages.is_none() {
+            let user = self
+                .templates
+                .render("prompt", &row)
+                .map_err(|e| RowError::new(FailureKind::Template, format!("prompt: {e}")))?;
+            messages.push(Message::new(ChatRole::User, user));
+        }
+        let id = row.get(data::ID).and_then(Value::as_str).unwrap_or_default().to_string();
+        let samples = futures::future::join_all(
+            (0..self.opts.n).map(|sample| self.sample(&messages, sample, &row, services, provider, call)),
+        )
+        .await;
+        if let Some(counts) = rejected {
+            let mut counts = counts.lock().expect("rejection counts");
+            for kind in samples.iter().flat_map(|(_, kinds)| kinds) {
+                *counts.entry(*kind).or_default() += 1;
+            }
+        }
+        let mut out_rows = Vec::with_capacity(samples.len());
+        for (sample, (result, kinds)) in samples.into_iter().enumerate() {
+            let (fields, completed, attempts) = result?;
+            let mut out = Row::new();
+            let out_id = if self.opts.n > 1 { format!("{id}/{sample}") } else { id.clone() };
+            out.insert(data::ID.into(), Value::String(out_id));
+            for (k, v) in &row {
+                if k != data::ID && self.opts.keep_columns.as_ref().is_none_or(|cols| cols.contains(k)) {
+                    out.insert(k.clone(), v.clone());
+                }
+            }
+            let prefix = &self.opts.output_prefix;
+            for (k, v) in fields {
+                out.insert(format!("{prefix}{k}"), v);
+            }
+            let r = &completed.response;
+            out.insert(format!("{prefix}raw"), Value::String(r.text.clone()));
+            out.insert(format!("{prefix}model"), Value::String(r.model.clone()));
+            out.insert(format!("{prefix}tokens_in"), Value::from(r.usage.prompt_tokens));
+            out.insert(format!("{prefix}tokens_out"), Value::from(r.usage.completion_tokens));
+            out.insert(format!("{prefix}finish_reason"), Value::String(r.finish_reason.clone()));
+            out.insert(format!("{prefix}attempts"), Value::from(attempts));
+            if self.opts.n > 1 {
+                out.insert(format!("{prefix}sample"), Value::from(sample));
+            }
+            if self.opts.record_rejections {
+                let kinds: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
+                out.insert(format!("{prefix}rejections"), serde_json::json!(kinds));
+            }
+            out_rows.push(out);
+        }
+        Ok(out_rows)
+    }
+
+    /// One sample: ask, parse, re-ask with the reason. Also returns the failure kind of
+    /// every answer the parser rejected on the way.
+    async fn sample(
+        &self,
+        messages: &[Message],
+        sample: u32,
+        row: &Row,
+        services: &Arc<Services>,
+        provider: &Arc<Provider>,
+        call: &CallCtx,
+    ) -> (std::result::Result<(Row, Completed, u32), RowError>, Vec<FailureKind>) {
+        let mut convo = messages.to_vec();
+        let mut last_error = String::new();
+        let mut last_kind = FailureKind::Validation;
+        let mut kinds: Vec<FailureKind> = Vec::new();
+        for attempt in 1..=self.opts.max_attempts {
+            let req = ChatRequest {
+                messages: convo.clone(),
+                params: self.params.clone(),
+                sample,
+                expect: self.parser.expect(),
+            };
+            let completed = match services.chat(provider, req, call).await {
+                Ok(c) => c,
+                Err(e) => {
+                    let err = RowError { kind: FailureKind::Llm, message: e.to_string(), fatal: e.kind.fatal() };
+                    return (Err(err), kinds);
+                }
+            };
+            let text = completed.response.text.clone();
+            match self.parser.accept(&text, row) {
+                Ok(fields) => return (Ok((fields, completed, attempt)), kinds),
+                Err(parse::Rejection { kind, reason }) => {
+                    kinds.push(kind);
+                    last_kind = kind;
+                    last_error = reason.clone();
+                    let ctx = minijinja::context! { error => reason };
+                    let reask = self.templates.render_value("reask", ctx).unwrap_or_else(|_| last_error.clone());
+                    convo.push(Message::new(ChatRole::Assistant, text));
+                    convo.push(Message::new(ChatRole::User, reask));
+                }
+            }
+        }
+        let err = RowError::new(
+            last_kind,
+            format!("no usable answer after {} attempt(s): {last_error}", self.opts.max_attempts),
+        );
+        (Err(err), kinds)
     }
 }
 
@@ -466,15 +542,76 @@ pub(crate) fn start_provider(
     ctx: &mut RunCtx,
     provider: &str,
     concurrency: Option<usize>,
-) -> Result<(std::sync::Arc<crate::llm::provider::Provider>, CallCtx, usize)> {
+    max_cost_usd: Option<f64>,
+) -> Result<(Arc<Provider>, CallCtx, usize)> {
     let p = ctx.services.provider(provider).with_context(|| format!("provider \"{provider}\""))?;
     ctx.report.info.insert("provider".into(), p.name.clone());
     ctx.report.info.insert("model".into(), p.model.clone());
     ctx.report.info.insert("provider_kind".into(), p.kind.into());
-    let call =
-        CallCtx { stage: ctx.name.clone(), fingerprint: ctx.fingerprint.clone(), progress: ctx.progress.clone() };
+    let costs = &ctx.services.costs;
+    costs.set_stage_cap(&ctx.name, max_cost_usd);
+    if costs.capped(&ctx.name) && p.price.is_none() {
+        anyhow::bail!(
+            "max_cost_usd is set but no price is known for model \"{}\": set price_input_per_mtok and price_output_per_mtok on provider \"{}\" (a cap that cannot count would not stop anything)",
+            p.model,
+            p.name
+        );
+    }
+    let call = CallCtx::new(&ctx.name, &ctx.fingerprint, ctx.progress.clone());
     let concurrency = concurrency.unwrap_or(p.rate.cfg.max_concurrency * 2);
     Ok((p, call, concurrency))
+}
+
+/// Batch mode for a provider-calling stage, when its `batch` option (else its
+/// provider's) asks for it and the provider has a batch API; the mode is in the report.
+pub(crate) fn start_batch(
+    ctx: &mut RunCtx,
+    provider: &Arc<Provider>,
+    call: &CallCtx,
+    batch: Option<bool>,
+    fallback: Option<&str>,
+) -> Result<Option<Arc<BatchStage>>> {
+    let Some(settings) = &provider.batch else {
+        if batch == Some(true) {
+            tracing::info!(
+                "stage \"{}\": provider \"{}\" is {} (no batch API): its requests are answered directly",
+                ctx.name,
+                provider.name,
+                provider.kind
+            );
+        }
+        return Ok(None);
+    };
+    if !batch.unwrap_or(settings.default_on) {
+        return Ok(None);
+    }
+    let fallback_online = fallback.unwrap_or(&settings.fallback) == "online";
+    let b = BatchStage::start(&ctx.services, provider, call, &ctx.cancel, StageBatch { fallback_online })?;
+    let info = &mut ctx.report.info;
+    info.insert("mode".into(), "batch".into());
+    info.insert("batch_api".into(), provider.batch_api_kind().unwrap_or_default().into());
+    info.insert("batch_price_factor".into(), settings.price_factor.to_string());
+    info.insert("batch_fallback".into(), if fallback_online { "online" } else { "batch" }.into());
+    Ok(Some(b))
+}
+
+/// A batch stage's figures into its report: batches, lines, answers, resubmissions, the
+/// batch cost and what the same answers would have cost online. The last pass found
+/// every batch answer in the cache: those are not counted as cache hits.
+pub(crate) fn report_batch(ctx: &mut RunCtx, b: &BatchStage) {
+    let f = b.figures();
+    let hits = ctx.progress.cache_hits.load(std::sync::atomic::Ordering::Relaxed);
+    ctx.progress.cache_hits.store(hits.saturating_sub(f.answered), std::sync::atomic::Ordering::Relaxed);
+    let m = &mut ctx.report.metrics;
+    m.insert("batch.batches".into(), f.batches as f64);
+    m.insert("batch.submitted".into(), f.submitted as f64);
+    m.insert("batch.answered".into(), f.answered as f64);
+    m.insert("batch.resubmitted".into(), f.resubmitted as f64);
+    m.insert("batch.rejected".into(), f.rejected as f64);
+    m.insert("batch.gave_up".into(), f.gave_up as f64);
+    m.insert("batch.online_fallback".into(), f.online_fallback as f64);
+    m.insert("batch.cost_usd".into(), f.cost_usd);
+    m.insert("batch.online_cost_usd".into(), f.online_cost_usd);
 }
 
 /// The request limits in force at the end of a stage (learned from the server where it

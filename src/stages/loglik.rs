@@ -5,7 +5,8 @@
 //! cached, rate limited, resumable), and `pred`, the most likely choice (ties to the
 //! earlier choice, as `numpy.argmax`). Output: the kept input columns, one
 //! `ll_<choice>` column per choice, `pred`, `model`. A record whose calls fail goes
-//! to the failure table.
+//! to the failure table. With `batch = true` the requests go through the provider's
+//! batch API (`/v1/completions` lines) and the output is the same.
 
 use anyhow::{Result, anyhow};
 use arrow::datatypes::{DataType, Field, SchemaRef};
@@ -13,13 +14,13 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::exec::{RowError, map_rows};
-use super::llm::{CONCURRENCY, KEEP_COLUMNS};
+use super::exec::{RowError, batch_rounds, map_rows};
+use super::llm::{BATCH, BATCH_FALLBACK, CONCURRENCY, KEEP_COLUMNS, MAX_COST_USD};
 use super::{Arity, BuildCtx, KindInfo, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, Row};
-use crate::llm::{Loglik, LoglikRequest};
+use crate::llm::{CallCtx, Loglik, LoglikRequest};
 use crate::store::failures::FailureKind;
 
 const OPTIONS: &[OptionSpec] = &[
@@ -38,6 +39,9 @@ const OPTIONS: &[OptionSpec] = &[
     ),
     KEEP_COLUMNS,
     CONCURRENCY,
+    BATCH,
+    BATCH_FALLBACK,
+    MAX_COST_USD,
 ];
 
 pub static KIND: KindInfo = KindInfo {
@@ -61,6 +65,9 @@ struct Options {
     target_delimiter: String,
     keep_columns: Option<Vec<String>>,
     concurrency: Option<usize>,
+    batch: Option<bool>,
+    batch_fallback: Option<String>,
+    max_cost_usd: Option<f64>,
 }
 
 struct LoglikStage {
@@ -141,26 +148,32 @@ impl Stage for LoglikStage {
 
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
         let (provider, call, concurrency) =
-            super::llm::start_provider(ctx, &self.opts.provider, self.opts.concurrency)?;
+            super::llm::start_provider(ctx, &self.opts.provider, self.opts.concurrency, self.opts.max_cost_usd)?;
         let schema = self.output_schema(&ctx.inputs[0].schema).map_err(|m| anyhow!(m))?;
         ctx.report.info.insert("target_delimiter".into(), format!("{:?}", self.opts.target_delimiter));
         let rate = provider.rate.clone();
         let services = ctx.services.clone();
         let this = &*self;
-        map_rows(ctx, 0, schema, concurrency, |row: Row| {
-            let (provider, services, call) = (provider.clone(), services.clone(), call.clone());
+        let answer = |row: Row, call: CallCtx| {
+            let (provider, services) = (provider.clone(), services.clone());
             async move {
                 let context = row.get(&this.opts.context).and_then(Value::as_str).ok_or_else(|| {
                     RowError::new(FailureKind::Input, format!("column \"{}\" is not text", this.opts.context))
                 })?;
-                let mut values = Vec::with_capacity(this.opts.choices.len());
-                let mut model = String::new();
-                for choice in &this.opts.choices {
+                // Every choice asked side by side (one pass of batch mode collects them all).
+                let answers = futures::future::join_all(this.opts.choices.iter().map(|choice| {
                     let req = LoglikRequest {
                         context: context.to_string(),
                         continuation: format!("{}{choice}", this.opts.target_delimiter),
                     };
-                    let done = services.loglik(&provider, req, &call).await.map_err(|e| RowError {
+                    let (services, provider, call) = (&services, &provider, &call);
+                    async move { services.loglik(provider, req, call).await }
+                }))
+                .await;
+                let mut values = Vec::with_capacity(this.opts.choices.len());
+                let mut model = String::new();
+                for done in answers {
+                    let done = done.map_err(|e| RowError {
                         kind: FailureKind::Llm,
                         message: e.to_string(),
                         fatal: e.kind.fatal(),
@@ -184,8 +197,20 @@ impl Stage for LoglikStage {
                 out.insert("model".into(), Value::String(model));
                 Ok(vec![out])
             }
-        })
-        .await?;
+        };
+        let batch =
+            super::llm::start_batch(ctx, &provider, &call, self.opts.batch, self.opts.batch_fallback.as_deref())?;
+        let call = match &batch {
+            Some(b) => {
+                batch_rounds(ctx, 0, b, &call, concurrency.max(256), &answer).await?;
+                call.with_batch(b.collector.clone())
+            }
+            None => call,
+        };
+        map_rows(ctx, 0, schema, concurrency, |row: Row| answer(row, call.clone())).await?;
+        if let Some(b) = &batch {
+            super::llm::report_batch(ctx, b);
+        }
         super::llm::report_limits(ctx, &rate);
         Ok(())
     }

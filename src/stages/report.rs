@@ -52,7 +52,9 @@ const OPTIONS: &[OptionSpec] = &[
 pub static KIND: KindInfo = KindInfo {
     name: "report",
     // 2: driven by the summary protocol (any table; report.parquet gains group and n).
-    version: 2,
+    // 3: a label with no overall value gets no row in the overall table (a matrix-like table
+    // shows only its breakdown).
+    version: 3,
     about: "evaluation report from the inputs' summaries: one Markdown table per summary table, SVG radar charts, Parquet",
     role: Role::Sink,
     arity: Arity::AtLeast(1),
@@ -231,17 +233,32 @@ impl Stage for Report {
         let mut charts = 0;
         for (name, t) in &tables {
             writeln!(md, "## {}\n", t.title)?;
-            writeln!(md, "| Model | {} |", t.metrics.iter().map(|(_, h)| h.as_str()).collect::<Vec<_>>().join(" | "))?;
-            writeln!(md, "|---|{}", "---:|".repeat(t.metrics.len()))?;
-            for label in &t.labels {
-                let cells: Vec<String> = t
-                    .metrics
-                    .iter()
-                    .map(|(m, _)| cell(t.values.get(&(label.clone(), OVERALL.to_string(), m.clone()))))
-                    .collect();
-                writeln!(md, "| {label} | {} |", cells.join(" | "))?;
+            // The overall table: a row per label with an overall value (a table whose rows
+            // are all breakdown groups, e.g. a matrix, shows only its breakdown).
+            let overall: Vec<(&String, Vec<String>)> = t
+                .labels
+                .iter()
+                .map(|label| {
+                    let cells = t
+                        .metrics
+                        .iter()
+                        .map(|(m, _)| cell(t.values.get(&(label.clone(), OVERALL.to_string(), m.clone()))));
+                    (label, cells.collect::<Vec<_>>())
+                })
+                .filter(|(_, cells)| cells.iter().any(|c| c != "–"))
+                .collect();
+            if !overall.is_empty() || t.groups.is_empty() {
+                writeln!(
+                    md,
+                    "| Model | {} |",
+                    t.metrics.iter().map(|(_, h)| h.as_str()).collect::<Vec<_>>().join(" | ")
+                )?;
+                writeln!(md, "|---|{}", "---:|".repeat(t.metrics.len()))?;
+                for (label, cells) in &overall {
+                    writeln!(md, "| {label} | {} |", cells.join(" | "))?;
+                }
+                writeln!(md)?;
             }
-            writeln!(md)?;
             if !t.groups.is_empty() {
                 writeln!(md, "### {} by group\n", t.title)?;
                 writeln!(

@@ -249,9 +249,11 @@ impl Journal {
 
     /// A request of this process got its answer or ended; true when none is left waiting.
     fn settle_one(&mut self, key: &str) -> bool {
-        self.open.shift_remove(key);
-        self.sent.remove(key);
-        self.live = self.live.saturating_sub(1);
+        // A response that was never journaled as sent (a batch's answer) settles nothing.
+        if self.open.shift_remove(key).is_some() {
+            self.sent.remove(key);
+            self.live = self.live.saturating_sub(1);
+        }
         self.live == 0
     }
 }
@@ -340,6 +342,13 @@ impl Cache {
             self.send(Cmd::Hit(key.to_string(), usage.clone()))?;
         }
         Ok(found)
+    }
+
+    /// Whether a response is stored under `key` (no lookup counted, no use tagged).
+    pub fn contains(&self, key: &str) -> Result<bool> {
+        let conn = self.conn.lock().expect("cache connection");
+        let mut stmt = conn.prepare_cached("SELECT 1 FROM responses WHERE id = ?1 AND key = ?2")?;
+        Ok(stmt.query_row(params![row_id(key), key], |_| Ok(())).optional()?.is_some())
     }
 
     /// Store a response: journaled at once (it survives a killed process from here

@@ -114,6 +114,8 @@ pub enum RunStatus {
     Ok,
     Failed,
     Interrupted,
+    /// Stopped after submitting provider batches (`--detach`): the next run collects them.
+    Detached,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -128,6 +130,8 @@ pub enum StageStatus {
     Cancelled,
     /// Left out by `--only` / `--from`.
     Skipped,
+    /// Its provider batches run; a later run collects their results (`--detach`).
+    Waiting,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

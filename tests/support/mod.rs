@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+pub mod batch_server;
 pub mod eval_fixtures;
 pub mod openai_server;
 

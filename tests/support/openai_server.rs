@@ -190,6 +190,11 @@ async fn embeddings(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Byte
 /// A text completion: with `echo`, the prompt back with one token per character (the
 /// first without a log-probability, as servers answer), then one generated token `.`.
 fn completion_body(s: &Shared, json: &serde_json::Value, model: &str) -> serde_json::Value {
+    text_completion(json, model, &s.b.token_logprob)
+}
+
+/// The body `/v1/completions` answers `json` with (also the batch server's).
+pub fn text_completion(json: &serde_json::Value, model: &str, token_logprob: &TokenLogprob) -> serde_json::Value {
     let prompt = json["prompt"].as_str().unwrap_or_default();
     let echo = json["echo"].as_bool().unwrap_or(false);
     let chars: Vec<char> = prompt.chars().collect();
@@ -198,7 +203,7 @@ fn completion_body(s: &Shared, json: &serde_json::Value, model: &str) -> serde_j
         for (i, c) in chars.iter().enumerate() {
             let before: String = chars[..i].iter().collect();
             tokens.push(c.to_string());
-            logprobs.push(if i == 0 { None } else { Some((s.b.token_logprob)(&before, &c.to_string())) });
+            logprobs.push(if i == 0 { None } else { Some(token_logprob(&before, &c.to_string())) });
             offsets.push(i);
         }
     }
@@ -211,6 +216,20 @@ fn completion_body(s: &Shared, json: &serde_json::Value, model: &str) -> serde_j
         "choices": [{"index": 0, "text": text, "finish_reason": "length",
                      "logprobs": {"tokens": tokens, "token_logprobs": logprobs, "text_offset": offsets}}],
         "usage": {"prompt_tokens": chars.len(), "completion_tokens": 1, "total_tokens": chars.len() + 1}
+    })
+}
+
+/// The body `/v1/chat/completions` answers `json` with, given the answer's text (also
+/// the batch server's, so batch and online answers are the same bytes).
+pub fn chat_completion(json: &serde_json::Value, model: &str, text: &str) -> serde_json::Value {
+    let prompt_tokens: usize = json["messages"]
+        .as_array()
+        .map(|m| m.iter().map(|x| x["content"].as_str().unwrap_or("").len() / 4 + 1).sum())
+        .unwrap_or(1);
+    serde_json::json!({
+        "id": "chatcmpl-test", "object": "chat.completion", "created": 0, "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": text.len() / 4 + 1, "total_tokens": prompt_tokens + text.len() / 4 + 1}
     })
 }
 
@@ -361,16 +380,7 @@ async fn answer(
         let tokens: usize = inputs.iter().map(|t| t.len() / 4 + 1).sum();
         serde_json::json!({"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
     } else {
-        let text = (s.b.responder)(&json);
-        let prompt_tokens: usize = json["messages"]
-            .as_array()
-            .map(|m| m.iter().map(|x| x["content"].as_str().unwrap_or("").len() / 4 + 1).sum())
-            .unwrap_or(1);
-        serde_json::json!({
-            "id": "chatcmpl-test", "object": "chat.completion", "created": 0, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": text.len() / 4 + 1, "total_tokens": prompt_tokens + text.len() / 4 + 1}
-        })
+        chat_completion(&json, model, &(s.b.responder)(&json))
     };
     (StatusCode::OK, [("content-type", "application/json")], body.to_string()).into_response()
 }

@@ -2,10 +2,19 @@
 //! relation, start node, end node, JSON info) as edges, the claim filter of the spec
 //! (`../shared/specs/sharp.md` §2, `sh_kg_filter`: language on both ends, relation
 //! whitelist, weight threshold, surface text) and claim rendering from the surface text
-//! (`[[`/`]]` removed, a leading `*` stripped; zh: spaces between CJK characters dropped).
+//! (`[[`/`]]` removed, a leading `*` stripped; zh: spaces between CJK characters dropped and
+//! Traditional → Simplified, [`super::text`]) or from a relation template of the rules folder.
+//! Lines are split without copying and filtered on the cheap columns first
+//! ([`split`], [`Filter::quick`]); the JSON column is still checked on every line.
 //! Pure: the streaming source is `super::stages::claims`.
 
-use serde_json::Value;
+use std::borrow::Cow;
+
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+
+use super::rules::Rules;
+use super::text::{is_cjk, zh_convert};
 
 /// The spec's [R] whitelist of "commonsense, objective" OMCS relations.
 pub const DEFAULT_RELATIONS: &[&str] = &[
@@ -28,11 +37,38 @@ pub const DEFAULT_RELATIONS: &[&str] = &[
     "LocatedNear",
 ];
 
-/// One assertion line.
+/// The five columns of a line, borrowed.
+#[derive(Debug, Clone, Copy)]
+pub struct Line<'a> {
+    pub uri: &'a str,
+    /// The relation's name without `/r/` (`AtLocation`; `dbpedia/genre` for `/r/dbpedia/genre`).
+    pub rel: &'a str,
+    pub start: &'a str,
+    pub end: &'a str,
+    pub info: &'a str,
+}
+
+/// The JSON column, borrowed where it has no escapes.
+#[derive(Deserialize)]
+pub struct Info<'a> {
+    #[serde(borrow, default)]
+    pub dataset: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub license: Option<Cow<'a, str>>,
+    #[serde(default)]
+    pub weight: Option<serde_json::Value>,
+    #[serde(borrow, default, rename = "surfaceText")]
+    pub surface_text: Option<Cow<'a, str>>,
+    #[serde(borrow, default, rename = "surfaceStart")]
+    pub surface_start: Option<Cow<'a, str>>,
+    #[serde(borrow, default, rename = "surfaceEnd")]
+    pub surface_end: Option<Cow<'a, str>>,
+}
+
+/// One assertion, owned.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Edge {
     pub uri: String,
-    /// The relation's name without `/r/` (`AtLocation`; `dbpedia/genre` for `/r/dbpedia/genre`).
     pub rel: String,
     pub start: String,
     pub end: String,
@@ -49,57 +85,93 @@ pub struct Edge {
     pub surface_end: Option<String>,
 }
 
-/// `(lang, term)` of a concept URI `/c/{lang}/{term}[/…]`.
-pub fn concept(uri: &str) -> (Option<String>, Option<String>) {
+/// `(lang, term)` of a concept URI `/c/{lang}/{term}[/…]`, borrowed.
+pub fn concept(uri: &str) -> (Option<&str>, Option<&str>) {
     let mut parts = uri.strip_prefix("/c/").map(|r| r.split('/'));
     match parts.as_mut() {
         Some(p) => {
-            let lang = p.next().filter(|s| !s.is_empty()).map(str::to_string);
-            let term = p.next().filter(|s| !s.is_empty()).map(str::to_string);
+            let lang = p.next().filter(|s| !s.is_empty());
+            let term = p.next().filter(|s| !s.is_empty());
             (lang, term)
         }
         None => (None, None),
     }
 }
 
-/// Parses one line (without its newline). The error says what is wrong; the caller adds
-/// `file:line`.
-pub fn parse_line(line: &str) -> Result<Edge, String> {
+/// The columns of one line (without its newline). The error says what is wrong; the
+/// caller adds `file:line`.
+pub fn split(line: &str) -> Result<Line<'_>, String> {
     let line = line.strip_suffix('\r').unwrap_or(line);
-    let cols: Vec<&str> = line.split('\t').collect();
-    if cols.len() != 5 {
-        return Err(format!("expected 5 tab-separated columns (uri, relation, start, end, JSON), got {}", cols.len()));
-    }
-    let rel = cols[1]
-        .strip_prefix("/r/")
-        .ok_or_else(|| format!("column 2 is not a relation URI (/r/…): \"{}\"", cols[1]))?;
-    let info: Value = serde_json::from_str(cols[4]).map_err(|e| format!("column 5 is not valid JSON: {e}"))?;
-    let Value::Object(info) = info else {
-        return Err("column 5 is JSON but not an object".into());
+    let mut it = line.splitn(6, '\t');
+    let cols: [Option<&str>; 6] = std::array::from_fn(|_| it.next());
+    let (Some(uri), Some(rel), Some(start), Some(end), Some(info), None) = (cols[0], cols[1], cols[2], cols[3], cols[4], cols[5])
+    else {
+        let n = line.split('\t').count();
+        return Err(format!("expected 5 tab-separated columns (uri, relation, start, end, JSON), got {n}"));
     };
-    let text = |k: &str| info.get(k).and_then(Value::as_str).map(str::to_string);
-    let weight = match info.get("weight") {
+    let rel = rel.strip_prefix("/r/").ok_or_else(|| format!("column 2 is not a relation URI (/r/…): \"{rel}\""))?;
+    Ok(Line { uri, rel, start, end, info })
+}
+
+/// Why column 5 is not a usable JSON object.
+fn json_error(info: &str, typed: Option<serde_json::Error>) -> String {
+    match serde_json::from_str::<IgnoredAny>(info) {
+        Err(e) => format!("column 5 is not valid JSON: {e}"),
+        Ok(_) if !info.trim_start().starts_with('{') => "column 5 is JSON but not an object".into(),
+        Ok(_) => format!("column 5: {}", typed.map(|e| e.to_string()).unwrap_or_default()),
+    }
+}
+
+/// Checks that column 5 is a JSON object without building it (for lines the filter drops).
+pub fn check_info(line: &Line<'_>) -> Result<(), String> {
+    if line.info.trim_start().starts_with('{') && serde_json::from_str::<IgnoredAny>(line.info).is_ok() {
+        return Ok(());
+    }
+    Err(json_error(line.info, None))
+}
+
+/// Column 5 read; `weight` must be a number.
+pub fn info<'a>(line: &Line<'a>) -> Result<(Info<'a>, f64), String> {
+    if !line.info.trim_start().starts_with('{') {
+        return Err(json_error(line.info, None));
+    }
+    let info: Info<'a> = serde_json::from_str(line.info).map_err(|e| json_error(line.info, Some(e)))?;
+    let weight = match &info.weight {
         Some(w) => w.as_f64().ok_or_else(|| format!("column 5: \"weight\" is not a number: {w}"))?,
         None => return Err("column 5 has no \"weight\"".into()),
     };
-    let (lang_start, term_start) = concept(cols[2]);
-    let (lang_end, term_end) = concept(cols[3]);
-    Ok(Edge {
-        uri: cols[0].to_string(),
-        rel: rel.to_string(),
-        start: cols[2].to_string(),
-        end: cols[3].to_string(),
-        lang_start,
-        lang_end,
-        term_start,
-        term_end,
-        dataset: text("dataset"),
-        license: text("license"),
-        weight,
-        surface_text: text("surfaceText"),
-        surface_start: text("surfaceStart"),
-        surface_end: text("surfaceEnd"),
-    })
+    Ok((info, weight))
+}
+
+impl Edge {
+    pub fn new(line: &Line<'_>, info: &Info<'_>, weight: f64) -> Edge {
+        let (lang_start, term_start) = concept(line.start);
+        let (lang_end, term_end) = concept(line.end);
+        let own = |c: &Option<Cow<'_, str>>| c.as_deref().map(str::to_string);
+        Edge {
+            uri: line.uri.to_string(),
+            rel: line.rel.to_string(),
+            start: line.start.to_string(),
+            end: line.end.to_string(),
+            lang_start: lang_start.map(str::to_string),
+            lang_end: lang_end.map(str::to_string),
+            term_start: term_start.map(str::to_string),
+            term_end: term_end.map(str::to_string),
+            dataset: own(&info.dataset),
+            license: own(&info.license),
+            weight,
+            surface_text: own(&info.surface_text),
+            surface_start: own(&info.surface_start),
+            surface_end: own(&info.surface_end),
+        }
+    }
+}
+
+/// Parses one whole line into an edge.
+pub fn parse_line(line: &str) -> Result<Edge, String> {
+    let l = split(line)?;
+    let (info, weight) = info(&l)?;
+    Ok(Edge::new(&l, &info, weight))
 }
 
 /// The claim filter's settings (spec §2 defaults via [`Filter::default`]).
@@ -110,6 +182,8 @@ pub struct Filter {
     pub min_weight: f64,
     /// Without it, an edge with no surface text is rendered from a relation template.
     pub require_surface: bool,
+    /// How Chinese claims are converted ([`super::text::ZH_CONVERSIONS`]).
+    pub zh_convert: String,
 }
 
 impl Default for Filter {
@@ -119,6 +193,7 @@ impl Default for Filter {
             relations: DEFAULT_RELATIONS.iter().map(|s| s.to_string()).collect(),
             min_weight: 1.0,
             require_surface: true,
+            zh_convert: "t2s".into(),
         }
     }
 }
@@ -146,8 +221,19 @@ impl Drop {
 }
 
 impl Filter {
+    /// The drops decided by the cheap columns: language of both ends, then the relation.
+    pub fn quick(&self, l: &Line<'_>) -> Result<(), Drop> {
+        if concept(l.start).0 != Some(self.lang.as_str()) || concept(l.end).0 != Some(self.lang.as_str()) {
+            return Err(Drop::Language);
+        }
+        if !self.relations.iter().any(|r| r == l.rel) {
+            return Err(Drop::Relation);
+        }
+        Ok(())
+    }
+
     /// The claim text for a kept edge, or why it is dropped.
-    pub fn claim(&self, e: &Edge) -> Result<String, Drop> {
+    pub fn claim(&self, e: &Edge, rules: &Rules) -> Result<String, Drop> {
         if e.lang_start.as_deref() != Some(self.lang.as_str()) || e.lang_end.as_deref() != Some(self.lang.as_str()) {
             return Err(Drop::Language);
         }
@@ -157,16 +243,19 @@ impl Filter {
         if e.weight < self.min_weight {
             return Err(Drop::Weight);
         }
-        match &e.surface_text {
-            Some(s) if !render_surface(s, &self.lang).is_empty() => Ok(render_surface(s, &self.lang)),
-            _ if self.require_surface => Err(Drop::NoSurface),
-            _ => template(e).ok_or(Drop::NoTemplate),
-        }
+        let rendered = e.surface_text.as_deref().map(|s| render_surface(s, &self.lang)).filter(|s| !s.is_empty());
+        let claim = match rendered {
+            Some(s) => s,
+            None if self.require_surface => return Err(Drop::NoSurface),
+            None => template(e, rules).ok_or(Drop::NoTemplate)?,
+        };
+        Ok(self.script(&claim))
     }
-}
 
-fn is_cjk(c: char) -> bool {
-    matches!(c as u32, 0x3000..=0x303F | 0x3400..=0x4DBF | 0x4E00..=0x9FFF | 0xF900..=0xFAFF | 0xFF00..=0xFFEF)
+    /// A text of the claims' language in their script (Chinese: converted).
+    pub fn script(&self, text: &str) -> String {
+        if self.lang == "zh" { zh_convert(text, &self.zh_convert) } else { text.to_string() }
+    }
 }
 
 /// A surface text as a claim: `[[`/`]]` removed, a leading `*` stripped, trimmed; for
@@ -192,24 +281,12 @@ pub fn render_surface(surface: &str, lang: &str) -> String {
     out
 }
 
-/// The spec's [R] relation templates for an edge without surface text (terms: `_` → space).
-pub fn template(e: &Edge) -> Option<String> {
+/// The relation template of the rules folder for an edge without surface text (terms:
+/// `_` → space).
+pub fn template(e: &Edge, rules: &Rules) -> Option<String> {
     let s = e.term_start.as_deref()?.replace('_', " ");
     let o = e.term_end.as_deref()?.replace('_', " ");
-    let t = match e.rel.as_str() {
-        "IsA" => format!("{s} is a type of {o}"),
-        "UsedFor" => format!("{s} is used for {o}"),
-        "AtLocation" => format!("You are likely to find {s} in {o}"),
-        "CapableOf" => format!("{s} can {o}"),
-        "HasProperty" => format!("{s} is {o}"),
-        "PartOf" => format!("{s} is part of {o}"),
-        "HasA" => format!("{s} has {o}"),
-        "Causes" => format!("{s} causes {o}"),
-        "MadeOf" => format!("{s} is made of {o}"),
-        "Desires" => format!("{s} wants {o}"),
-        _ => return None,
-    };
-    Some(t)
+    Some(rules.templates.get(&e.rel)?.replace("{start}", &s).replace("{end}", &o))
 }
 
 #[cfg(test)]
@@ -218,35 +295,47 @@ mod tests {
 
     const WHEAT: &str = "/a/[/r/AtLocation/,/c/en/wheat/,/c/en/field/]\t/r/AtLocation\t/c/en/wheat\t/c/en/field\t{\"dataset\": \"/d/conceptnet/4/en\", \"license\": \"cc:by/4.0\", \"sources\": [], \"surfaceText\": \"You are likely to find [[wheat]] in [[a field]]\", \"weight\": 2.0}";
 
+    fn rules() -> Rules {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rules/sharp");
+        Rules::load(&dir, "rules/sharp", "en").unwrap()
+    }
+
     #[test]
     fn a_line_parses_into_an_edge() {
         let e = parse_line(WHEAT).unwrap();
         assert_eq!((e.rel.as_str(), e.weight), ("AtLocation", 2.0));
         assert_eq!((e.lang_start.as_deref(), e.term_end.as_deref()), (Some("en"), Some("field")));
         assert_eq!(e.dataset.as_deref(), Some("/d/conceptnet/4/en"));
-        assert_eq!(Filter::default().claim(&e).unwrap(), "You are likely to find wheat in a field");
+        assert_eq!(Filter::default().claim(&e, &rules()).unwrap(), "You are likely to find wheat in a field");
         let url = parse_line("/a/x\t/r/ExternalURL\t/c/en/test\thttp://dbpedia.org/x\t{\"weight\": 1.0}").unwrap();
         assert_eq!((url.lang_end, url.term_end), (None, None));
+        let escaped = parse_line("/a/x\t/r/IsA\t/c/en/a\t/c/en/b\t{\"surfaceText\": \"[[a]] is \\\"b\\\"\", \"weight\": 1}").unwrap();
+        assert_eq!(escaped.surface_text.as_deref(), Some("[[a]] is \"b\""));
     }
 
     #[test]
     fn bad_lines_say_what_is_wrong() {
         assert!(parse_line("a\tb\tc").unwrap_err().contains("got 3"));
+        assert!(parse_line("a\tb\tc\td\te\tf").unwrap_err().contains("got 6"));
         let bad = WHEAT.replace("{\"dataset\"", "{dataset");
         assert!(parse_line(&bad).unwrap_err().contains("column 5 is not valid JSON"));
+        assert!(check_info(&split(&bad).unwrap()).unwrap_err().contains("column 5 is not valid JSON"));
         assert!(parse_line("/a/x\t/r/IsA\t/c/en/a\t/c/en/b\t[1]").unwrap_err().contains("not an object"));
+        assert!(check_info(&split("/a/x\t/r/IsA\t/c/en/a\t/c/en/b\t[1]").unwrap()).unwrap_err().contains("not an object"));
+        assert!(parse_line("/a/x\t/r/IsA\t/c/en/a\t/c/en/b\tnope").unwrap_err().contains("not valid JSON"));
         assert!(parse_line("/a/x\t/r/IsA\t/c/en/a\t/c/en/b\t{}").unwrap_err().contains("no \"weight\""));
+        assert!(parse_line("/a/x\t/r/IsA\t/c/en/a\t/c/en/b\t{\"weight\": \"1\"}").unwrap_err().contains("not a number"));
         assert!(parse_line("/a/x\tIsA\t/c/en/a\t/c/en/b\t{}").unwrap_err().contains("relation URI"));
     }
 
     #[test]
     fn the_filter_drops_with_a_reason() {
-        let f = Filter::default();
+        let (f, r) = (Filter::default(), rules());
         let e = parse_line(WHEAT).unwrap();
         let with = |g: &dyn Fn(&mut Edge)| {
             let mut x = e.clone();
             g(&mut x);
-            f.claim(&x)
+            f.claim(&x, &r)
         };
         assert_eq!(with(&|x| x.lang_end = Some("fr".into())), Err(Drop::Language));
         assert_eq!(with(&|x| x.rel = "RelatedTo".into()), Err(Drop::Relation));
@@ -255,7 +344,13 @@ mod tests {
         let loose = Filter { require_surface: false, ..Filter::default() };
         let mut x = e.clone();
         x.surface_text = None;
-        assert_eq!(loose.claim(&x).unwrap(), "You are likely to find wheat in field");
+        assert_eq!(loose.claim(&x, &r).unwrap(), "You are likely to find wheat in field");
+        x.rel = "LocatedNear".into();
+        let near = Filter { relations: vec!["LocatedNear".into()], ..loose.clone() };
+        assert_eq!(near.claim(&x, &r).unwrap(), "wheat is typically near field");
+        let l = split(WHEAT).unwrap();
+        assert_eq!(f.quick(&l), Ok(()));
+        assert_eq!(Filter { lang: "zh".into(), ..Filter::default() }.quick(&l), Err(Drop::Language));
     }
 
     #[test]
@@ -263,5 +358,9 @@ mod tests {
         assert_eq!(render_surface("*[[經理來訪]] 可能代表 [[檢查]] 。", "zh"), "經理來訪可能代表檢查。");
         assert_eq!(render_surface("[[assay]] is a type of [[test]]", "en"), "assay is a type of test");
         assert_eq!(render_surface("[[a]] 是 [[b c]]", "zh"), "a 是 b c");
+        let zh = Filter { lang: "zh".into(), ..Filter::default() };
+        assert_eq!(zh.script("經理來訪可能代表檢查。"), "经理来访可能代表检查。");
+        let keep = Filter { zh_convert: "none".into(), ..zh };
+        assert_eq!(keep.script("檢查"), "檢查");
     }
 }
