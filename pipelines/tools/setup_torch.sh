@@ -2,14 +2,15 @@
 # Installs PyTorch + transformers (and TRL for the reference trainer, numpy and matplotlib for
 # the neuron analysis' figures) into .tools/torchvenv, idempotently, and writes .tools/torchpy,
 # the interpreter to run them with: the CPU path of `train` (the --tiny-random-llama smoke run)
-# and of `neurons` (pipelines/analysis/neurons.py), which the tests run when SYNTH_TORCH_PYTHON
-# names it (.ci/test sets it).
+# and of `neurons` (pipelines/analysis/neurons.py), which the tests run when .tools/torchpy can
+# import them (they say why they skip otherwise).
 #
 # PyPI has no CPU-only torch for Linux x86_64: its wheel is the CUDA build and pulls the NVIDIA
-# runtime wheels, which `import torch` loads even on a CPU (~1.7 GB of downloads, 5.6 GB
-# installed). uv (from PyPI) downloads and unpacks them in parallel: measured here, 21 s for
-# torch + transformers against 98 s with pip (BENCHMARKS.md, "Installing PyTorch for the CPU
-# path"). Pinned versions, so a re-run with the same list does nothing.
+# runtime wheels, which `import torch` loads even on a CPU (~1.7 GB of downloads, 5.7 GB
+# installed). uv (from PyPI) downloads and unpacks them in parallel. Cold (no cache), on this
+# 2-core VM while a release build ran beside it: 7 min 46 s wall, 34 s of CPU — the time is the
+# download and the disk (BENCHMARKS.md, "Installing PyTorch for the CPU path").
+# Pinned versions, so a re-run with the same list does nothing.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 python=$(command -v python3 || command -v python)
