@@ -8,6 +8,7 @@ mod bad_input;
 mod batch;
 mod config_fixtures;
 mod conformance;
+mod correlate;
 mod crash;
 mod engine;
 mod eval;

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 pub mod chat;
+pub mod python;
 
 use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};

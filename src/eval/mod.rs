@@ -6,6 +6,7 @@
 
 pub mod bertscore;
 pub mod bleu;
+pub mod correlation;
 pub mod meteor;
 pub mod porter;
 pub mod rouge;

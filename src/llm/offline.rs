@@ -42,11 +42,25 @@ impl std::fmt::Debug for OfflineShape {
 }
 
 /// The engine's shapes (those of the generic `text`, `json` and `score` parsers).
-pub static SHAPES: &[&OfflineShape] = &[&SCORE, &JSON];
+pub static SHAPES: &[&OfflineShape] = &[&SCORE, &JSON, &NUMBER];
 
 pub static SCORE: OfflineShape = OfflineShape {
     name: "score",
     generate: |input, rng| format!("Score: {}", u8::from(rng.random_bool(input.score_one.clamp(0.0, 1.0)))),
+};
+
+/// A bare integer score (the `number` parser's default shape): uniform in `lo..=hi` of
+/// `number:lo,hi`, 1..=5 without arguments.
+pub static NUMBER: OfflineShape = OfflineShape {
+    name: "number",
+    generate: |input, rng| {
+        let mut bounds = input.args.split(',').filter_map(|a| a.trim().parse::<i64>().ok());
+        let (lo, hi) = match (bounds.next(), bounds.next()) {
+            (Some(lo), Some(hi)) if lo <= hi => (lo, hi),
+            _ => (1, 5),
+        };
+        rng.random_range(lo..=hi).to_string()
+    },
 };
 
 pub static JSON: OfflineShape =
@@ -268,6 +282,8 @@ mod tests {
         let j: serde_json::Value =
             serde_json::from_str(&o.generate(&req("json:title,summary", "x"), &Default::default())).unwrap();
         assert!(j["title"].is_string() && j["summary"].is_string());
+        let n = o.generate(&req("number:2,3", "judge"), &Default::default());
+        assert!(n == "2" || n == "3", "{n}");
         // A shape nobody registered gets a paragraph built from the prompt's words.
         let p = o.generate(&req("profile", "gardening tomatoes"), &Default::default());
         assert!(p.contains("matters here because of"), "{p}");

@@ -62,7 +62,7 @@ impl std::fmt::Debug for ParserKind {
 
 /// The engine's parsers; a method registers its own ([`crate::methods`], found
 /// through the registry).
-pub static GENERIC: &[&ParserKind] = &[&TEXT, &JSON, &SCORE];
+pub static GENERIC: &[&ParserKind] = &[&TEXT, &JSON, &SCORE, &NUMBER];
 
 /// The parser called `name` among `kinds`.
 pub fn find(kinds: &[&'static ParserKind], name: &str) -> Option<&'static ParserKind> {
@@ -286,6 +286,275 @@ impl Parser for ScoreParser {
     }
 }
 
+// --- number
+
+pub static NUMBER: ParserKind = ParserKind {
+    name: "number",
+    about: "a numeric score (float): the first line read as Python's float() (`mode = \"first_line\"`, a fine-tuned judge's bare number), a JSON object's key then regexes (`\"json\"`), or the first match of regexes (`\"search\"`); `fallback` scores an unreadable answer instead of re-asking and flags it in `<column>_fallback`; `min`/`max` (or per-row `min_column`/`max_column`) clamp",
+    options: &[
+        OptionSpec::default(
+            "mode",
+            Ty::Enum(&["first_line", "json", "search"]),
+            "\"first_line\"",
+            "where the number is read",
+        ),
+        OptionSpec::default(
+            "column",
+            Ty::Str,
+            "\"score\"",
+            "output column (a Float64; `<column>_fallback` flags fallbacks)",
+        ),
+        OptionSpec::default("key", Ty::Str, "\"score\"", "mode = json: the key holding the number"),
+        OptionSpec::default(
+            "patterns",
+            Ty::StrList,
+            "[\"\\\"score\\\"\\\\s*:\\\\s*\\\"?(-?\\\\d+(?:\\\\.\\\\d+)?)\"]",
+            "mode = json (after the key) or search: regexes tried in order; the first capture group (or the match) is the number",
+        ),
+        OptionSpec::optional(
+            "echo_column",
+            Ty::Str,
+            "mode = first_line: a column with the prompt; \"Human: <prompt>\\nAssistant: \" is removed from the answer first (an echoing server)",
+        ),
+        OptionSpec::optional(
+            "fallback",
+            crate::config::options::NUMBER,
+            "score of an unreadable answer (else it is re-asked, then fails)",
+        ),
+        OptionSpec::optional("min", crate::config::options::NUMBER, "clamp below"),
+        OptionSpec::optional("max", crate::config::options::NUMBER, "clamp above"),
+        OptionSpec::optional("min_column", Ty::Str, "clamp below at this column's value of the record"),
+        OptionSpec::optional("max_column", Ty::Str, "clamp above at this column's value of the record"),
+        OptionSpec::default("shape", Ty::Str, "\"number\"", "the answer shape the offline provider imitates"),
+    ],
+    build: |v| {
+        #[derive(Deserialize, Default)]
+        struct O {
+            #[serde(default)]
+            mode: Option<String>,
+            #[serde(default)]
+            column: Option<String>,
+            #[serde(default)]
+            key: Option<String>,
+            #[serde(default)]
+            patterns: Option<Vec<String>>,
+            #[serde(default)]
+            echo_column: Option<String>,
+            #[serde(default)]
+            fallback: Option<f64>,
+            #[serde(default)]
+            min: Option<f64>,
+            #[serde(default)]
+            max: Option<f64>,
+            #[serde(default)]
+            min_column: Option<String>,
+            #[serde(default)]
+            max_column: Option<String>,
+            #[serde(default)]
+            shape: Option<String>,
+        }
+        let o: O = options(v)?;
+        let mode = match o.mode.as_deref().unwrap_or("first_line") {
+            "first_line" => NumberMode::FirstLine,
+            "json" => NumberMode::Json,
+            "search" => NumberMode::Search,
+            other => return Err(format!("unknown mode \"{other}\" (first_line, json, search)")),
+        };
+        let patterns = o
+            .patterns
+            .unwrap_or_else(|| vec![DEFAULT_SCORE_PATTERN.to_string()])
+            .iter()
+            .map(|p| regex::Regex::new(p).map_err(|e| format!("bad pattern {p:?}: {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        if mode == NumberMode::Search && patterns.is_empty() {
+            return Err("mode = \"search\" needs at least one pattern".into());
+        }
+        Ok(Box::new(NumberParser {
+            mode,
+            column: o.column.unwrap_or_else(|| "score".into()),
+            key: o.key.unwrap_or_else(|| "score".into()),
+            patterns,
+            echo_column: o.echo_column,
+            fallback: o.fallback,
+            min: o.min,
+            max: o.max,
+            min_column: o.min_column,
+            max_column: o.max_column,
+            shape: o.shape.unwrap_or_else(|| "number".into()),
+        }))
+    },
+};
+
+/// The default regex of the `number` parser: a JSON-ish `"score": 3` anywhere.
+pub const DEFAULT_SCORE_PATTERN: &str = r#""score"\s*:\s*"?(-?\d+(?:\.\d+)?)"#;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NumberMode {
+    FirstLine,
+    Json,
+    Search,
+}
+
+struct NumberParser {
+    mode: NumberMode,
+    column: String,
+    key: String,
+    patterns: Vec<regex::Regex>,
+    echo_column: Option<String>,
+    fallback: Option<f64>,
+    min: Option<f64>,
+    max: Option<f64>,
+    min_column: Option<String>,
+    max_column: Option<String>,
+    shape: String,
+}
+
+/// Python's `float(text)`: surrounding whitespace (Unicode), a sign, digits with single
+/// underscores between them, a decimal point, an exponent, `inf` / `infinity` / `nan` in
+/// any case; full-width digits (U+FF10..U+FF19) read as digits, as Python reads every
+/// Unicode decimal digit. `None` where Python raises `ValueError`.
+pub fn python_float(text: &str) -> Option<f64> {
+    let t = text.trim_matches(|c: char| c.is_whitespace());
+    if t.is_empty() {
+        return None;
+    }
+    let mut s = String::with_capacity(t.len());
+    let mut prev_digit = false;
+    let chars: Vec<char> = t.chars().collect();
+    for (i, &c) in chars.iter().enumerate() {
+        let c = match c {
+            '\u{ff10}'..='\u{ff19}' => char::from(b'0' + (c as u32 - 0xff10) as u8),
+            c => c,
+        };
+        if c == '_' {
+            // PEP 515: only between two digits.
+            let next_digit =
+                chars.get(i + 1).is_some_and(|n| n.is_ascii_digit() || ('\u{ff10}'..='\u{ff19}').contains(n));
+            if !(prev_digit && next_digit) {
+                return None;
+            }
+            continue;
+        }
+        prev_digit = c.is_ascii_digit();
+        s.push(c);
+    }
+    let body = s.strip_prefix(['+', '-']).unwrap_or(&s);
+    let lower = body.to_ascii_lowercase();
+    if matches!(lower.as_str(), "inf" | "infinity" | "nan") {
+        return s.parse::<f64>().ok();
+    }
+    // Rust accepts forms Python does not ("infinity" handled above); Python's grammar:
+    // digits [. digits] | . digits, then an optional exponent.
+    let valid = {
+        let (mantissa, exp) = match lower.split_once('e') {
+            Some((m, e)) => (m, Some(e)),
+            None => (lower.as_str(), None),
+        };
+        let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+        let digits = |d: &str| d.chars().all(|c| c.is_ascii_digit());
+        let mantissa_ok = digits(int) && digits(frac) && !(int.is_empty() && frac.is_empty());
+        let exp_ok = exp.is_none_or(|e| {
+            let e = e.strip_prefix(['+', '-']).unwrap_or(e);
+            !e.is_empty() && digits(e)
+        });
+        mantissa_ok && exp_ok
+    };
+    if !valid {
+        return None;
+    }
+    s.parse::<f64>().ok()
+}
+
+impl NumberParser {
+    /// The number in an answer, or why there is none.
+    fn read(&self, text: &str, record: &Row) -> Result<f64, String> {
+        match self.mode {
+            NumberMode::FirstLine => {
+                let mut t = text.to_string();
+                if let Some(col) = &self.echo_column
+                    && let Some(prompt) = record.get(col).and_then(Value::as_str)
+                {
+                    t = t.replace(&format!("Human: {prompt}\nAssistant: "), "");
+                }
+                let line = t.split('\n').next().unwrap_or_default();
+                python_float(line).ok_or_else(|| {
+                    if t.contains('\n') {
+                        format!("the first line is not a number: {:?}", truncate(line, 60))
+                    } else {
+                        format!("the answer is not a number: {:?}", truncate(&t, 60))
+                    }
+                })
+            }
+            NumberMode::Json => {
+                if let Ok(obj) = extract_json_object(text)
+                    && let Some(v) = obj.get(&self.key)
+                {
+                    let n = match v {
+                        Value::Number(n) => n.as_f64(),
+                        Value::String(s) => python_float(s),
+                        _ => None,
+                    };
+                    if let Some(n) = n {
+                        return Ok(n);
+                    }
+                }
+                self.search(text).ok_or_else(|| {
+                    format!("no number under \"{}\" in a JSON object, e.g. {{\"{}\": 3}}", self.key, self.key)
+                })
+            }
+            NumberMode::Search => self.search(text).ok_or_else(|| "the answer contains no score".to_string()),
+        }
+    }
+
+    fn search(&self, text: &str) -> Option<f64> {
+        self.patterns.iter().find_map(|re| {
+            let caps = re.captures(text)?;
+            python_float(caps.get(1).or_else(|| caps.get(0))?.as_str())
+        })
+    }
+
+    fn bound(&self, fixed: Option<f64>, column: &Option<String>, record: &Row) -> Option<f64> {
+        column.as_ref().and_then(|c| record.get(c)).and_then(Value::as_f64).or(fixed)
+    }
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    if s.chars().count() <= n { s.to_string() } else { format!("{}…", s.chars().take(n).collect::<String>()) }
+}
+
+impl Parser for NumberParser {
+    fn fields(&self) -> Vec<Field> {
+        vec![
+            Field::new(&self.column, DataType::Float64, false),
+            Field::new(format!("{}_fallback", self.column), DataType::Boolean, false),
+        ]
+    }
+    fn parse(&self, text: &str, record: &Row) -> Result<Row, String> {
+        let (value, fallback) = match (self.read(text, record), self.fallback) {
+            (Ok(v), _) if v.is_finite() => (v, false),
+            (Ok(v), None) => return Err(format!("the score must be a finite number, found {v}")),
+            (Ok(_), Some(f)) | (Err(_), Some(f)) => (f, true),
+            (Err(e), None) => return Err(e),
+        };
+        let mut v = value;
+        if !fallback {
+            if let Some(lo) = self.bound(self.min, &self.min_column, record) {
+                v = v.max(lo);
+            }
+            if let Some(hi) = self.bound(self.max, &self.max_column, record) {
+                v = v.min(hi);
+            }
+        }
+        Ok(Row::from_iter([
+            (self.column.clone(), Value::from(v)),
+            (format!("{}_fallback", self.column), Value::Bool(fallback)),
+        ]))
+    }
+    fn expect(&self) -> String {
+        self.shape.clone()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -308,5 +577,61 @@ mod tests {
         assert!(s.parse("Score: maybe", &row).is_err());
         assert!(s.parse("Score: 7", &row).is_err());
         assert!(build("text", &Value::Null).unwrap().parse("   ", &row).is_err());
+    }
+
+    #[test]
+    fn number_parser_reads_like_python() {
+        for (t, v) in [
+            (" 2 ", Some(2.0)),
+            ("3.5", Some(3.5)),
+            ("1_0", Some(10.0)),
+            ("+4", Some(4.0)),
+            ("1e1", Some(10.0)),
+            (".5", Some(0.5)),
+            ("5.", Some(5.0)),
+            ("３", Some(3.0)),
+            ("\u{3000}2\t", Some(2.0)),
+            ("nan", None),
+            ("inf", None),
+            ("评分：2", None),
+            ("1__0", None),
+            ("_1", None),
+            ("", None),
+            ("0x10", None),
+            ("1.2.3", None),
+            ("e5", None),
+        ] {
+            let got = python_float(t).filter(|v| v.is_finite());
+            assert_eq!(got, v, "{t:?}");
+        }
+        assert!(python_float("NaN").unwrap().is_nan());
+        assert_eq!(python_float("-Infinity"), Some(f64::NEG_INFINITY));
+        let row = Row::new();
+        let p = build("number", &serde_json::json!({"fallback": 3.0})).unwrap();
+        let read = |p: &dyn Parser, t: &str| {
+            let r = p.parse(t, &row).unwrap();
+            (r["score"].as_f64().unwrap(), r["score_fallback"].as_bool().unwrap())
+        };
+        assert_eq!(read(p.as_ref(), "2"), (2.0, false));
+        assert_eq!(read(p.as_ref(), "3\n理由：……"), (3.0, false));
+        assert_eq!(read(p.as_ref(), "评分：2"), (3.0, true));
+        assert_eq!(read(p.as_ref(), "好\n2"), (3.0, true));
+        let strict = build("number", &Value::Null).unwrap();
+        assert!(strict.parse("评分：2", &row).unwrap_err().contains("not a number"));
+        assert!(strict.parse("x\n2", &row).unwrap_err().contains("first line"));
+        let echo = build("number", &serde_json::json!({"echo_column": "prompt"})).unwrap();
+        let rec = Row::from_iter([("prompt".to_string(), Value::from("Q?"))]);
+        assert_eq!(echo.parse("Human: Q?\nAssistant: 4", &rec).unwrap()["score"], 4.0);
+        let json =
+            build("number", &serde_json::json!({"mode": "json", "max_column": "scale_max", "min": 1.0})).unwrap();
+        let rec = Row::from_iter([("scale_max".to_string(), Value::from(4))]);
+        assert_eq!(json.parse("```json\n{\"explanation\": \"...\", \"score\": 3}\n```", &rec).unwrap()["score"], 3.0);
+        assert_eq!(json.parse("{\"score\": 9}", &rec).unwrap()["score"], 4.0);
+        assert_eq!(json.parse("broken {\"score\": 2, \"explanation\": \"unterminated", &rec).unwrap()["score"], 2.0);
+        assert!(json.parse("no score here", &rec).is_err());
+        let search =
+            build("number", &serde_json::json!({"mode": "search", "patterns": ["评分：(\\d+(\\.\\d{1,3})?)"]}))
+                .unwrap();
+        assert_eq!(search.parse("评分：2.5\n...", &row).unwrap()["score"], 2.5);
     }
 }

@@ -27,6 +27,7 @@ methods! {
     rolemrc,
     roleeval,
     sharp,
+    characterbench,
 }
 
 /// What a method contributes to the engine.

@@ -27,7 +27,9 @@ use crate::store::failures::FailureLog;
 use crate::store::parquet::{FINGERPRINT_KEY, Footer, ParquetOut, STAGE_KEY};
 use crate::store::state::StageReport;
 
+pub mod aggregate;
 pub mod concat;
+pub mod correlate;
 pub mod embed;
 pub mod exec;
 pub mod external;
@@ -65,7 +67,9 @@ pub static KINDS: &[&KindInfo] = &[
     &retrieve::KIND,
     &judge_plan::KIND,
     &judge_score::KIND,
+    &aggregate::KIND,
     &metrics::KIND,
+    &correlate::KIND,
     &report::KIND,
     &train::KIND,
     &neurons::KIND,

@@ -124,7 +124,7 @@ fn radar_svg(axes: &[(String, String)], labels: &[String], value: impl Fn(&str, 
         let pts: Vec<String> = axes
             .iter()
             .enumerate()
-            .map(|(k, (m, _))| point(k, value(label, m).unwrap_or(0.0).clamp(0.0, 1.0)))
+            .map(|(k, (m, _))| point(k, value(label, m).filter(|v| !v.is_nan()).unwrap_or(0.0).clamp(0.0, 1.0)))
             .map(|(x, y)| format!("{x:.1},{y:.1}"))
             .collect();
         let _ = writeln!(
@@ -229,7 +229,11 @@ impl Stage for Report {
         writeln!(md, "# {}\n", self.opts.title)?;
         let mut rows: Vec<(String, String, String, String, u64, f64)> = Vec::new();
         let decimals = self.opts.decimals;
-        let cell = |v: Option<&(f64, u64)>| v.map(|(v, _)| format!("{v:.decimals$}")).unwrap_or_else(|| "–".into());
+        // A value with no data behind it (NaN over n = 0) shows as missing, like an absent one.
+        let cell = |v: Option<&(f64, u64)>| match v {
+            Some((v, n)) if !(v.is_nan() && *n == 0) => format!("{v:.decimals$}"),
+            _ => "–".into(),
+        };
         let mut charts = 0;
         for (name, t) in &tables {
             writeln!(md, "## {}\n", t.title)?;

@@ -159,6 +159,26 @@ pub fn read_all(path: &Path) -> Result<(SchemaRef, Vec<RecordBatch>)> {
     Ok((schema, batches))
 }
 
+/// Read only the named top-level columns of a Parquet file (the others are not decoded),
+/// in one batch per row group; a name the file lacks is an error naming it.
+pub fn read_columns(path: &Path, names: &[&str]) -> Result<Vec<RecordBatch>> {
+    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+        .with_context(|| format!("{}: not a readable Parquet file", path.display()))?;
+    let schema = builder.schema().clone();
+    let mut roots = Vec::new();
+    for n in names {
+        roots.push(schema.index_of(n).map_err(|_| anyhow::anyhow!("{} has no column \"{n}\"", path.display()))?);
+    }
+    let mask = parquet::arrow::ProjectionMask::roots(builder.parquet_schema(), roots);
+    let reader = builder
+        .with_projection(mask)
+        .with_batch_size(ROW_GROUP_ROWS)
+        .build()
+        .with_context(|| format!("reading {}", path.display()))?;
+    reader.collect::<Result<Vec<_>, _>>().with_context(|| format!("reading {}", path.display()))
+}
+
 /// Convenience: an owned schema ref from a footer for schema-only uses.
 pub fn schema_of(path: &Path) -> Result<SchemaRef> {
     Ok(read_footer(path)?.schema)

@@ -1,5 +1,6 @@
 //! Each method's tests, one folder per method (as `src/methods/`).
 
+mod characterbench;
 mod roleeval;
 mod rolemrc;
 mod sharp;
