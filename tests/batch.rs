@@ -336,6 +336,51 @@ fn detach_then_collect_and_ctrl_c_leaves_batches_running() {
     assert_answered_once(&server, requests_of(n));
 }
 
+/// `synth batch cancel`: the batch is cancelled at the provider and the journal says so;
+/// the next run collects what the cancelled batch answered (paid: never asked again) and
+/// asks the rest in a new batch.
+#[test]
+fn batch_cancel_cancels_at_the_provider_and_a_later_run_pays_nothing_twice() {
+    let n = 20;
+    let (reference, _online) = reference(n, "");
+    let server = batch_server::start(Behaviour {
+        fate: Arc::new(|i| if i == 0 { Fate::Hold } else { Fate::Complete }),
+        ..batch_behaviour()
+    });
+    let p = project(n, &openai_provider(&server.base_url(), "batch = true"), "");
+    run(&p, "out", &["--detach"]).ok();
+    assert_eq!(server.counters.creates.load(Ordering::SeqCst), 1);
+    let cancel = p.synth_env(&["batch", "cancel", "out"], &[("SYNTH_TEST_KEY", KEY)]).ok();
+    assert_eq!(server.counters.cancels.load(Ordering::SeqCst), 1, "{}", cancel.stdout);
+    assert!(cancel.stdout.contains("1 batch(es) cancelled"), "{}", cancel.stdout);
+    assert!(cancel.stdout.contains("cancelled") || cancel.stdout.contains("cancelling"), "{}", cancel.stdout);
+    let log = p.read("out/_synth/batches.log");
+    let last_status = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .rfind(|r| r["status"].is_string())
+        .unwrap_or_else(|| panic!("no status record in the journal:\n{log}"));
+    assert!(last_status["status"].as_str().unwrap().starts_with("cancel"), "{last_status}");
+    assert!(!log.contains(KEY), "the key leaked into the journal");
+    let status = p.synth(&["batch", "status", "out"]).ok();
+    assert!(status.stdout.contains("cancel"), "{}", status.stdout);
+    // The next run: the first half of the 40 first answers was answered before the
+    // cancel and is collected; the other 20 lines go in a new batch; then the re-asks.
+    let resumed = run(&p, "out", &[]).ok();
+    assert_same_outputs(&reference.path().join("out"), &p.path().join("out"));
+    assert_answered_once(&server, requests_of(n));
+    assert_eq!(server.counters.creates.load(Ordering::SeqCst), 3, "{}", resumed.stderr);
+    let sizes = server.counters.batch_sizes.lock().unwrap().clone();
+    assert_eq!(&sizes[..2], &[40, 20], "{sizes:?}");
+    let m = support::manifest(&p.path().join("out"));
+    let r = &m["stages"]["answers"]["report"]["metrics"];
+    assert_eq!(r["batch.resubmitted"].as_f64(), Some(20.0), "{r}");
+    // Nothing is left to cancel.
+    let again = p.synth_env(&["batch", "cancel", "out"], &[("SYNTH_TEST_KEY", KEY)]).ok();
+    assert!(again.stdout.contains("0 batch(es) cancelled"), "{}", again.stdout);
+    assert_eq!(server.counters.cancels.load(Ordering::SeqCst), 1);
+}
+
 #[test]
 fn waves_stay_under_the_enqueued_token_limit() {
     let n = 40;

@@ -177,6 +177,13 @@ const ANTHROPIC_OPTIONS: &[OptionSpec] = &[
     OptionSpec::optional("requests_per_minute", POSITIVE, "client-side request limit").runtime_only(),
     OptionSpec::optional("tokens_per_minute", POSITIVE, "client-side token limit (prompt estimate + max_tokens)")
         .runtime_only(),
+    OptionSpec::default(
+        "learn_limits",
+        Ty::Bool,
+        "true",
+        "pace by the limits the server advertises (anthropic-ratelimit-requests-limit / -tokens-limit): the lower of those and the configured ones",
+    )
+    .runtime_only(),
     OptionSpec::default("max_concurrency", POSITIVE, "16", "most requests in flight").runtime_only(),
     OptionSpec::default("initial_concurrency", POSITIVE, "4", "requests in flight at start (grows on success)")
         .runtime_only(),
@@ -320,6 +327,7 @@ struct AnthropicOptions {
     generation: GenParams,
     requests_per_minute: Option<u32>,
     tokens_per_minute: Option<u32>,
+    learn_limits: bool,
     max_concurrency: usize,
     initial_concurrency: usize,
     timeout_seconds: f64,
@@ -359,8 +367,7 @@ impl AnthropicOptions {
             breaker_after: Duration::from_secs_f64(self.breaker_after_seconds.max(0.001)),
             breaker_pause: Duration::from_secs_f64(self.breaker_pause_seconds.max(0.001)),
             breaker_max_trips: self.breaker_max_trips,
-            // Anthropic advertises its limits under other header names: not learned.
-            learn_limits: false,
+            learn_limits: self.learn_limits,
         }
     }
 }

@@ -71,7 +71,9 @@ pub const PROBE_WAIT: Duration = Duration::from_secs(5);
 pub const ADVERTISED_SHARE: f64 = 0.985;
 
 /// What one answer's `x-ratelimit-*` headers say (OpenAI's names, also sent by Azure,
-/// LiteLLM, vLLM behind gateways, Together, Groq, ...). Limits are per minute.
+/// LiteLLM, vLLM behind gateways, Together, Groq, ...), or Anthropic's
+/// `anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}` (the reset an RFC 3339
+/// time; `tokens` is the most restrictive token limit in effect). Limits are per minute.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct ServerLimits {
     pub requests_limit: Option<u32>,
@@ -88,13 +90,22 @@ impl ServerLimits {
         let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
         // "600", or a float some gateways send ("600.0").
         let num = |name: &str| get(name).and_then(|v| v.parse::<f64>().ok()).filter(|x| x.is_finite() && *x >= 0.0);
+        // OpenAI's name for a figure, else Anthropic's.
+        let either = |what: &str, of: &str| {
+            num(&format!("x-ratelimit-{what}-{of}")).or_else(|| num(&format!("anthropic-ratelimit-{of}-{what}")))
+        };
+        let reset = |of: &str| {
+            get(&format!("x-ratelimit-reset-{of}"))
+                .and_then(parse_go_duration)
+                .or_else(|| get(&format!("anthropic-ratelimit-{of}-reset")).and_then(until_rfc3339))
+        };
         let l = ServerLimits {
-            requests_limit: num("x-ratelimit-limit-requests").map(|x| x as u32).filter(|x| *x > 0),
-            requests_remaining: num("x-ratelimit-remaining-requests").map(|x| x as u32),
-            requests_reset: get("x-ratelimit-reset-requests").and_then(parse_go_duration),
-            tokens_limit: num("x-ratelimit-limit-tokens").map(|x| x as u32).filter(|x| *x > 0),
-            tokens_remaining: num("x-ratelimit-remaining-tokens").map(|x| x as u32),
-            tokens_reset: get("x-ratelimit-reset-tokens").and_then(parse_go_duration),
+            requests_limit: either("limit", "requests").map(|x| x as u32).filter(|x| *x > 0),
+            requests_remaining: either("remaining", "requests").map(|x| x as u32),
+            requests_reset: reset("requests"),
+            tokens_limit: either("limit", "tokens").map(|x| x as u32).filter(|x| *x > 0),
+            tokens_remaining: either("remaining", "tokens").map(|x| x as u32),
+            tokens_reset: reset("tokens"),
         };
         (l != ServerLimits::default()).then_some(l)
     }
@@ -625,6 +636,12 @@ pub fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
         .max()
 }
 
+/// The time until an RFC 3339 instant (Anthropic's reset headers); zero once past.
+fn until_rfc3339(v: &str) -> Option<Duration> {
+    let when = humantime::parse_rfc3339_weak(v).ok()?;
+    Some(when.duration_since(std::time::SystemTime::now()).unwrap_or_default())
+}
+
 /// Parse durations like `1s`, `6m0s`, `1h2m3.5s`, `250ms` (OpenAI's reset headers).
 pub fn parse_go_duration(s: &str) -> Option<Duration> {
     let mut total = 0f64;
@@ -658,6 +675,31 @@ pub fn parse_go_duration(s: &str) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn anthropic_rate_limit_headers_are_learned() {
+        let mut h = reqwest::header::HeaderMap::new();
+        let reset = humantime::format_rfc3339_seconds(std::time::SystemTime::now() + Duration::from_secs(30));
+        for (k, v) in [
+            ("anthropic-ratelimit-requests-limit", "50".to_string()),
+            ("anthropic-ratelimit-requests-remaining", "49".to_string()),
+            ("anthropic-ratelimit-requests-reset", reset.to_string()),
+            ("anthropic-ratelimit-tokens-limit", "40000".to_string()),
+            ("anthropic-ratelimit-tokens-remaining", "39000".to_string()),
+            ("anthropic-ratelimit-tokens-reset", "2001-01-01T00:00:00Z".to_string()),
+        ] {
+            h.insert(reqwest::header::HeaderName::from_static(k), v.parse().unwrap());
+        }
+        let l = ServerLimits::from_headers(&h).expect("limits");
+        assert_eq!((l.requests_limit, l.requests_remaining), (Some(50), Some(49)));
+        assert_eq!((l.tokens_limit, l.tokens_remaining), (Some(40000), Some(39000)));
+        let r = l.requests_reset.expect("reset");
+        assert!(r > Duration::from_secs(25) && r <= Duration::from_secs(30), "{r:?}");
+        assert_eq!(l.tokens_reset, Some(Duration::ZERO), "a reset in the past is now");
+        // OpenAI's names win when both are sent.
+        h.insert("x-ratelimit-limit-requests", "600".parse().unwrap());
+        assert_eq!(ServerLimits::from_headers(&h).unwrap().requests_limit, Some(600));
+    }
 
     #[test]
     fn go_durations() {

@@ -4,7 +4,7 @@
 //! output an online run writes.
 //!
 //! - [`Collector`]: where the call path defers requests during a collecting pass
-//!   (`stages::exec::batch_rounds`). Each request becomes a line of a *part* file
+//!   (`stages::exec::batch_map_rows`). Each request becomes a line of a *part* file
 //!   (`custom_id` = its cache key); a part closes at the API's request or byte limit, or
 //!   at the enqueued-token limit, and is journaled (`store::batch`) once written.
 //! - [`BatchStage::run_parts`]: submits the stage's parts in waves (the provider's
@@ -27,7 +27,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
-use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::Services;
@@ -722,48 +721,52 @@ impl BatchStage {
                 info.id
             );
         }
-        // Store every answer (durable before the part is done).
+        // Store every answer new to the cache, in bulk: chunks of one transaction each,
+        // queued while the next is prepared, all committed and fsynced before the part is
+        // journaled done. Until then the provider's result file is the answers' durable
+        // copy (a killed run downloads it again), so they are not journaled one by one.
+        // An answer already stored (an earlier run stored it, then stopped before
+        // journaling the part done) is neither stored nor counted again.
+        let keys: Vec<&str> = answers.iter().map(|(k, _)| k.key.as_str()).collect();
+        let missing = cache.missing(&keys)?;
+        drop(keys);
         let provider = &self.provider;
-        let stored: Vec<Result<Option<Paid>>> = futures::stream::iter(answers)
-            .map(|(k, r)| {
-                let (cache, usage) = (cache.clone(), usage.clone());
-                async move {
-                    if cache.contains(&k.key)? {
-                        return Ok(None);
-                    }
-                    let (tin, tout) = (r.usage.prompt_tokens, r.usage.completion_tokens);
-                    let online = price.cost(tin, tout);
-                    let cost = online * factor;
-                    let row = ResponseRow {
-                        key: k.key.clone(),
-                        provider: provider.kind.to_string(),
-                        base_url: crate::secrets::scrub(&provider.base_url),
-                        model: provider.model.clone(),
-                        request: crate::secrets::scrub(&k.doc),
-                        response: serde_json::to_string(&r).expect("serializable"),
-                        tokens_in: tin,
-                        tokens_out: tout,
-                        cost_usd: cost,
-                    };
-                    cache.put_response(row, &usage).await.context("storing a batch answer")?;
-                    Ok(Some(Paid { cost, online, tin, tout }))
-                }
-            })
-            .buffer_unordered(256)
-            .collect()
-            .await;
         let (mut cost, mut online_cost, mut succeeded) = (0.0, 0.0, 0u64);
-        for paid in stored {
-            if let Some(p) = paid? {
-                cost += p.cost;
-                online_cost += p.online;
-                succeeded += 1;
-                let pr = &self.progress;
-                pr.tokens_in.fetch_add(p.tin, Ordering::Relaxed);
-                pr.tokens_out.fetch_add(p.tout, Ordering::Relaxed);
-                pr.cost_micro_usd.fetch_add((p.cost * 1e6).round() as u64, Ordering::Relaxed);
+        let (mut tokens_in, mut tokens_out) = (0u64, 0u64);
+        let mut commits = Vec::new();
+        let mut rows = Vec::with_capacity(STORE_CHUNK.min(answers.len()));
+        let new = answers.into_iter().zip(missing).filter_map(|(a, m)| m.then_some(a));
+        for (k, r) in new {
+            let (tin, tout) = (r.usage.prompt_tokens, r.usage.completion_tokens);
+            let online = price.cost(tin, tout);
+            cost += online * factor;
+            online_cost += online;
+            succeeded += 1;
+            tokens_in += tin;
+            tokens_out += tout;
+            rows.push(ResponseRow {
+                key: k.key,
+                provider: provider.kind.to_string(),
+                base_url: crate::secrets::scrub(&provider.base_url),
+                model: provider.model.clone(),
+                request: crate::secrets::scrub(&k.doc),
+                response: serde_json::to_string(&r).expect("serializable"),
+                tokens_in: tin,
+                tokens_out: tout,
+                cost_usd: online * factor,
+            });
+            if rows.len() == STORE_CHUNK {
+                commits.push(cache.put_many(std::mem::take(&mut rows), &usage)?);
             }
         }
+        if !rows.is_empty() {
+            commits.push(cache.put_many(rows, &usage)?);
+        }
+        futures::future::try_join_all(commits).await.context("storing batch answers")?;
+        let pr = &self.progress;
+        pr.tokens_in.fetch_add(tokens_in, Ordering::Relaxed);
+        pr.tokens_out.fetch_add(tokens_out, Ordering::Relaxed);
+        pr.cost_micro_usd.fetch_add((cost * 1e6).round() as u64, Ordering::Relaxed);
         // What is left: a new batch, online, or the record fails.
         let mut resubmitted = 0;
         let (mut online, mut gave_up) = (0, 0);
@@ -868,13 +871,8 @@ impl BatchStage {
     }
 }
 
-/// A batch answer stored by this run: its cost, its online price, its tokens.
-struct Paid {
-    cost: f64,
-    online: f64,
-    tin: u64,
-    tout: u64,
-}
+/// Answers stored in one transaction of a batch's collection.
+const STORE_CHUNK: usize = 4096;
 
 /// The `custom_id` of a part line.
 fn custom_id(line: &str) -> Option<String> {

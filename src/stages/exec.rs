@@ -128,6 +128,27 @@ where
     F: Fn(Row) -> Fut,
     Fut: Future<Output = Result<Vec<Row>, RowError>>,
 {
+    map_rows_unless(ctx, input, schema, concurrency, f, || false).await.map(|_| ())
+}
+
+/// [`map_rows`], except that when `discard()` says so once every record is done, the
+/// output is dropped and the failures it recorded are forgotten (as if the pass had not
+/// run). Returns whether the output was kept.
+async fn map_rows_unless<F, Fut>(
+    ctx: &mut RunCtx,
+    input: usize,
+    schema: SchemaRef,
+    concurrency: usize,
+    f: F,
+    discard: impl Fn() -> bool,
+) -> Result<bool>
+where
+    F: Fn(Row) -> Fut,
+    Fut: Future<Output = Result<Vec<Row>, RowError>>,
+{
+    let failures_before = ctx.failures.len();
+    let failed_before = ctx.progress.failed.load(std::sync::atomic::Ordering::Relaxed);
+    let hits_before = ctx.progress.cache_hits.load(std::sync::atomic::Ordering::Relaxed);
     let writer = WriterTask::spawn(ctx.create_output(schema.clone())?);
     let rx = stream_batches(ctx.inputs[input].path.clone(), ROW_BATCH);
     ctx.progress.set_total(ctx.inputs[input].num_rows);
@@ -197,8 +218,20 @@ where
     if cancel.is_cancelled() {
         bail!(Cancelled);
     }
+    if discard() {
+        drop(out);
+        let kept: Vec<_> = ctx.failures.take().into_iter().take(failures_before).collect();
+        for f in kept {
+            ctx.failures.push(f);
+        }
+        ctx.progress.failed.store(failed_before, std::sync::atomic::Ordering::Relaxed);
+        ctx.progress.done.store(0, std::sync::atomic::Ordering::Relaxed);
+        ctx.progress.cache_hits.store(hits_before, std::sync::atomic::Ordering::Relaxed);
+        return Ok(false);
+    }
     ctx.report.rows_in = rows_in;
-    ctx.set_output(out)
+    ctx.set_output(out)?;
+    Ok(true)
 }
 
 /// Convert gathered rows to a batch; a record whose rows do not fit the schema fails.
@@ -232,21 +265,63 @@ async fn flush_rows(
     }
 }
 
-/// Batch mode of an LLM stage (`services::batch`): run `f` over the input's records
-/// with every request that is not cached deferred to a provider batch instead of
-/// sent — every record first, then again those that deferred something, once their
-/// batches are in (a re-ask follows its answer) — until a pass defers nothing. Then
-/// every answer is in the cache, and the stage's ordinary pass ([`map_rows`]) writes
-/// the same output an online run writes. The collecting passes write nothing and
-/// count nothing in the stage's progress; batches a stopped run left are collected
-/// first. Ctrl-C leaves submitted batches running and stops the stage.
-pub async fn batch_rounds<F, Fut>(
+/// Batch mode of an LLM stage (`services::batch`), in place of [`map_rows`]: run `f`
+/// over the input's records with every request that is not cached deferred to a
+/// provider batch instead of sent (a collecting pass, which writes and counts nothing),
+/// then, once the batches are in, the output pass with the batches still open. Most
+/// stages end every record with its answers, so that pass defers nothing and its output
+/// is the stage's: the same output an online run writes, from the cache. When it does
+/// defer (a re-ask follows an answer), its output is dropped, and collecting passes over
+/// the records that defer follow, each once its batches are in, until a pass defers
+/// nothing; then the output pass. Batches a stopped run left are collected first.
+/// Ctrl-C leaves submitted batches running and stops the stage.
+#[allow(clippy::too_many_arguments)]
+pub async fn batch_map_rows<F, Fut>(
+    ctx: &mut RunCtx,
+    input: usize,
+    schema: SchemaRef,
+    concurrency: usize,
+    collect_concurrency: usize,
+    batch: &BatchStage,
+    call: &CallCtx,
+    f: F,
+) -> Result<()>
+where
+    F: Fn(Row, CallCtx) -> Fut,
+    Fut: Future<Output = Result<Vec<Row>, RowError>>,
+{
+    batch_rounds(ctx, input, batch, call, collect_concurrency, &f, Some(1)).await?;
+    batch.collector.begin_pass()?;
+    let route = RowRoute::new(&batch.collector);
+    let open = call.with_batch(route.clone());
+    let kept =
+        map_rows_unless(ctx, input, schema.clone(), concurrency, |row| f(row, open.clone()), || route.deferred())
+            .await?;
+    let deferred = batch.collector.end_pass()?;
+    if !kept {
+        tracing::info!(
+            "stage \"{}\": {deferred} request(s) follow batch answers (re-asks); collecting until none is left",
+            ctx.name
+        );
+        batch_rounds(ctx, input, batch, call, collect_concurrency, &f, None).await?;
+        let closed = call.with_batch(batch.collector.clone());
+        map_rows(ctx, input, schema, concurrency, |row| f(row, closed.clone())).await?;
+    }
+    batch.collector.close();
+    Ok(())
+}
+
+/// The collecting passes of [`batch_map_rows`]: every record first, then again those
+/// that deferred something, once their batches are in, until a pass defers nothing
+/// (or after `max_passes`).
+async fn batch_rounds<F, Fut>(
     ctx: &RunCtx,
     input: usize,
     batch: &BatchStage,
     call: &CallCtx,
     concurrency: usize,
-    f: F,
+    f: &F,
+    max_passes: Option<u32>,
 ) -> Result<()>
 where
     F: Fn(Row, CallCtx) -> Fut,
@@ -285,9 +360,11 @@ where
             rows.len()
         );
         batch.run_parts().await.map_err(interrupted)?;
+        if max_passes.is_some_and(|m| pass >= m) {
+            break;
+        }
         waiting = Some(rows);
     }
-    batch.collector.close();
     ctx.progress.set_note(String::new());
     Ok(())
 }

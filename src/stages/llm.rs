@@ -6,7 +6,7 @@
 //! `tokens_in`, `tokens_out`, `finish_reason`, `attempts` (and `sample` when n > 1).
 //! Every call goes through the shared cache, so re-runs and resumed runs do not pay
 //! again. With `batch = true` (or the provider's `batch`), uncached requests go
-//! through the provider's batch API (`exec::batch_rounds`) and the output is the same.
+//! through the provider's batch API (`exec::batch_map_rows`) and the output is the same.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::exec::{RowError, batch_rounds, map_rows};
+use super::exec::{RowError, batch_map_rows, map_rows};
 use super::{Arity, BuildCtx, KindInfo, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, POSITIVE, RATIO, Ty};
@@ -363,28 +363,30 @@ impl Stage for Llm {
         let rate = provider.rate.clone();
         let services = ctx.services.clone();
         let this = &*self;
-        // Rejected answers by failure kind (the re-asks), for the report: counted in the
-        // final pass only (batch collection rounds see the same answers again).
-        let rejected: std::sync::Mutex<BTreeMap<FailureKind, u64>> = Default::default();
-        let answer = |row: Row, call: CallCtx, count: bool| {
+        // Rejected answers (the re-asks) per record, for the report: the last pass over a
+        // record sees them all (batch mode passes over a record more than once).
+        let rejected: std::sync::Mutex<BTreeMap<String, Vec<FailureKind>>> = Default::default();
+        let answer = |row: Row, call: CallCtx| {
             let (provider, services) = (provider.clone(), services.clone());
-            let rejected = count.then_some(&rejected);
+            let rejected = &rejected;
             async move { this.answer(row, &services, &provider, &call, rejected).await }
         };
         let batch = start_batch(ctx, &provider, &call, self.opts.batch, self.opts.batch_fallback.as_deref())?;
-        let call = match &batch {
+        match &batch {
             Some(b) => {
-                let collect = |row: Row, call: CallCtx| answer(row, call, false);
-                batch_rounds(ctx, 0, b, &call, concurrency.max(COLLECT_CONCURRENCY), &collect).await?;
-                call.with_batch(b.collector.clone())
+                batch_map_rows(ctx, 0, schema, concurrency, concurrency.max(COLLECT_CONCURRENCY), b, &call, &answer)
+                    .await?
             }
-            None => call,
-        };
-        map_rows(ctx, 0, schema, concurrency, |row: Row| answer(row, call.clone(), true)).await?;
+            None => map_rows(ctx, 0, schema, concurrency, |row: Row| answer(row, call.clone())).await?,
+        }
         if let Some(b) = &batch {
             report_batch(ctx, b);
         }
-        for (kind, n) in rejected.lock().expect("rejection counts").iter() {
+        let mut counts: BTreeMap<FailureKind, u64> = BTreeMap::new();
+        for kind in rejected.lock().expect("rejection counts").values().flatten() {
+            *counts.entry(*kind).or_default() += 1;
+        }
+        for (kind, n) in &counts {
             ctx.report.metrics.insert(format!("rejected.{kind}"), *n as f64);
         }
         report_limits(ctx, &rate);
@@ -404,7 +406,7 @@ impl Llm {
         services: &Arc<Services>,
         provider: &Arc<Provider>,
         call: &CallCtx,
-        rejected: Option<&std::sync::Mutex<BTreeMap<FailureKind, u64>>>,
+        rejected: &std::sync::Mutex<BTreeMap<String, Vec<FailureKind>>>,
     ) -> std::result::Result<Vec<Row>, RowError> {
         let mut messages = Vec::new();
         if let Some(col) = &self.opts.messages {
@@ -428,11 +430,9 @@ impl Llm {
             (0..self.opts.n).map(|sample| self.sample(&messages, sample, &row, services, provider, call)),
         )
         .await;
-        if let Some(counts) = rejected {
-            let mut counts = counts.lock().expect("rejection counts");
-            for kind in samples.iter().flat_map(|(_, kinds)| kinds) {
-                *counts.entry(*kind).or_default() += 1;
-            }
+        let kinds: Vec<FailureKind> = samples.iter().flat_map(|(_, kinds)| kinds.iter().copied()).collect();
+        if !kinds.is_empty() {
+            rejected.lock().expect("rejection counts").insert(id.clone(), kinds);
         }
         let mut out_rows = Vec::with_capacity(samples.len());
         for (sample, (result, kinds)) in samples.into_iter().enumerate() {

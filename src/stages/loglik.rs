@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::exec::{RowError, batch_rounds, map_rows};
+use super::exec::{RowError, batch_map_rows, map_rows};
 use super::llm::{BATCH, BATCH_FALLBACK, CONCURRENCY, KEEP_COLUMNS, MAX_COST_USD};
 use super::{Arity, BuildCtx, KindInfo, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
@@ -200,14 +200,10 @@ impl Stage for LoglikStage {
         };
         let batch =
             super::llm::start_batch(ctx, &provider, &call, self.opts.batch, self.opts.batch_fallback.as_deref())?;
-        let call = match &batch {
-            Some(b) => {
-                batch_rounds(ctx, 0, b, &call, concurrency.max(256), &answer).await?;
-                call.with_batch(b.collector.clone())
-            }
-            None => call,
-        };
-        map_rows(ctx, 0, schema, concurrency, |row: Row| answer(row, call.clone())).await?;
+        match &batch {
+            Some(b) => batch_map_rows(ctx, 0, schema, concurrency, concurrency.max(256), b, &call, &answer).await?,
+            None => map_rows(ctx, 0, schema, concurrency, |row: Row| answer(row, call.clone())).await?,
+        }
         if let Some(b) = &batch {
             super::llm::report_batch(ctx, b);
         }

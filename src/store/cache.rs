@@ -30,6 +30,11 @@
 //! lookups share the connection under a mutex. Every use of a cache entry is tagged
 //! with the stage and stage fingerprint that needed it, which is what `synth cache
 //! gc` keeps.
+//!
+//! A provider batch's answers are stored in bulk ([`Cache::put_many`]): chunks queued
+//! as one command each, one transaction per chunk, not journaled (the batch's result
+//! file at the provider is their durable copy until its part is journaled done, after
+//! the fsync), so 40,000 answers cost a few commits and fsyncs, not 160 windows.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -156,6 +161,8 @@ fn response_line(row: &ResponseRow, usage: &Use) -> String {
 enum Cmd {
     PutResponse(ResponseRow, Use, oneshot::Sender<Result<()>>),
     PutVectors(String, Vec<(String, Vec<f32>)>, Use, oneshot::Sender<Result<()>>),
+    /// Responses whose durable copy is elsewhere until this is acknowledged (not journaled).
+    PutMany(Vec<ResponseRow>, Use, oneshot::Sender<Result<()>>),
     Hit(String, Use),
     VectorUses(String, Vec<String>, Use),
     Flush(oneshot::Sender<Result<()>>),
@@ -370,6 +377,30 @@ impl Cache {
         wait.await.map_err(|_| anyhow!("the cache writer stopped"))?
     }
 
+    /// Which of `keys` have no stored response (one lookup each, under one lock).
+    pub fn missing(&self, keys: &[&str]) -> Result<Vec<bool>> {
+        let conn = self.conn.lock().expect("cache connection");
+        let mut stmt = conn.prepare_cached("SELECT 1 FROM responses WHERE id = ?1 AND key = ?2")?;
+        keys.iter().map(|k| Ok(stmt.query_row(params![row_id(k), k], |_| Ok(())).optional()?.is_none())).collect()
+    }
+
+    /// Store many responses in bulk: queued now as one command (one transaction, no
+    /// journal records), durable (committed and fsynced) when the returned future
+    /// resolves. Only for responses that have a durable copy elsewhere until then (a
+    /// provider batch's result file, which the next run downloads again while its part
+    /// is not journaled done): a killed process loses the transaction, not the answers.
+    /// Commands queued back to back are committed in one transaction and one fsync, so
+    /// a caller can prepare the next chunk while the writer commits this one.
+    pub fn put_many(
+        &self,
+        rows: Vec<ResponseRow>,
+        usage: &Use,
+    ) -> Result<impl std::future::Future<Output = Result<()>> + use<>> {
+        let (done, wait) = oneshot::channel();
+        self.send(Cmd::PutMany(rows, usage.clone(), done))?;
+        Ok(async move { wait.await.map_err(|_| anyhow!("the cache writer stopped"))? })
+    }
+
     /// Record a request as in flight before it is sent (survives a killed process).
     pub fn journal_start(&self, key: &str, stage: &str) -> Result<()> {
         let mut j = self.journal.lock().expect("journal");
@@ -472,7 +503,7 @@ fn enqueue(q: &mut Queue, cmd: Cmd, cond: &std::sync::Condvar) -> Result<()> {
             q.durable += 1;
             wake |= q.durable == DURABLE_BATCH || q.settled;
         }
-        Cmd::PutVectors(..) | Cmd::Flush(..) => {
+        Cmd::PutVectors(..) | Cmd::PutMany(..) | Cmd::Flush(..) => {
             q.urgent = true;
             wake = true;
         }
@@ -643,7 +674,9 @@ fn writer_loop(
             commit_failed |= result.is_err();
             for cmd in batch {
                 let done = match cmd {
-                    Cmd::PutResponse(_, _, d) | Cmd::PutVectors(_, _, _, d) | Cmd::Flush(d) => d,
+                    Cmd::PutResponse(_, _, d) | Cmd::PutVectors(_, _, _, d) | Cmd::PutMany(_, _, d) | Cmd::Flush(d) => {
+                        d
+                    }
                     _ => continue,
                 };
                 match &result {
@@ -769,6 +802,11 @@ fn apply_in(tx: &Connection, batch: &[Cmd], counts: &Counts) -> Result<()> {
     for cmd in batch {
         match cmd {
             Cmd::PutResponse(row, usage, _) => insert_response(tx, row, usage, t)?,
+            Cmd::PutMany(rows, usage, _) => {
+                for row in rows {
+                    insert_response(tx, row, usage, t)?;
+                }
+            }
             Cmd::PutVectors(embedder, items, usage, _) => {
                 let mut stmt = tx.prepare_cached(
                     "INSERT OR REPLACE INTO embeddings (id, embedder, text_hash, stage, fingerprint, dim, vector, created_at)

@@ -38,6 +38,9 @@ pub enum Fate {
     Expire(f64),
     /// The batch fails as a whole (no output): (code, message).
     Fail(String, String),
+    /// The batch stays in progress until it is cancelled (then the first half of its
+    /// lines ran).
+    Hold,
 }
 
 #[derive(Clone)]
@@ -266,6 +269,9 @@ impl Batch {
         let elapsed = self.created.elapsed();
         if !self.cancelled && elapsed < s.b.validating {
             return ("validating", 0);
+        }
+        if !self.cancelled && matches!(self.fate, Fate::Hold) {
+            return ("in_progress", 0);
         }
         let failing = matches!(self.fate, Fate::Fail(..));
         if !self.cancelled && !failing && elapsed < s.b.validating + s.b.processing {
