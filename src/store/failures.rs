@@ -38,6 +38,9 @@ pub enum FailureKind {
     BadRecord,
     /// A row for which a judge query cannot be planned (no task entry, prompt does not render).
     JudgePlan,
+    /// A preference pair whose chosen and rejected texts are the same (after whitespace
+    /// normalization, or above a configured similarity): it would teach nothing.
+    DegeneratePair,
 }
 
 impl FailureKind {
@@ -53,6 +56,7 @@ impl FailureKind {
         FailureKind::Export,
         FailureKind::BadRecord,
         FailureKind::JudgePlan,
+        FailureKind::DegeneratePair,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -68,7 +72,15 @@ impl FailureKind {
             FailureKind::Export => "export",
             FailureKind::BadRecord => "bad_record",
             FailureKind::JudgePlan => "judge_plan",
+            FailureKind::DegeneratePair => "degenerate_pair",
         }
+    }
+}
+
+impl FailureKind {
+    /// The kind spelled `name` ([`FailureKind::as_str`]), if it is one.
+    pub fn parse(name: &str) -> Option<FailureKind> {
+        FailureKind::ALL.iter().copied().find(|k| k.as_str() == name)
     }
 }
 
@@ -137,6 +149,34 @@ pub fn failures_schema() -> SchemaRef {
         Field::new("message", DataType::Utf8, false),
         Field::new("record", DataType::Utf8, true),
     ]))
+}
+
+/// Read a failure table written by [`write_failures`]: its rows and its footer metadata
+/// (which carries the fingerprint of the run that wrote it).
+pub fn read_failures(path: &Path) -> Result<(Vec<Failure>, std::collections::HashMap<String, String>)> {
+    use arrow::array::{Array, AsArray};
+    let meta = super::parquet::read_footer(path)?.meta;
+    let (_, batches) = super::parquet::read_all(path)?;
+    let mut out = Vec::new();
+    for b in &batches {
+        let col = |n: &str| {
+            b.column_by_name(n)
+                .map(|c| c.as_string::<i32>().clone())
+                .ok_or_else(|| anyhow::anyhow!("{}: not a failure table (no column \"{n}\")", path.display()))
+        };
+        let (id, kind, message, record) = (col("id")?, col("kind")?, col("message")?, col("record")?);
+        for i in 0..b.num_rows() {
+            let k = FailureKind::parse(kind.value(i))
+                .ok_or_else(|| anyhow::anyhow!("{}: unknown failure kind \"{}\"", path.display(), kind.value(i)))?;
+            out.push(Failure {
+                id: id.value(i).to_string(),
+                kind: k,
+                message: message.value(i).to_string(),
+                record: record.is_valid(i).then(|| record.value(i).to_string()),
+            });
+        }
+    }
+    Ok((out, meta))
 }
 
 /// Write failures (sorted by id for determinism) to a pending Parquet file.
