@@ -17,6 +17,7 @@ mod hub;
 mod judge;
 mod llm;
 mod methods;
+mod neurons;
 mod regen;
 mod scheduling;
 mod shard;

@@ -277,7 +277,7 @@ impl Role {
         debug_assert_eq!(rows_in_parts, report.rows_out);
         for part in &parts {
             if let Some(f) = &part.failures {
-                for row in crate::store::failures::read_failures(f)? {
+                for row in crate::store::failures::read_failures(f)?.0 {
                     ctx.failures.push(row);
                 }
             }

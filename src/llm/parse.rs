@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, Row};
+use crate::store::failures::FailureKind;
 
 /// Parses one answer.
 pub trait Parser: Send + Sync {
@@ -20,6 +21,29 @@ pub trait Parser: Send + Sync {
     fn parse(&self, text: &str, record: &Row) -> Result<Row, String>;
     /// What the offline provider should produce (`profile`, `dialogue`, `json:a,b`...).
     fn expect(&self) -> String;
+    /// Parse and check an answer against its record: what the `llm` stage calls. The
+    /// default is [`Parser::parse`], a rejection of kind `validation`; a parser whose
+    /// checks have their own failure kind (e.g. an edit that repeats its input,
+    /// `degenerate_pair`) overrides it. The stage re-asks with the reason either way and
+    /// records the last rejection's kind when no attempt is accepted.
+    fn accept(&self, text: &str, record: &Row) -> Result<Row, Rejection> {
+        self.parse(text, record).map_err(Rejection::invalid)
+    }
+}
+
+/// Why an answer was not accepted: the reason (sent back to the model when it is asked
+/// again) and the failure kind recorded when every attempt was rejected.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rejection {
+    pub kind: FailureKind,
+    pub reason: String,
+}
+
+impl Rejection {
+    /// The answer does not parse or breaks the parser's format rules.
+    pub fn invalid(reason: String) -> Rejection {
+        Rejection { kind: FailureKind::Validation, reason }
+    }
 }
 
 /// A parser kind: name, options, constructor.

@@ -79,6 +79,7 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
         stop: o.stop,
         extra: o.extra,
         output_prefix: String::new(),
+        record_rejections: false,
         keep_columns: o.keep_columns,
         concurrency: o.concurrency,
         batch: o.batch,

@@ -59,6 +59,11 @@ const OPTIONS: &[OptionSpec] = &[
     STOP,
     EXTRA,
     OptionSpec::default("output_prefix", Ty::Str, "\"\"", "prefix for the columns this stage adds"),
+    OptionSpec::optional(
+        "record_rejections",
+        Ty::Bool,
+        "true: add a `rejections` column: the failure kind of each answer the parser rejected before the accepted one (e.g. [\"degenerate_pair\"])",
+    ),
     KEEP_COLUMNS,
     CONCURRENCY,
     BATCH,
@@ -129,6 +134,8 @@ pub(super) struct Options {
     pub(super) stop: Option<Vec<String>>,
     pub(super) extra: Option<serde_json::Map<String, Value>>,
     pub(super) output_prefix: String,
+    #[serde(default)]
+    pub(super) record_rejections: bool,
     pub(super) keep_columns: Option<Vec<String>>,
     pub(super) concurrency: Option<usize>,
     pub(super) batch: Option<bool>,
@@ -274,10 +281,15 @@ fn conversation(row: &Row, column: &str) -> std::result::Result<Vec<Message>, Ro
 impl Llm {
     fn added_fields(&self) -> Vec<Field> {
         let prefix = &self.opts.output_prefix;
+        let rejections = self.opts.record_rejections.then(|| {
+            let item = Field::new("item", DataType::Utf8, false);
+            Field::new("rejections", DataType::List(std::sync::Arc::new(item)), false)
+        });
         self.parser
             .fields()
             .into_iter()
             .chain(meta_fields(self.opts.n))
+            .chain(rejections)
             .map(|f| f.clone().with_name(format!("{prefix}{}", f.name())))
             .collect()
     }
@@ -357,9 +369,13 @@ impl Stage for Llm {
         let rate = provider.rate.clone();
         let services = ctx.services.clone();
         let this = &*self;
+        // Rejected answers (the re-asks) per record, for the report: the last pass over a
+        // record sees them all (batch mode passes over a record more than once).
+        let rejected: std::sync::Mutex<BTreeMap<String, Vec<FailureKind>>> = Default::default();
         let answer = |row: Row, call: CallCtx| {
             let (provider, services) = (provider.clone(), services.clone());
-            async move { this.answer(row, &services, &provider, &call).await }
+            let rejected = &rejected;
+            async move { this.answer(row, &services, &provider, &call, rejected).await }
         };
         let batch = start_batch(ctx, &provider, &call, self.opts.batch, self.opts.batch_fallback.as_deref())?;
         match &batch {
@@ -371,6 +387,13 @@ impl Stage for Llm {
         }
         if let Some(b) = &batch {
             report_batch(ctx, b);
+        }
+        let mut counts: BTreeMap<FailureKind, u64> = BTreeMap::new();
+        for kind in rejected.lock().expect("rejection counts").values().flatten() {
+            *counts.entry(*kind).or_default() += 1;
+        }
+        for (kind, n) in &counts {
+            ctx.report.metrics.insert(format!("rejected.{kind}"), *n as f64);
         }
         report_limits(ctx, &rate);
         Ok(())
@@ -389,6 +412,7 @@ impl Llm {
         services: &Arc<Services>,
         provider: &Arc<Provider>,
         call: &CallCtx,
+        rejected: &std::sync::Mutex<BTreeMap<String, Vec<FailureKind>>>,
     ) -> std::result::Result<Vec<Row>, RowError> {
         let mut messages = Vec::new();
         if let Some(col) = &self.opts.messages {
@@ -412,8 +436,12 @@ impl Llm {
             (0..self.opts.n).map(|sample| self.sample(&messages, sample, &row, services, provider, call)),
         )
         .await;
+        let kinds: Vec<FailureKind> = samples.iter().flat_map(|(_, kinds)| kinds.iter().copied()).collect();
+        if !kinds.is_empty() {
+            rejected.lock().expect("rejection counts").insert(id.clone(), kinds);
+        }
         let mut out_rows = Vec::with_capacity(samples.len());
-        for (sample, result) in samples.into_iter().enumerate() {
+        for (sample, (result, kinds)) in samples.into_iter().enumerate() {
             let (fields, completed, attempts) = result?;
             let mut out = Row::new();
             let out_id = if self.opts.n > 1 { format!("{id}/{sample}") } else { id.clone() };
@@ -437,12 +465,17 @@ impl Llm {
             if self.opts.n > 1 {
                 out.insert(format!("{prefix}sample"), Value::from(sample));
             }
+            if self.opts.record_rejections {
+                let kinds: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
+                out.insert(format!("{prefix}rejections"), serde_json::json!(kinds));
+            }
             out_rows.push(out);
         }
         Ok(out_rows)
     }
 
-    /// One sample: ask, parse, re-ask with the reason.
+    /// One sample: ask, parse, re-ask with the reason. Also returns the failure kind of
+    /// every answer the parser rejected on the way.
     async fn sample(
         &self,
         messages: &[Message],
@@ -451,9 +484,11 @@ impl Llm {
         services: &Arc<Services>,
         provider: &Arc<Provider>,
         call: &CallCtx,
-    ) -> std::result::Result<(Row, Completed, u32), RowError> {
+    ) -> (std::result::Result<(Row, Completed, u32), RowError>, Vec<FailureKind>) {
         let mut convo = messages.to_vec();
         let mut last_error = String::new();
+        let mut last_kind = FailureKind::Validation;
+        let mut kinds: Vec<FailureKind> = Vec::new();
         for attempt in 1..=self.opts.max_attempts {
             let req = ChatRequest {
                 messages: convo.clone(),
@@ -461,15 +496,19 @@ impl Llm {
                 sample,
                 expect: self.parser.expect(),
             };
-            let completed = services.chat(provider, req, call).await.map_err(|e| RowError {
-                kind: FailureKind::Llm,
-                message: e.to_string(),
-                fatal: e.kind.fatal(),
-            })?;
+            let completed = match services.chat(provider, req, call).await {
+                Ok(c) => c,
+                Err(e) => {
+                    let err = RowError { kind: FailureKind::Llm, message: e.to_string(), fatal: e.kind.fatal() };
+                    return (Err(err), kinds);
+                }
+            };
             let text = completed.response.text.clone();
-            match self.parser.parse(&text, row) {
-                Ok(fields) => return Ok((fields, completed, attempt)),
-                Err(reason) => {
+            match self.parser.accept(&text, row) {
+                Ok(fields) => return (Ok((fields, completed, attempt)), kinds),
+                Err(parse::Rejection { kind, reason }) => {
+                    kinds.push(kind);
+                    last_kind = kind;
                     last_error = reason.clone();
                     let ctx = minijinja::context! { error => reason };
                     let reask = self.templates.render_value("reask", ctx).unwrap_or_else(|_| last_error.clone());
@@ -478,10 +517,11 @@ impl Llm {
                 }
             }
         }
-        Err(RowError::new(
-            FailureKind::Validation,
+        let err = RowError::new(
+            last_kind,
             format!("no usable answer after {} attempt(s): {last_error}", self.opts.max_attempts),
-        ))
+        );
+        (Err(err), kinds)
     }
 }
 

@@ -84,6 +84,11 @@ const OPTIONS: &[OptionSpec] = &[
         "name of what is scored (a model), in the summary; default: the input's name",
     ),
     OptionSpec::default("table", Ty::Str, "\"metrics\"", "report table of the summary rows"),
+    OptionSpec::optional(
+        "metric_prefix",
+        Ty::Str,
+        "prefix of the summary's metric names and headings, e.g. \"InstEng \": two test sets scored by two stages side by side in one report table",
+    ),
     OptionSpec::default(
         "title",
         Ty::Str,
@@ -124,6 +129,7 @@ struct Options {
     ort_dylib: Option<String>,
     label: Option<String>,
     table: String,
+    metric_prefix: Option<String>,
     title: String,
     rouge_target: String,
 }
@@ -350,6 +356,7 @@ impl Stage for Metrics {
 
         let label = self.opts.label.clone().unwrap_or_else(|| ctx.inputs[0].name.clone());
         let summary = summarize(&self.columns, &groups, &scores);
+        let prefix = self.opts.metric_prefix.as_deref().unwrap_or_default();
         // Rows per group, so `invalid` counts the rows a metric left out (an undefined BLEU).
         let mut rows_in: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
         for g in &groups {
@@ -363,8 +370,8 @@ impl Stage for Metrics {
                 table: self.opts.table.clone(),
                 title: self.opts.title.clone(),
                 group: s.group.clone(),
-                metric: s.metric.clone(),
-                heading: heading(&s.metric).to_string(),
+                metric: format!("{prefix}{}", s.metric),
+                heading: format!("{prefix}{}", heading(&s.metric)),
                 n: s.n,
                 value: s.mean,
                 std: (s.n > 0).then_some(s.std),

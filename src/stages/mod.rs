@@ -34,6 +34,7 @@ pub mod concat;
 pub mod correlate;
 pub mod embed;
 pub mod exec;
+pub mod external;
 pub mod filter;
 pub mod generate;
 pub mod join;
@@ -44,6 +45,7 @@ pub mod llm;
 pub mod loglik;
 pub mod map;
 pub mod metrics;
+pub mod neurons;
 pub mod parquet;
 pub mod report;
 pub mod retrieve;
@@ -72,6 +74,7 @@ pub static KINDS: &[&KindInfo] = &[
     &correlate::KIND,
     &report::KIND,
     &train::KIND,
+    &neurons::KIND,
     &parquet::KIND,
     &jsonl::KIND,
 ];
@@ -461,6 +464,28 @@ impl Input {
     pub fn open(name: &str, path: PathBuf) -> Result<Input> {
         let Footer { schema, num_rows, .. } = crate::store::parquet::read_footer(&path)?;
         Ok(Input { name: name.to_string(), path, schema, num_rows })
+    }
+
+    /// The records this input's stage sent to its failure table in the run that wrote the
+    /// input (`<stage>.failures.parquet` beside it; none when it has no such table). The
+    /// table must carry the input's fingerprint: the runner writes both in one commit.
+    pub fn failures(&self) -> Result<Vec<crate::store::failures::Failure>> {
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        let path = failures_path(dir, &self.name);
+        if !path.exists() {
+            return Ok(Vec::new());
+        }
+        let (failures, meta) = crate::store::failures::read_failures(&path)?;
+        let ours = crate::store::parquet::read_footer(&self.path)?.meta.get(FINGERPRINT_KEY).cloned();
+        if meta.get(FINGERPRINT_KEY) != ours.as_ref() {
+            anyhow::bail!(
+                "{} does not belong to {} (another fingerprint): re-run stage \"{}\"",
+                path.display(),
+                self.path.display(),
+                self.name
+            );
+        }
+        Ok(failures)
     }
 }
 

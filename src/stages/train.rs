@@ -20,30 +20,23 @@
 //! materialized output is the small table of checkpoints (`phase`, `path`, `step`,
 //! `metrics` as JSON text) that downstream stages depend on.
 
-use std::collections::{BTreeMap, VecDeque};
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use arrow::array::{Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
-use tokio::sync::mpsc;
 
-use super::{Arity, BuildCtx, Cancelled, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use super::external::{self, absolute};
+use super::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, POSITIVE, RATIO, Ty};
 use crate::data::chat;
-use crate::store::atomic::{create_tmp, finish_file};
 use crate::store::failures::FailureKind;
-use crate::store::parquet::open_reader;
 use crate::store::state::relative_to;
 use crate::template::Templates;
 
@@ -97,9 +90,6 @@ pub static KIND: KindInfo = KindInfo {
 
 /// Variables every command template may use besides the hyperparameters.
 const VARIABLES: &[&str] = &["sft", "dpo", "output_dir", "base_model", "stage", "root"];
-
-/// Lines of trainer output kept for the error message.
-const TAIL_LINES: usize = 20;
 
 #[derive(Debug, Clone, Deserialize)]
 struct Hyper {
@@ -256,39 +246,6 @@ fn type_name(v: &Value) -> &'static str {
     }
 }
 
-/// Convert one input to a JSONL file; returns (rows written, failures as (id, message)).
-fn write_split(
-    input: &Path,
-    dest: &Path,
-    convert: impl Fn(&crate::data::Row) -> Result<Value, String>,
-) -> Result<(u64, Vec<(String, String)>)> {
-    let reader = open_reader(input, 1024)?;
-    let (file, pending) = create_tmp(dest)?;
-    let mut w = std::io::BufWriter::new(file);
-    let (mut rows, mut failed) = (0u64, Vec::new());
-    for batch in reader {
-        let batch = batch?;
-        for i in 0..batch.num_rows() {
-            let row = crate::data::row_json(&batch, i);
-            match convert(&row) {
-                Ok(v) => {
-                    serde_json::to_writer(&mut w, &v)?;
-                    w.write_all(b"\n")?;
-                    rows += 1;
-                }
-                Err(e) => {
-                    let id = row.get(crate::data::ID).and_then(Value::as_str).unwrap_or_default().to_string();
-                    failed.push((id, e));
-                }
-            }
-        }
-    }
-    let file = w.into_inner().map_err(|e| e.into_error())?;
-    finish_file(file, &pending)?;
-    pending.commit()?;
-    Ok((rows, failed))
-}
-
 fn sft_record(row: &crate::data::Row) -> Result<Value, String> {
     let conv = row.get("conversations").unwrap_or(&Value::Null);
     let messages = trl_messages(conv).map_err(|e| format!("conversations: {e}"))?;
@@ -325,58 +282,6 @@ struct Reported {
     metrics: BTreeMap<String, serde_json::Map<String, Value>>,
 }
 
-/// Split a read chunk on `\r` (progress bars redraw with it) and keep the last non-empty part.
-fn clean_line(raw: &[u8]) -> Option<String> {
-    let text = String::from_utf8_lossy(raw);
-    let text = text.trim_end_matches(['\n', '\r']);
-    let last = text.rsplit('\r').find(|s| !s.trim().is_empty())?;
-    Some(last.to_string())
-}
-
-async fn pump(stream: impl AsyncRead + Unpin, name: &'static str, tx: mpsc::Sender<(&'static str, String)>) {
-    let mut reader = BufReader::new(stream);
-    let mut buf = Vec::new();
-    loop {
-        buf.clear();
-        match reader.read_until(b'\n', &mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {
-                if let Some(line) = clean_line(&buf)
-                    && tx.send((name, line)).await.is_err()
-                {
-                    break;
-                }
-            }
-        }
-    }
-}
-
-/// Terminate the trainer's process group: SIGTERM, then SIGKILL after a grace period.
-async fn terminate(child: &mut tokio::process::Child) {
-    if let Some(pid) = child.id() {
-        // SAFETY: plain syscall on the process group we created for the child.
-        unsafe {
-            libc::kill(-(pid as i32), libc::SIGTERM);
-        }
-        if tokio::time::timeout(Duration::from_secs(10), child.wait()).await.is_ok() {
-            return;
-        }
-        unsafe {
-            libc::kill(-(pid as i32), libc::SIGKILL);
-        }
-    }
-    let _ = child.start_kill();
-    let _ = child.wait().await;
-}
-
-fn tail_text(tail: &VecDeque<String>) -> String {
-    tail.iter().map(|l| format!("  | {l}")).collect::<Vec<_>>().join("\n")
-}
-
-fn absolute(p: &Path) -> PathBuf {
-    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
-}
-
 impl Train {
     fn variables(&self, sft: &Path, dpo: &Path, output_dir: &Path, stage: &str, root: &Path) -> Value {
         let h = &self.opts.hyperparameters;
@@ -400,39 +305,16 @@ impl Train {
         })
     }
 
-    /// Handle one protocol line; returns false for an ordinary log line.
-    fn protocol(ctx: &RunCtx, line: &str, reported: &mut Reported, out_dir: &Path) -> bool {
-        let (tag, rest) = match line.split_once(' ') {
-            Some((t, r)) if t.starts_with("SYNTH_") => (t, r),
-            _ => return false,
-        };
-        let parsed: Value = match serde_json::from_str(rest.trim()) {
-            Ok(v @ Value::Object(_)) => v,
-            _ => {
-                tracing::warn!(stage = %ctx.name, "trainer: {tag} line is not a JSON object: {}", crate::secrets::scrub(rest));
-                return true;
-            }
-        };
-        let phase = parsed.get("phase").and_then(Value::as_str).unwrap_or("train").to_string();
+    /// A protocol line other than `SYNTH_PROGRESS`; returns whether the tag is known.
+    fn protocol(
+        ctx: &RunCtx,
+        tag: &str,
+        phase: String,
+        parsed: Value,
+        reported: &mut Reported,
+        out_dir: &Path,
+    ) -> bool {
         match tag {
-            "SYNTH_PROGRESS" => {
-                let step = parsed.get("step").and_then(Value::as_u64);
-                let total = parsed.get("total").and_then(Value::as_u64);
-                if let Some(t) = total {
-                    ctx.progress.set_total(t);
-                }
-                if let Some(s) = step {
-                    ctx.progress.done.store(s, Ordering::Relaxed);
-                }
-                let loss =
-                    parsed.get("loss").and_then(Value::as_f64).map(|l| format!(" loss {l:.4}")).unwrap_or_default();
-                tracing::info!(
-                    stage = %ctx.name,
-                    "{phase} step {}/{}{loss}",
-                    step.map(|s| s.to_string()).unwrap_or_else(|| "?".into()),
-                    total.map(|s| s.to_string()).unwrap_or_else(|| "?".into())
-                );
-            }
             "SYNTH_CHECKPOINT" => {
                 let Some(path) = parsed.get("path").and_then(Value::as_str) else {
                     tracing::warn!(stage = %ctx.name, "trainer: SYNTH_CHECKPOINT without \"path\"");
@@ -444,18 +326,17 @@ impl Train {
                 let step = parsed.get("step").and_then(Value::as_i64);
                 reported.checkpoints.retain(|c| c.path != stored);
                 reported.checkpoints.push(Checkpoint { phase, path: stored, step });
+                true
             }
             "SYNTH_METRICS" => {
                 let mut m = parsed.as_object().cloned().unwrap_or_default();
                 m.shift_remove("phase");
                 tracing::info!(stage = %ctx.name, "metrics ({phase}): {}", serde_json::Value::Object(m.clone()));
                 reported.metrics.entry(phase).or_default().extend(m);
+                true
             }
-            _ => {
-                tracing::warn!(stage = %ctx.name, "trainer: unknown protocol line {tag}");
-            }
+            _ => false,
         }
-        true
     }
 }
 
@@ -465,13 +346,8 @@ impl Stage for Train {
         ctx.require_columns("inputs", 0, ["conversations"]);
         ctx.require_columns("inputs", 1, ["prompt", "chosen", "rejected"]);
         // A trainer script under the pipeline root is part of what the stage runs.
-        let root = absolute(ctx.root);
-        for arg in &self.opts.command {
-            if arg.contains("{{") || arg.contains("{%") || arg.is_empty() {
-                continue;
-            }
-            let p = absolute(&root.join(arg));
-            if p.starts_with(&root) && p.is_file() && !ctx.files.contains(&p) {
+        for p in external::command_files(ctx.root, &self.opts.command) {
+            if !ctx.files.contains(&p) {
                 ctx.files.push(p);
             }
         }
@@ -488,7 +364,10 @@ impl Stage for Train {
         let (sft_in, dpo_in) = (ctx.inputs[0].path.clone(), ctx.inputs[1].path.clone());
         let (s, d) = (sft_path.clone(), dpo_path.clone());
         let ((sft_rows, sft_failed), (dpo_rows, dpo_failed)) = tokio::task::spawn_blocking(move || -> Result<_> {
-            Ok((write_split(&sft_in, &s, sft_record)?, write_split(&dpo_in, &d, dpo_record)?))
+            Ok((
+                external::write_work_jsonl(&sft_in, &s, None, sft_record)?,
+                external::write_work_jsonl(&dpo_in, &d, None, dpo_record)?,
+            ))
         })
         .await??;
         for (id, e) in sft_failed.iter().chain(&dpo_failed) {
@@ -513,94 +392,16 @@ impl Stage for Train {
                 argv.push(a);
             }
         }
-        let Some((program, args)) = argv.split_first() else {
-            bail!("command renders to nothing");
-        };
-        // The trainer sees synth's environment and `env`: values of variables named like
-        // secrets (WANDB_API_KEY, HF_TOKEN...) are scrubbed from every line of its output
-        // that synth logs or keeps in an error.
-        let inherited: Vec<(String, String)> =
-            std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))).collect();
-        let named = inherited.iter().map(|(k, v)| (k.as_str(), v.as_str()));
-        crate::secrets::register_env(named.chain(self.opts.env.iter().map(|(k, v)| (k.as_str(), v.as_str()))));
-        tracing::info!(stage = %ctx.name, "launching trainer: {}", crate::secrets::scrub(&argv.join(" ")));
-        let mut cmd = tokio::process::Command::new(program);
-        cmd.args(args)
-            .current_dir(&root)
-            .env("PYTHONUNBUFFERED", "1")
-            .env("SYNTH_STAGE", &ctx.name)
-            .envs(&self.opts.env)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .process_group(0);
-        let mut child = cmd.spawn().with_context(|| format!("starting trainer \"{program}\""))?;
-
-        // 3. Follow it.
-        let (tx, mut rx) = mpsc::channel::<(&'static str, String)>(256);
-        let out = child.stdout.take().expect("piped stdout");
-        let err = child.stderr.take().expect("piped stderr");
-        tokio::spawn(pump(out, "stdout", tx.clone()));
-        tokio::spawn(pump(err, "stderr", tx));
-        let deadline =
-            self.opts.timeout_minutes.map(|m| tokio::time::Instant::now() + Duration::from_secs_f64(m * 60.0));
-        let sleep_until = async {
-            match deadline {
-                Some(d) => tokio::time::sleep_until(d).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::pin!(sleep_until);
-        let mut tail: VecDeque<String> = VecDeque::with_capacity(TAIL_LINES);
+        // 3. Run it, following its output.
         let mut reported = Reported::default();
-        let cancel = ctx.cancel.clone();
-        loop {
-            tokio::select! {
-                msg = rx.recv() => {
-                    let Some((stream, line)) = msg else { break };
-                    if Self::protocol(ctx, &line, &mut reported, &out_dir) {
-                        continue;
-                    }
-                    let line = crate::secrets::scrub(&line);
-                    tracing::info!(stage = %ctx.name, stream, "{line}");
-                    if tail.len() == TAIL_LINES {
-                        tail.pop_front();
-                    }
-                    tail.push_back(line);
-                }
-                _ = cancel.cancelled() => {
-                    tracing::warn!(stage = %ctx.name, "cancelled: stopping the trainer");
-                    terminate(&mut child).await;
-                    return Err(Cancelled.into());
-                }
-                _ = &mut sleep_until => {
-                    terminate(&mut child).await;
-                    bail!(
-                        "trainer ran past timeout_minutes = {}; its last output:\n{}",
-                        self.opts.timeout_minutes.unwrap_or_default(),
-                        tail_text(&tail)
-                    );
-                }
-            }
-        }
-        let status = tokio::select! {
-            s = child.wait() => s.context("waiting for the trainer")?,
-            _ = cancel.cancelled() => {
-                terminate(&mut child).await;
-                return Err(Cancelled.into());
-            }
+        let launch = external::Launch {
+            what: "trainer",
+            argv,
+            cwd: root.clone(),
+            env: self.opts.env.clone(),
+            timeout_minutes: self.opts.timeout_minutes,
         };
-        if !status.success() {
-            let how = match status.code() {
-                Some(c) => format!("exit code {c}"),
-                None => {
-                    use std::os::unix::process::ExitStatusExt;
-                    format!("signal {}", status.signal().unwrap_or_default())
-                }
-            };
-            bail!("trainer failed ({how}); its last output:\n{}", tail_text(&tail));
-        }
+        external::run(ctx, launch, |tag, phase, v| Self::protocol(ctx, tag, phase, v, &mut reported, &out_dir)).await?;
         if reported.checkpoints.is_empty() {
             bail!(
                 "trainer exited successfully but reported no checkpoint (expected `SYNTH_CHECKPOINT {{\"phase\": ..., \"path\": ...}}` lines; see pipelines/trainers/README.md)"
@@ -678,12 +479,5 @@ mod tests {
             serde_json::from_value(json!({"id": "c", "conversations": [{"role": "Narrator", "content": "x"}]}))
                 .unwrap();
         assert!(sft_record(&bad).unwrap_err().contains("unknown role"));
-    }
-
-    #[test]
-    fn progress_bars_keep_their_last_redraw() {
-        assert_eq!(clean_line(b"10%\r50%\r100%\r\n").as_deref(), Some("100%"));
-        assert_eq!(clean_line(b"plain\n").as_deref(), Some("plain"));
-        assert_eq!(clean_line(b"\r\n"), None);
     }
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use anyhow::Result;
-use arrow::array::{Array, RecordBatch, StringArray};
+use arrow::array::{RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 
 use super::atomic::PendingFile;
@@ -38,6 +38,9 @@ pub enum FailureKind {
     BadRecord,
     /// A row for which a judge query cannot be planned (no task entry, prompt does not render).
     JudgePlan,
+    /// A preference pair whose chosen and rejected texts are the same (after whitespace
+    /// normalization, or above a configured similarity): it would teach nothing.
+    DegeneratePair,
 }
 
 impl FailureKind {
@@ -53,6 +56,7 @@ impl FailureKind {
         FailureKind::Export,
         FailureKind::BadRecord,
         FailureKind::JudgePlan,
+        FailureKind::DegeneratePair,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -68,7 +72,15 @@ impl FailureKind {
             FailureKind::Export => "export",
             FailureKind::BadRecord => "bad_record",
             FailureKind::JudgePlan => "judge_plan",
+            FailureKind::DegeneratePair => "degenerate_pair",
         }
+    }
+}
+
+impl FailureKind {
+    /// The kind spelled `name` ([`FailureKind::as_str`]), if it is one.
+    pub fn parse(name: &str) -> Option<FailureKind> {
+        FailureKind::ALL.iter().copied().find(|k| k.as_str() == name)
     }
 }
 
@@ -144,6 +156,35 @@ pub fn failures_schema() -> SchemaRef {
     ]))
 }
 
+/// Read a failure table written by [`write_failures`] (a cached stage's, a shard's part to
+/// be merged): its rows and its footer metadata (which carries the fingerprint of the run
+/// that wrote it).
+pub fn read_failures(path: &Path) -> Result<(Vec<Failure>, std::collections::HashMap<String, String>)> {
+    use arrow::array::{Array, AsArray};
+    let meta = super::parquet::read_footer(path)?.meta;
+    let (_, batches) = super::parquet::read_all(path)?;
+    let mut out = Vec::new();
+    for b in &batches {
+        let col = |n: &str| {
+            b.column_by_name(n)
+                .map(|c| c.as_string::<i32>().clone())
+                .ok_or_else(|| anyhow::anyhow!("{}: not a failure table (no column \"{n}\")", path.display()))
+        };
+        let (id, kind, message, record) = (col("id")?, col("kind")?, col("message")?, col("record")?);
+        for i in 0..b.num_rows() {
+            let k = FailureKind::parse(kind.value(i))
+                .ok_or_else(|| anyhow::anyhow!("{}: unknown failure kind \"{}\"", path.display(), kind.value(i)))?;
+            out.push(Failure {
+                id: id.value(i).to_string(),
+                kind: k,
+                message: message.value(i).to_string(),
+                record: record.is_valid(i).then(|| record.value(i).to_string()),
+            });
+        }
+    }
+    Ok((out, meta))
+}
+
 /// Write failures (sorted by id for determinism) to a pending Parquet file.
 pub fn write_failures(dest: &Path, mut failures: Vec<Failure>, meta: Vec<(String, String)>) -> Result<PendingFile> {
     failures.sort_by(|a, b| {
@@ -164,33 +205,4 @@ pub fn write_failures(dest: &Path, mut failures: Vec<Failure>, meta: Vec<(String
         out.write(&batch)?;
     }
     Ok(out.finish()?.0)
-}
-
-/// Read a failure table back (a shard's part, to be merged).
-pub fn read_failures(path: &Path) -> Result<Vec<Failure>> {
-    let (_, batches) = super::parquet::read_all(path)?;
-    let mut out = Vec::new();
-    for b in &batches {
-        let col = |name: &str| -> Result<&StringArray> {
-            b.column_by_name(name)
-                .and_then(|c| c.as_any().downcast_ref::<StringArray>())
-                .ok_or_else(|| anyhow::anyhow!("{}: not a failure table (column {name})", path.display()))
-        };
-        let (id, kind, message, record) = (col("id")?, col("kind")?, col("message")?, col("record")?);
-        for i in 0..b.num_rows() {
-            let k = kind.value(i);
-            let kind = FailureKind::ALL
-                .iter()
-                .copied()
-                .find(|x| x.as_str() == k)
-                .ok_or_else(|| anyhow::anyhow!("{}: unknown failure kind \"{k}\"", path.display()))?;
-            out.push(Failure {
-                id: id.value(i).to_string(),
-                kind,
-                message: message.value(i).to_string(),
-                record: (!record.is_null(i)).then(|| record.value(i).to_string()),
-            });
-        }
-    }
-    Ok(out)
 }

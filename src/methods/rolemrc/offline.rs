@@ -227,17 +227,27 @@ fn stylized<R: Rng>(prompt: &str, rng: &mut R) -> String {
     // A ruled rewrite keeps the role's narration and applies the format rule.
     if let Some(rule) = block_after(prompt, "<New System Format Requirement>") {
         let (narr, body) = split_narration(&answer);
-        let body = apply_rule(rule, body, prompt, rng);
+        let mut body = apply_rule(rule, body, prompt, rng);
+        // An edit is never the text it edits (the pair would be degenerate): a rule that
+        // leaves this answer as it was still gets a closing remark.
+        if super::pairs::normalize(&body) == super::pairs::normalize(split_narration(&answer).1) {
+            body = format!("{} {}", body.trim_end(), pick(rng, CLOSINGS));
+        }
         return match narr {
             Some(n) => format!("{n} {body}"),
             None => body,
         };
     }
     let (_, body) = split_narration(&answer);
-    let interjection = ["Well, ", "Ah, ", "You know, ", "Right, ", ""][rng.random_range(0..5)];
-    let body = format!("{interjection}{}", lower_if(body, !interjection.is_empty()));
+    // Always an interjection, so the stylized answer differs from the naive one even
+    // without narration.
+    let interjection = ["Well, ", "Ah, ", "You know, ", "Right, ", "Honestly, "][rng.random_range(0..5)];
+    let body = format!("{interjection}{}", lower_if(body, true));
     if narration_allowed(prompt) { format!("({first} {}) {body}", pick(rng, GESTURES)) } else { body }
 }
+
+/// What a ruled rewrite adds when its rule left the answer unchanged.
+const CLOSINGS: &[&str] = &["That is my answer.", "So it stands.", "There you have it.", "That is all I can say."];
 
 fn lower_if(s: &str, yes: bool) -> String {
     if !yes {
@@ -364,5 +374,19 @@ mod tests {
             &Default::default(),
         );
         assert!(!s.starts_with('('), "{s}");
+        // An edit never repeats its input, with or without narration, whatever the draw.
+        for seed in 0..40 {
+            let o = Offline { seed, score_one: 0.5, shapes: SHAPES.into() };
+            for tail in ["", "Do NOT add any narration."] {
+                let p = format!("<Role Profile>\n```\n{a}\n```\n<Naive Answer>\n```\nParis.\n```\n{tail}");
+                let s = o.generate(&req("stylized", &p), &Default::default());
+                assert_ne!(super::super::pairs::normalize(&s), "Paris.", "seed {seed}");
+            }
+            let p = format!(
+                "<Role Profile>\n```\n{a}\n```\n<Role’s Answer>\n```\n(She nods) Paris\n```\n<New System Format Requirement>\n```\nNever use punctuation.\n```\n"
+            );
+            let s = o.generate(&req("stylized", &p), &Default::default());
+            assert_ne!(super::super::pairs::normalize(&s), "(She nods) Paris", "seed {seed}: a no-op rule");
+        }
     }
 }

@@ -15,7 +15,8 @@ use serde_json::{Value, json};
 
 use crate::config::options::{OptionSpec, POSITIVE, Ty};
 use crate::data::Row;
-use crate::llm::parse::{Parser, ParserKind};
+use crate::llm::parse::{Parser, ParserKind, Rejection};
+use crate::store::failures::FailureKind;
 
 pub static KINDS: &[&ParserKind] = &[&PROFILE, &DIALOGUE, &STYLIZED];
 
@@ -613,17 +614,36 @@ pub static STYLIZED: ParserKind = ParserKind {
             "boolean input column overriding `narration` for that record: true = \"optional\", false = \"strip\"; \
              null falls back to `narration`",
         ),
+        OptionSpec::optional(
+            "differ_from",
+            Ty::Str,
+            "input column with the answer being edited (the pair's rejected side): an answer equal to it after \
+             whitespace normalization is re-asked, and after max_attempts fails as degenerate_pair",
+        ),
+        OptionSpec::optional(
+            "max_similarity",
+            Ty::Float(0.0, 1.0),
+            "with differ_from: also re-ask an answer whose word-level similarity to it is at least this (1 − word \
+             edit distance / longer length)",
+        ),
     ],
     build: |v| {
         #[derive(Deserialize, Default)]
         struct O {
             narration: Option<String>,
             narration_column: Option<String>,
+            differ_from: Option<String>,
+            max_similarity: Option<f64>,
         }
         let o: O = options(v)?;
+        if o.max_similarity.is_some() && o.differ_from.is_none() {
+            return Err("max_similarity needs differ_from (the column it compares with)".into());
+        }
         Ok(Box::new(StylizedParser {
             narration: o.narration.unwrap_or_else(|| "optional".into()),
             narration_column: o.narration_column,
+            differ_from: o.differ_from,
+            max_similarity: o.max_similarity,
         }))
     },
 };
@@ -631,6 +651,8 @@ pub static STYLIZED: ParserKind = ParserKind {
 struct StylizedParser {
     narration: String,
     narration_column: Option<String>,
+    differ_from: Option<String>,
+    max_similarity: Option<f64>,
 }
 
 /// Clean a stylized answer: drop fences, a leading label, surrounding quotes.
@@ -683,6 +705,26 @@ impl Parser for StylizedParser {
         Ok(r)
     }
     fn expect(&self) -> String {
-        "stylized".into()
+        // The offline stand-in's revision after the shape name: cached offline answers of
+        // an older stand-in (which could repeat the answer it edits) are not reused.
+        "stylized:v2".into()
+    }
+    fn accept(&self, text: &str, record: &Row) -> Result<Row, Rejection> {
+        let fields = self.parse(text, record).map_err(Rejection::invalid)?;
+        let Some(column) = &self.differ_from else { return Ok(fields) };
+        let edited = match record.get(column) {
+            Some(Value::String(s)) if !s.trim().is_empty() => s,
+            // Nothing to compare with (e.g. a request that is not one side of a pair).
+            Some(Value::Null) | None | Some(Value::String(_)) => return Ok(fields),
+            Some(v) => return Err(Rejection::invalid(format!("column \"{column}\" must be text, found {v}"))),
+        };
+        let reply = fields.get("reply").and_then(Value::as_str).unwrap_or_default();
+        match crate::methods::rolemrc::pairs::degenerate(reply, edited, self.max_similarity) {
+            None => Ok(fields),
+            Some(why) => Err(Rejection {
+                kind: FailureKind::DegeneratePair,
+                reason: format!("the edited answer must not repeat the given answer, but {why}; edit it as the requirements say"),
+            }),
+        }
     }
 }

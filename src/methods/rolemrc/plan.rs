@@ -74,6 +74,35 @@ impl Default for TestCounts {
     }
 }
 
+/// Spare instances per sample group (a category's type × split), planned after the
+/// counted ones: `rolemrc_assemble` uses them, in order, in place of instances that
+/// failed (e.g. a degenerate preference pair after its re-asks), so the configured counts
+/// are still met; unused spares are kept apart (split `spare`).
+#[derive(Debug, Clone, Copy, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Spares {
+    /// Spares as a share of the group's count, rounded up.
+    pub ratio: f64,
+    /// At least this many per group that has any sample.
+    pub min: usize,
+}
+
+impl Default for Spares {
+    fn default() -> Self {
+        Spares { ratio: 0.02, min: 1 }
+    }
+}
+
+impl Spares {
+    /// Spares for a group of `n` counted samples (none for an empty group).
+    pub fn for_count(&self, n: usize) -> usize {
+        if n == 0 {
+            return 0;
+        }
+        ((n as f64 * self.ratio).ceil() as usize).max(self.min)
+    }
+}
+
 /// One MRC triplet as matched to a profile.
 #[derive(Debug, Clone, Default)]
 pub struct Triplet {
@@ -161,6 +190,11 @@ pub struct Request {
     /// `<instance>/<part>`.
     pub id: String,
     pub instance: String,
+    /// The sample group `<category key>/<split>` (e.g. `answer-1/train`): spares replace
+    /// failed instances within their group.
+    pub group: String,
+    /// Planned as a spare (used only to replace a failed instance of its group).
+    pub spare: bool,
     /// `dialogue`, `reply` (final single reply), `reply2` (multi-turn second reply), `base` (nested, before rewrite).
     pub part: String,
     /// Prompt template: `free_chat`, `onscene_chat`, `stylize`, `rewrite`.
@@ -203,8 +237,10 @@ pub struct Request {
 #[derive(Debug, Default)]
 pub struct Plan {
     pub requests: Vec<Request>,
-    /// Samples per (split, category).
+    /// Samples per (split, category), spares not counted.
     pub samples: BTreeMap<(String, String), usize>,
+    /// Spare instances planned.
+    pub spares: usize,
     /// Samples that had to reuse a profile because the pool was smaller than asked.
     pub reused: usize,
     /// Categories that asked for samples but had no eligible profile.
@@ -220,6 +256,7 @@ pub struct Planner<'a> {
     pub rules: BTreeMap<String, Vec<Script>>,
     /// Between an attempt seed and the answer it introduces.
     pub attempt_join: &'a str,
+    pub spares: Spares,
 }
 
 /// Split `total` over `k` parts, the first ones taking the remainder.
@@ -349,19 +386,38 @@ impl Planner<'_> {
                 let j = rng.random_range(0..=i);
                 order.swap(i, j);
             }
-            if n_test + n_train > pool.len() {
-                plan.reused += n_test + n_train - pool.len();
+            let (s_test, s_train) = (self.spares.for_count(n_test), self.spares.for_count(n_train));
+            let total = n_test + n_train + s_test + s_train;
+            if total > pool.len() {
+                plan.reused += total - pool.len();
             }
-            for k in 0..n_test + n_train {
-                let split = if k < n_test { "test" } else { "train" };
-                let idx = if split == "test" { k } else { k - n_test };
+            // The counted samples first (test, then train), then the spares (test, then
+            // train), so spares never change which profile a counted sample draws.
+            for k in 0..total {
+                let (split, idx, spare) = if k < n_test {
+                    ("test", k, false)
+                } else if k < n_test + n_train {
+                    ("train", k - n_test, false)
+                } else if k < n_test + n_train + s_test {
+                    ("test", n_test + (k - n_test - n_train), true)
+                } else {
+                    ("train", n_train + (k - n_test - n_train - s_test), true)
+                };
                 let profile = pool[order[k % pool.len()]];
                 let instance = format!("{key}-{split}-{idx:05}");
                 let before = plan.requests.len();
                 self.sample(&mut plan.requests, &instance, split, kind, idx, profile);
+                for r in &mut plan.requests[before..] {
+                    r.group = format!("{key}/{split}");
+                    r.spare = spare;
+                }
                 if plan.requests.len() > before {
-                    let cat = plan.requests[before].category.clone();
-                    *plan.samples.entry((split.to_string(), cat)).or_default() += 1;
+                    if spare {
+                        plan.spares += 1;
+                    } else {
+                        let cat = plan.requests[before].category.clone();
+                        *plan.samples.entry((split.to_string(), cat)).or_default() += 1;
+                    }
                 }
             }
         }
@@ -595,7 +651,7 @@ mod tests {
         for (c, n) in [("omnipotence", 10), ("formatting", 5), ("output_constraint", 15), ("domain_ban", 15)] {
             rules.insert(c.to_string(), scripts(c, n));
         }
-        Planner { seed: 7, stage: "plan", counts, test, seeds, rules, attempt_join: " " }
+        Planner { seed: 7, stage: "plan", counts, test, seeds, rules, attempt_join: " ", spares: Spares::default() }
     }
 
     #[test]
@@ -619,7 +675,7 @@ mod tests {
         let test_total: usize = plan.samples.iter().filter(|((s, _), _)| s == "test").map(|(_, v)| v).sum();
         assert_eq!(test_total, 1400);
         let mut per_task: BTreeMap<&str, usize> = BTreeMap::new();
-        for r in plan.requests.iter().filter(|r| r.split == "test" && r.part == "reply") {
+        for r in plan.requests.iter().filter(|r| r.split == "test" && r.part == "reply" && !r.spare) {
             *per_task.entry(r.task.as_str()).or_default() += 1;
         }
         assert_eq!(per_task.len(), 12 + 8 + 2, "{per_task:?}");
@@ -731,10 +787,51 @@ mod tests {
         );
         // Chats: the four variants in equal shares.
         let mut variants = BTreeMap::new();
-        for r in a.requests.iter().filter(|r| r.category == "free_chat") {
+        for r in a.requests.iter().filter(|r| r.category == "free_chat" && !r.spare) {
             *variants.entry((r.first.clone(), r.narration)).or_insert(0) += 1;
         }
         assert_eq!(variants.values().copied().collect::<Vec<_>>(), vec![2, 2, 2, 2]);
+    }
+
+    #[test]
+    fn spares_follow_the_counted_samples_of_their_group() {
+        let counts = Counts { answer: 40, nested: 8, ..Counts::default() };
+        let test = TestCounts { per_task: 4, ..TestCounts::default() };
+        let p = profiles(300);
+        let mut pl = planner(&counts, &test);
+        pl.spares = Spares { ratio: 0.1, min: 1 };
+        let plan = pl.plan(&p);
+        // answer-1: 20 train → 2 spares, 4 test → 1 spare; ids continue the group's numbering.
+        let ids = |group: &str, spare: bool| -> Vec<String> {
+            let mut v: Vec<String> = plan
+                .requests
+                .iter()
+                .filter(|r| r.group == group && r.spare == spare)
+                .map(|r| r.instance.clone())
+                .collect();
+            v.dedup();
+            v
+        };
+        assert_eq!(ids("answer-1/train", true), ["answer-1-train-00020", "answer-1-train-00021"]);
+        assert_eq!(ids("answer-1/test", true), ["answer-1-test-00004"]);
+        assert_eq!(ids("answer-1/train", false).len(), 20);
+        // Counted samples draw the same profiles with or without spares.
+        let mut none = planner(&counts, &test);
+        none.spares = Spares { ratio: 0.0, min: 0 };
+        let without = none.plan(&p);
+        let key = |r: &Request| (r.id.clone(), r.profile_id.clone(), r.seed_id.clone(), r.rule_id.clone());
+        let counted: Vec<_> = plan.requests.iter().filter(|r| !r.spare).map(key).collect();
+        assert_eq!(counted, without.requests.iter().map(key).collect::<Vec<_>>());
+        assert_eq!(without.spares, 0);
+        assert_eq!(plan.samples, without.samples, "spares are not counted samples");
+        assert!(plan.spares > 0);
+        // Every request of an instance is in one group; nested spares have both parts.
+        let nested: Vec<&Request> = plan.requests.iter().filter(|r| r.instance == "nested-1-train-00002").collect();
+        assert_eq!(nested.len(), 2);
+        assert!(nested.iter().all(|r| r.spare && r.group == "nested-1/train"));
+        assert_eq!(Spares { ratio: 0.02, min: 1 }.for_count(0), 0);
+        assert_eq!(Spares { ratio: 0.02, min: 1 }.for_count(1000), 20);
+        assert_eq!(Spares { ratio: 0.02, min: 1 }.for_count(20), 1);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! RoleMRC parser fixtures: every `tests/fixtures/rolemrc/{profiles,dialogues,stylized}/NAME.txt`
 //! is parsed with its parser and compared with `NAME.expected` (the parsed row as pretty
 //! JSON, or `ERROR: <message>`). `NAME.record.json` is the input record (default `{}`);
-//! `NAME.options.json` the parser options (default: see `SUITES`). Names starting `ok_`
+//! `NAME.options.json` the parser options (default: see `SUITES`). Answers go through
+//! `Parser::accept` (what the `llm` stage calls), so a parser's own checks are covered. Names starting `ok_`
 //! must parse and `err_` must be rejected, whatever the expectation says. Set
 //! UPDATE_EXPECT=1 to rewrite the expectations after an intended change (then review the diff).
 
@@ -65,7 +66,12 @@ fn run_case(parser: &str, default_options: &str, case: &Path) -> (Result<Row, St
         Some(other) => panic!("{}: the record must be an object, found {other}", case.display()),
     };
     let p = Registry::builtin().build_parser(parser, &options).unwrap_or_else(|e| panic!("{}: {e}", case.display()));
-    let result = p.parse(&read(case), &record);
+    // What the llm stage calls: parse, then the parser's own checks (a rejection of
+    // another kind than `validation` shows its kind).
+    let result = p.accept(&read(case), &record).map_err(|r| match r.kind {
+        synth::store::failures::FailureKind::Validation => r.reason,
+        kind => format!("({kind}) {}", r.reason),
+    });
     let shown = match &result {
         Ok(row) => format!("{}\n", serde_json::to_string_pretty(row).unwrap()),
         Err(e) => format!("ERROR: {e}\n"),

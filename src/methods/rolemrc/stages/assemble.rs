@@ -2,10 +2,18 @@
 //! input) and the LLM stages that answered its requests (the other inputs, matched
 //! by request id): the conversation in the official message layout (`System`,
 //! `User`, `Assistant`), the DPO prompt / chosen / rejected, and for the test split
-//! the question and reference. A sample whose request failed upstream goes to this
-//! stage's failures with the request id; every other sample is kept.
+//! the question and reference.
+//!
+//! A sample whose request failed upstream goes to this stage's failures with the
+//! request id and the upstream reason (`degenerate_pair` when the stylized answer kept
+//! repeating the answer it edits, else `incomplete`); so does a pair whose chosen equals
+//! its rejected (whitespace-normalized, or above `max_similarity`), which is never
+//! exported. Each sample group (`group` of the plan) keeps its first `n` complete
+//! instances in plan order, `n` being its counted (non-spare) instances: spares take the
+//! place of failed ones, and spares left over are kept with split `spare`, so the
+//! configured counts are met whenever enough spares succeeded.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{Result, anyhow};
 use arrow::array::{Array, AsArray, StringArray};
@@ -15,17 +23,23 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::config::diag::Diagnostics;
-use crate::config::options::OptionSpec;
+use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, Row};
 use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
 use crate::store::failures::FailureKind;
 use crate::store::parquet::read_all;
 
-const OPTIONS: &[OptionSpec] = &[];
+const OPTIONS: &[OptionSpec] = &[OptionSpec::optional(
+    "max_similarity",
+    Ty::Float(0.0, 1.0),
+    "also drop a pair whose chosen and rejected have at least this word-level similarity (equal after whitespace normalization is always dropped)",
+)];
 
 pub static KIND: KindInfo = KindInfo {
     name: "rolemrc_assemble",
-    version: 1,
+    // 2: degenerate pairs dropped, spares replace failed instances (columns `group`,
+    // `spare`, `degenerate_reasks`; split `spare`), upstream failure reasons carried.
+    version: 2,
     about: "RoleMRC: build conversations, DPO pairs and test rows from the plan and the LLM stages' answers",
     role: Role::Transform,
     arity: Arity::AtLeast(2),
@@ -37,13 +51,17 @@ pub static KIND: KindInfo = KindInfo {
 };
 
 #[derive(Deserialize)]
-struct Options {}
+struct Options {
+    max_similarity: Option<f64>,
+}
 
-struct Assemble;
+struct Assemble {
+    max_similarity: Option<f64>,
+}
 
 fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> {
-    let _: Options = ctx.parse(diags)?;
-    Some(Box::new(Assemble))
+    let o: Options = ctx.parse(diags)?;
+    Some(Box::new(Assemble { max_similarity: o.max_similarity }))
 }
 
 fn messages_type() -> DataType {
@@ -79,6 +97,11 @@ pub fn output_schema() -> SchemaRef {
         Field::new("assistant_turns", DataType::Int64, false),
         Field::new("reply_words", DataType::Float64, false),
         s("models"),
+        // The plan's sample group, whether the sample was planned as a spare, and how many
+        // answers of its requests were re-asked because they repeated the answer they edit.
+        s("group"),
+        Field::new("spare", DataType::Boolean, false),
+        Field::new("degenerate_reasks", DataType::Int64, false),
     ])
 }
 
@@ -88,6 +111,14 @@ struct Answer {
     reply: Option<String>,
     turns: Option<Vec<(String, String)>>,
     model: String,
+    /// Answers rejected as repeating what they edit before this one was accepted.
+    degenerate_reasks: i64,
+}
+
+/// Why an instance was not assembled.
+struct Dropped {
+    kind: FailureKind,
+    message: String,
 }
 
 fn msg(role: &str, content: &str) -> Value {
@@ -104,7 +135,7 @@ impl Stage for Assemble {
         ctx.require_columns(
             "inputs",
             0,
-            ["instance", "part", "category", "task", "system", "user", "user2", "rejected"],
+            ["instance", "part", "category", "task", "system", "user", "user2", "rejected", "group", "spare"],
         );
         for i in 1..ctx.inputs.len() {
             if let Some(s) = ctx.input_schema(i)
@@ -121,13 +152,19 @@ impl Stage for Assemble {
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
         // Answers by request id.
         let mut answers: HashMap<String, Answer> = HashMap::new();
+        // Why a request has no answer: its LLM stage's failure (stage, kind, message).
+        let mut upstream: HashMap<String, (String, FailureKind, String)> = HashMap::new();
         for input in &ctx.inputs[1..] {
+            for f in input.failures()? {
+                upstream.insert(f.id, (input.name.clone(), f.kind, f.message));
+            }
             let (_, batches) = read_all(&input.path)?;
             for b in &batches {
                 let ids = data::ids(b);
                 let reply = b.column_by_name("reply").and_then(|c| c.as_any().downcast_ref::<StringArray>().cloned());
                 let model = b.column_by_name("model").and_then(|c| c.as_any().downcast_ref::<StringArray>().cloned());
                 let turns = b.column_by_name("turns").cloned();
+                let rejections = b.column_by_name("rejections").cloned();
                 for i in 0..b.num_rows() {
                     let turns = turns.as_ref().filter(|t| t.is_valid(i)).map(|t| {
                         let list = t.as_list::<i32>().value(i);
@@ -135,6 +172,12 @@ impl Stage for Assemble {
                         let role = st.column_by_name("role").expect("role").as_string::<i32>();
                         let content = st.column_by_name("content").expect("content").as_string::<i32>();
                         (0..st.len()).map(|k| (role.value(k).to_string(), content.value(k).to_string())).collect()
+                    });
+                    let degenerate_reasks = rejections.as_ref().filter(|r| r.is_valid(i)).map_or(0, |r| {
+                        let list = r.as_list::<i32>().value(i);
+                        let kinds = list.as_string::<i32>();
+                        (0..kinds.len()).filter(|&k| kinds.value(k) == FailureKind::DegeneratePair.as_str()).count()
+                            as i64
                     });
                     answers.insert(
                         ids.value(i).to_string(),
@@ -146,6 +189,7 @@ impl Stage for Assemble {
                                 .filter(|m| m.is_valid(i))
                                 .map(|m| m.value(i).to_string())
                                 .unwrap_or_default(),
+                            degenerate_reasks,
                         },
                     );
                 }
@@ -160,25 +204,53 @@ impl Stage for Assemble {
                 requests.push(data::row_json(b, i));
             }
         }
-        let schema = output_schema();
-        let mut out = ctx.create_output(schema.clone())?;
         ctx.progress.set_total(requests.len() as u64);
-        let mut rows: Vec<Row> = Vec::new();
+        // Every instance in plan order: its group, whether it is a spare, and its sample
+        // (or why it was dropped).
+        let mut assembled: Vec<(String, bool, std::result::Result<Row, Dropped>)> = Vec::new();
         let mut start = 0;
-        let mut instances = 0u64;
         while start < requests.len() {
             let instance = requests[start]["instance"].as_str().unwrap_or_default().to_string();
             let mut end = start + 1;
             while end < requests.len() && requests[end]["instance"].as_str() == Some(instance.as_str()) {
                 end += 1;
             }
-            instances += 1;
-            match assemble(&requests[start..end], &answers) {
-                Ok(row) => rows.push(row),
-                Err(e) => ctx.fail(&instance, FailureKind::Incomplete, e, None),
+            let head = &requests[start];
+            let group = head.get("group").and_then(Value::as_str).unwrap_or_default().to_string();
+            let spare = head.get("spare").and_then(Value::as_bool).unwrap_or(false);
+            let result = assemble(&requests[start..end], &answers, &upstream, self.max_similarity);
+            if let Err(d) = &result {
+                ctx.fail(&instance, d.kind, d.message.clone(), Some(Value::Object(head.clone()).to_string()));
             }
+            assembled.push((group, spare, result));
             ctx.progress.inc((end - start) as u64);
             start = end;
+        }
+
+        // Per group: the first `need` complete instances (need = its counted instances)
+        // keep their split; complete spares beyond them are kept apart as split `spare`.
+        let mut need: BTreeMap<&str, usize> = BTreeMap::new();
+        for (group, spare, _) in &assembled {
+            let n = need.entry(group.as_str()).or_default();
+            *n += usize::from(!*spare);
+        }
+        let mut need: BTreeMap<String, usize> = need.into_iter().map(|(g, n)| (g.to_string(), n)).collect();
+        let (mut used_spares, mut unused_spares) = (0u64, 0u64);
+        let mut rows: Vec<Row> = Vec::new();
+        let schema = output_schema();
+        let mut out = ctx.create_output(schema.clone())?;
+        let instances = assembled.len() as u64;
+        for (group, spare, result) in assembled {
+            let Ok(mut row) = result else { continue };
+            let left = need.get_mut(&group).expect("every group counted");
+            if *left > 0 {
+                *left -= 1;
+                used_spares += u64::from(spare);
+            } else {
+                row.insert("split".into(), json!("spare"));
+                unused_spares += 1;
+            }
+            rows.push(row);
             if rows.len() >= 2048 {
                 out.write(&data::rows_to_batch(&schema, &rows).map_err(|(i, e)| anyhow!("sample {i}: {e}"))?)?;
                 rows.clear();
@@ -187,23 +259,54 @@ impl Stage for Assemble {
         if !rows.is_empty() {
             out.write(&data::rows_to_batch(&schema, &rows).map_err(|(i, e)| anyhow!("sample {i}: {e}"))?)?;
         }
+        let short: Vec<(String, usize)> = need.into_iter().filter(|(_, n)| *n > 0).collect();
+        if !short.is_empty() {
+            let list: Vec<String> = short.iter().map(|(g, n)| format!("{g} ({n})")).collect();
+            tracing::warn!(
+                stage = %ctx.name,
+                "{} group(s) have fewer samples than planned (more failures than spares): {}; raise the plan's spares",
+                short.len(),
+                list.join(", ")
+            );
+            ctx.report.info.insert("short_groups".into(), list.join(", "));
+        }
+        ctx.report.info.insert("spares_used".into(), used_spares.to_string());
+        ctx.report.info.insert("spares_unused".into(), unused_spares.to_string());
         ctx.report.rows_in = instances;
         ctx.set_output(out)
     }
 }
 
-/// One sample from its requests (all with the same instance) and their answers.
-fn assemble(parts: &[Row], answers: &HashMap<String, Answer>) -> std::result::Result<Row, String> {
+/// One sample from its requests (all with the same instance) and their answers; a
+/// missing answer names its upstream failure, a degenerate pair is refused.
+fn assemble(
+    parts: &[Row],
+    answers: &HashMap<String, Answer>,
+    upstream: &HashMap<String, (String, FailureKind, String)>,
+    max_similarity: Option<f64>,
+) -> std::result::Result<Row, Dropped> {
     let head = &parts[0];
     let s = |r: &Row, k: &str| r.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+    let incomplete = |message: String| Dropped { kind: FailureKind::Incomplete, message };
     let mut got: HashMap<String, &Answer> = HashMap::new();
     for p in parts {
         let id = s(p, data::ID);
-        let a = answers.get(&id).ok_or_else(|| format!("request {id} has no answer (see its LLM stage's failures)"))?;
+        let Some(a) = answers.get(&id) else {
+            return Err(match upstream.get(&id) {
+                Some((stage, FailureKind::DegeneratePair, m)) => Dropped {
+                    kind: FailureKind::DegeneratePair,
+                    message: format!("request {id} ({stage}): {m}"),
+                },
+                Some((stage, kind, m)) => incomplete(format!("request {id} has no answer ({stage}: {kind}: {m})")),
+                None => incomplete(format!("request {id} has no answer (see its LLM stage's failures)")),
+            });
+        };
         got.insert(s(p, "part"), a);
     }
-    let reply = |part: &str| -> std::result::Result<String, String> {
-        got.get(part).and_then(|a| a.reply.clone()).ok_or_else(|| format!("part \"{part}\" has no reply"))
+    let reply = |part: &str| -> std::result::Result<String, Dropped> {
+        got.get(part)
+            .and_then(|a| a.reply.clone())
+            .ok_or_else(|| incomplete(format!("part \"{part}\" has no reply")))
     };
     let category = s(head, "category");
     let system = s(head, "system");
@@ -212,7 +315,10 @@ fn assemble(parts: &[Row], answers: &HashMap<String, Answer>) -> std::result::Re
     let (mut chosen, mut rejected) = (None, None);
     match category.as_str() {
         "free_chat" | "onscene_chat" => {
-            let turns = got.get("dialogue").and_then(|a| a.turns.clone()).ok_or("the dialogue has no turns")?;
+            let turns = got
+                .get("dialogue")
+                .and_then(|a| a.turns.clone())
+                .ok_or_else(|| incomplete("the dialogue has no turns".into()))?;
             for (role, content) in turns {
                 conv.push(msg(if role == "User" { "User" } else { "Assistant" }, &content));
             }
@@ -241,6 +347,14 @@ fn assemble(parts: &[Row], answers: &HashMap<String, Answer>) -> std::result::Re
             chosen = Some(r);
             rejected = Some(s(head, "rejected"));
         }
+    }
+    if let (Some(c), Some(r)) = (&chosen, &rejected)
+        && let Some(why) = crate::methods::rolemrc::pairs::degenerate(c, r, max_similarity)
+    {
+        return Err(Dropped {
+            kind: FailureKind::DegeneratePair,
+            message: format!("the pair's chosen answer would teach nothing: {why}"),
+        });
     }
     let assistant: Vec<&str> =
         conv.iter().filter(|m| m["role"] == "Assistant").filter_map(|m| m["content"].as_str()).collect();
@@ -283,5 +397,8 @@ fn assemble(parts: &[Row], answers: &HashMap<String, Answer>) -> std::result::Re
     row.insert("assistant_turns".into(), json!(n_assistant));
     row.insert("reply_words".into(), json!(reply_words));
     row.insert("models".into(), json!(models.join(",")));
+    row.insert("group".into(), json!(s(head, "group")));
+    row.insert("spare".into(), head.get("spare").cloned().unwrap_or(json!(false)));
+    row.insert("degenerate_reasks".into(), json!(got.values().map(|a| a.degenerate_reasks).sum::<i64>()));
     Ok(row)
 }

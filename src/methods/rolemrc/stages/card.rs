@@ -1,8 +1,13 @@
 //! `rolemrc_card` sink: the dataset card (a README.md next to the data) with the
 //! Table 2 statistics computed from the assembled samples — per category the
 //! single-label and pair-label counts, average assistant turns and words per
-//! reply — the test split per task, and provenance (synth version, pipeline seed,
-//! configuration fingerprint, models).
+//! reply — the test split per task, the preference-pair checks (pairs re-asked
+//! because the edited answer repeated the answer it edits, samples dropped and why,
+//! spares used in their place, groups left short), and provenance (synth version,
+//! pipeline seed, configuration fingerprint, models). Table 2 counts the `train` split
+//! only (unused spares are split `spare`). The first input is the samples; the failure
+//! tables of every input are read for the dropped samples (a mix concatenates the
+//! samples, so its card also names the `rolemrc_assemble` stage as an input).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -27,10 +32,11 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "rolemrc_card",
-    version: 1,
-    about: "RoleMRC dataset card: Table 2 statistics from the data, test tasks, provenance",
+    // 2: Table 2 from the train split only; the preference-pair checks section.
+    version: 2,
+    about: "RoleMRC dataset card: Table 2 statistics from the data, test tasks, pair checks, provenance",
     role: Role::Sink,
-    arity: Arity::Exactly(1),
+    arity: Arity::AtLeast(1),
     options: OPTIONS,
     uses_seed: true,
     summary: false,
@@ -77,12 +83,61 @@ fn row(md: &mut String, name: &str, s: &Stat) -> std::fmt::Result {
     writeln!(md, "| {name} | {single} | {pair} | {:.2} | {words:.2} |", s.turns as f64 / samples)
 }
 
+/// What the card says about pairs and dropped samples.
+#[derive(Default)]
+struct Checks {
+    /// Kept samples one of whose answers was re-asked for repeating what it edits, and those re-asks.
+    reasked_samples: u64,
+    reasks: u64,
+    /// Dropped samples by failure kind.
+    dropped: BTreeMap<String, u64>,
+    spares_used: u64,
+    spares_unused: u64,
+    /// group → (counted samples planned, samples delivered)
+    groups: BTreeMap<String, (u64, u64)>,
+}
+
 #[derive(Default)]
 struct Stat {
     single: u64,
     pair: u64,
     turns: u64,
     words: f64,
+}
+
+/// The preference-pair checks section.
+fn write_checks(md: &mut String, c: &Checks) -> std::fmt::Result {
+    writeln!(md, "\n## Preference pairs and dropped samples\n")?;
+    writeln!(
+        md,
+        "A pair whose chosen answer is its rejected answer again (equal after whitespace normalization, or above the configured similarity) is re-asked, then dropped (`degenerate_pair`); spare samples planned per group take the place of dropped ones.\n"
+    )?;
+    writeln!(
+        md,
+        "- re-asked because the edited answer repeated the answer it edits: {} sample(s), {} re-ask(s)",
+        c.reasked_samples, c.reasks
+    )?;
+    let dropped: u64 = c.dropped.values().sum();
+    let by_kind: Vec<String> = c.dropped.iter().map(|(k, n)| format!("`{k}` {n}")).collect();
+    writeln!(
+        md,
+        "- dropped: {} as degenerate pairs; {dropped} in all{}",
+        c.dropped.get("degenerate_pair").copied().unwrap_or(0),
+        if by_kind.is_empty() { String::new() } else { format!(" ({})", by_kind.join(", ")) }
+    )?;
+    writeln!(
+        md,
+        "- spares: {} used in place of dropped samples, {} unused (in `samples.parquet` with split `spare`)",
+        c.spares_used, c.spares_unused
+    )?;
+    let short: Vec<String> =
+        c.groups.iter().filter(|(_, (want, got))| got < want).map(|(g, (want, got))| format!("`{g}` {got}/{want}")).collect();
+    if short.is_empty() {
+        writeln!(md, "- every sample group has its planned count")?;
+    } else {
+        writeln!(md, "- groups short of their planned count (more dropped than spares): {}", short.join(", "))?;
+    }
+    Ok(())
 }
 
 #[async_trait]
@@ -102,7 +157,46 @@ impl Stage for Card {
         let mut stats: BTreeMap<String, Stat> = BTreeMap::new();
         let mut tasks: BTreeMap<String, u64> = BTreeMap::new();
         let mut models = std::collections::BTreeSet::new();
+        let mut checks = Checks::default();
         let mut rows = 0u64;
+        for b in &batches {
+            let (group, spare, reasks) = (
+                b.column_by_name("group").map(|c| c.as_string::<i32>().clone()),
+                b.column_by_name("spare").map(|c| c.as_boolean().clone()),
+                b.column_by_name("degenerate_reasks").map(|c| c.as_primitive::<Int64Type>().clone()),
+            );
+            for i in 0..b.num_rows() {
+                let split = b.column_by_name("split").expect("planned column").as_string::<i32>().value(i);
+                if let Some(r) = reasks.as_ref().filter(|r| r.is_valid(i) && r.value(i) > 0) {
+                    checks.reasked_samples += 1;
+                    checks.reasks += r.value(i) as u64;
+                }
+                let is_spare = spare.as_ref().is_some_and(|c| c.is_valid(i) && c.value(i));
+                if split == "spare" {
+                    checks.spares_unused += 1;
+                    continue;
+                }
+                checks.spares_used += u64::from(is_spare);
+                if let Some(g) = group.as_ref().filter(|g| g.is_valid(i)) {
+                    let e = checks.groups.entry(g.value(i).to_string()).or_default();
+                    e.0 += u64::from(!is_spare);
+                    e.1 += 1;
+                }
+            }
+        }
+        for input in &ctx.inputs {
+            for f in input.failures()? {
+                *checks.dropped.entry(f.kind.as_str().to_string()).or_default() += 1;
+                // A dropped counted sample is one its group still needed.
+                let record: serde_json::Value =
+                    f.record.as_deref().and_then(|r| serde_json::from_str(r).ok()).unwrap_or_default();
+                if let (Some(g), Some(false)) =
+                    (record.get("group").and_then(|g| g.as_str()), record.get("spare").and_then(|s| s.as_bool()))
+                {
+                    checks.groups.entry(g.to_string()).or_default().0 += 1;
+                }
+            }
+        }
         for b in &batches {
             let col = |n: &str| b.column_by_name(n).expect("planned column");
             let (split, cat, task) =
@@ -118,6 +212,9 @@ impl Stage for Card {
                 }
                 if split.value(i) == "test" {
                     *tasks.entry(task.value(i).to_string()).or_default() += 1;
+                    continue;
+                }
+                if split.value(i) != "train" {
                     continue;
                 }
                 let s = stats.entry(cat.value(i).to_string()).or_default();
@@ -172,6 +269,7 @@ impl Stage for Card {
         for (t, n) in &tasks {
             writeln!(md, "| `{t}` | {n} |")?;
         }
+        write_checks(&mut md, &checks)?;
         writeln!(md, "\n## Provenance\n")?;
         writeln!(md, "- synth {}", env!("CARGO_PKG_VERSION"))?;
         writeln!(md, "- pipeline seed: {}", ctx.seed)?;

@@ -51,10 +51,8 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "chat_format",
-    // Its failure kind is now spelled `bad_record` (the FailureKind vocabulary; it was
-    // `bad record`); the output itself is unchanged, so the version stays and existing
-    // output directories stay up to date.
-    version: 1,
+    // 2: the sample layout gained `group`, `spare` and `degenerate_reasks` (rolemrc_assemble 2).
+    version: 2,
     about: "convert chat / preference datasets into the RoleMRC sample layout (mix-in sources)",
     role: Role::Transform,
     arity: Arity::Exactly(1),
@@ -248,6 +246,10 @@ impl Options {
         let avg = replies.iter().map(|r| words(r)).sum::<usize>() as f64 / replies.len().max(1) as f64;
         out.insert("reply_words".into(), json!(avg));
         out.insert("models".into(), json!(self.origin));
+        // A mix-in source is one sample group of its own; nothing is a spare or was re-asked.
+        out.insert("group".into(), json!(format!("{}/{}", self.category, self.split)));
+        out.insert("spare".into(), json!(false));
+        out.insert("degenerate_reasks".into(), json!(0));
         Ok(out)
     }
 

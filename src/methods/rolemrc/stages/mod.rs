@@ -7,3 +7,4 @@ pub mod chat_format;
 pub mod judge_plan;
 pub mod judge_score;
 pub mod plan;
+pub mod rolebench;

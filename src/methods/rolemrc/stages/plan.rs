@@ -46,14 +46,26 @@ const OPTIONS: &[OptionSpec] = &[
         Ty::Map(&Ty::Any),
         "held-out test counts: per_task (100), nested_content ([20, 22]), nested_format ([58, 58]), prioritized ([22, 20]) — [with, without] narration",
     ),
+    OptionSpec::default(
+        "spares",
+        Ty::Struct(SPARE_OPTIONS),
+        "{ ratio = 0.02, min = 1 }",
+        "spare instances per sample group (category type × split), planned after the counted ones; rolemrc_assemble uses them in place of failed instances so the counts are met",
+    ),
     OptionSpec::default("attempt_join", Ty::Str, "\" \"", "text between an attempt seed script and the answer"),
     OptionSpec::default("most_prefix", Ty::Str, "\"most_\"", "prefix of the most relevant triplet's columns"),
     OptionSpec::default("least_prefix", Ty::Str, "\"least_\"", "prefix of the least relevant triplet's columns"),
 ];
 
+const SPARE_OPTIONS: &[OptionSpec] = &[
+    OptionSpec::default("ratio", Ty::Float(0.0, 1.0), "0.02", "spares as a share of the group's count, rounded up"),
+    OptionSpec::default("min", Ty::Int(0, i64::MAX), "1", "at least this many per group with any sample"),
+];
+
 pub static KIND: KindInfo = KindInfo {
     name: "rolemrc_plan",
-    version: 1,
+    // 2: spare instances (columns `group`, `spare`), planned after the counted ones.
+    version: 2,
     about: "RoleMRC: assign categories, types, variants, seeds, rules and splits; one row per LLM request",
     role: Role::Transform,
     arity: Arity::Exactly(1),
@@ -72,6 +84,7 @@ struct Options {
     user_template: String,
     counts: Option<Value>,
     test: Option<Value>,
+    spares: plan::Spares,
     attempt_join: String,
     most_prefix: String,
     least_prefix: String,
@@ -178,6 +191,7 @@ impl PlanStage {
             seeds: self.seeds.clone(),
             rules: self.rules.clone(),
             attempt_join: &self.opts.attempt_join,
+            spares: self.opts.spares,
         }
     }
 
@@ -241,6 +255,7 @@ impl Stage for PlanStage {
             tracing::warn!(stage = %ctx.name, reused = result.reused, "fewer eligible profiles than samples asked; profiles are reused");
         }
         ctx.report.info.insert("reused_profiles".into(), result.reused.to_string());
+        ctx.report.info.insert("spares".into(), result.spares.to_string());
         for ((split, cat), n) in &result.samples {
             ctx.report.info.insert(format!("samples.{split}.{cat}"), n.to_string());
         }
