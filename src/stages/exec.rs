@@ -228,16 +228,21 @@ where
     let rx = stream_batches(ctx.inputs[input].path.clone(), ROW_BATCH);
     ctx.progress.set_total(ctx.inputs[input].num_rows);
     let cancel = ctx.cancel.clone();
+    // Stops feeding records (on Ctrl-C, or after a fatal error) while the records in
+    // flight finish: a request already sent is paid, so its answer reaches the cache
+    // instead of being dropped and paid again by the next run.
+    let stop = cancel.child_token();
 
     let batches = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
     let mut read_error: Option<anyhow::Error> = None;
+    let mut fatal: Option<String> = None;
     let rows = batches
         .map(|batch| match batch {
             Ok(batch) => (0..batch.num_rows()).map(|i| Ok(data::row_json(&batch, i))).collect::<Vec<_>>(),
             Err(e) => vec![Err(e)],
         })
         .flat_map(futures::stream::iter)
-        .take_until(cancel.clone().cancelled_owned());
+        .take_until(stop.clone().cancelled_owned());
 
     let f = &f;
     let mut results = std::pin::pin!(
@@ -266,6 +271,11 @@ where
                 break;
             }
         };
+        if fatal.is_some() {
+            // Draining the records in flight after a fatal error: their answers are in
+            // the cache now; the stage fails below with the first fatal error.
+            continue;
+        }
         let input_row = rows_in;
         rows_in += 1;
         ctx.progress.inc(1);
@@ -275,9 +285,9 @@ where
                 pending.push(Group { input_row, id, record, rows });
             }
             Err(e) if e.fatal => {
-                // Records in flight are dropped with the stream; their requests are
-                // journaled and come back from the cache or are re-sent next run.
-                bail!("{}", e.message);
+                fatal = Some(e.message);
+                stop.cancel();
+                continue;
             }
             Err(e) => ctx.fail(&id, e.kind, e.message, record),
         }
@@ -288,6 +298,9 @@ where
     }
     if let Some(e) = read_error {
         return Err(e);
+    }
+    if let Some(message) = fatal {
+        bail!("{message}");
     }
     flush_rows(ctx, &schema, &writer, pending).await?;
     let out = writer.finish().await?;
