@@ -142,6 +142,16 @@ fn answered(out: &Path) -> BTreeSet<String> {
     set
 }
 
+/// Forget what the server received (its counts start again at zero).
+fn reset(server: &openai_server::Server) {
+    let c = &server.counters;
+    c.log.lock().unwrap().clear();
+    c.by_body.lock().unwrap().clear();
+    c.ok_by_body.lock().unwrap().clear();
+    c.repeated_after_ok.store(0, Ordering::SeqCst);
+    c.ok.store(0, Ordering::SeqCst);
+}
+
 /// Requests the server received per last user message.
 fn sent(server: &openai_server::Server) -> BTreeMap<String, usize> {
     let mut out = BTreeMap::new();
@@ -225,8 +235,12 @@ fn ten_sigkills_of_shard_processes_then_reruns_give_the_same_bytes_and_pay_nothi
             completed_at_kills.push((answered(&out), sent(&server)));
         } else if status.success() {
             // The run completed before a kill landed (or the victim was ending anyway):
-            // start over on a fresh state.
+            // start over on a fresh state, with fresh counts and no kills (a fresh state
+            // asks everything again: not a request repeated after its success).
             std::fs::remove_dir_all(&out).unwrap();
+            reset(&server);
+            completed_at_kills.clear();
+            kills = 0;
         } else {
             panic!("run {runs} failed without a kill:\n{}", p.read(&format!("run-{runs}.log")));
         }
