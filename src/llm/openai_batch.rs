@@ -29,6 +29,23 @@ pub struct OpenAiBatches {
 }
 
 impl OpenAiBatches {
+    /// One page (100, newest first) of the account's batches after `after`.
+    async fn list_page(&self, after: Option<&str>) -> Result<BatchList, LlmError> {
+        let mut query = vec![("limit", "100".to_string())];
+        if let Some(a) = after {
+            query.push(("after", a.to_string()));
+        }
+        super::batch::with_retries(TRIES, || {
+            let query = query.clone();
+            async move {
+                let batches = self.client.batches();
+                let batches = batches.query(&query).map_err(|e| LlmError::new(ErrorKind::Rejected, e.to_string()))?;
+                observed(batches.list_byot()).await
+            }
+        })
+        .await
+    }
+
     pub fn new(endpoint: Endpoint, completion_window: &str) -> Result<OpenAiBatches, String> {
         Ok(OpenAiBatches {
             client: super::openai::client(&endpoint)?,
@@ -218,20 +235,7 @@ impl BatchApi for OpenAiBatches {
         // Newest first; stop at batches older than the create that may have happened.
         let mut after: Option<String> = None;
         loop {
-            let mut query = vec![("limit", "100".to_string())];
-            if let Some(a) = &after {
-                query.push(("after", a.clone()));
-            }
-            let list: BatchList = super::batch::with_retries(TRIES, || {
-                let query = query.clone();
-                async move {
-                    let batches = self.client.batches();
-                    let batches =
-                        batches.query(&query).map_err(|e| LlmError::new(ErrorKind::Rejected, e.to_string()))?;
-                    observed(batches.list_byot()).await
-                }
-            })
-            .await?;
+            let list = self.list_page(after.as_deref()).await?;
             let mut older = false;
             let last = list.last_id.clone().or_else(|| list.data.last().map(|b| b.id.clone()));
             for b in list.data {
@@ -258,20 +262,7 @@ impl BatchApi for OpenAiBatches {
         let mut out = Vec::new();
         let mut after: Option<String> = None;
         loop {
-            let mut query = vec![("limit", "100".to_string())];
-            if let Some(a) = &after {
-                query.push(("after", a.clone()));
-            }
-            let list: BatchList = super::batch::with_retries(TRIES, || {
-                let query = query.clone();
-                async move {
-                    let batches = self.client.batches();
-                    let batches =
-                        batches.query(&query).map_err(|e| LlmError::new(ErrorKind::Rejected, e.to_string()))?;
-                    observed(batches.list_byot()).await
-                }
-            })
-            .await?;
+            let list = self.list_page(after.as_deref()).await?;
             let last = list.last_id.clone().or_else(|| list.data.last().map(|b| b.id.clone()));
             for b in list.data {
                 if b.metadata.as_ref().is_some_and(|m| m["synth_dir"].as_str() == Some(dir_tag)) {

@@ -402,6 +402,40 @@ impl PrepareCtx<'_> {
 }
 
 impl PrepareCtx<'_> {
+    /// The `wanted` files of a hub dataset, in that order (all of them unless `spec`
+    /// names its own `files`), prepared with the repository and commit as fingerprint.
+    /// `layout` names what a missing file breaks, for the error. `None` when offline
+    /// and the local cache cannot tell.
+    pub async fn hub_files(
+        &self,
+        spec: &HubSpec,
+        root: &Path,
+        wanted: &[String],
+        layout: &str,
+    ) -> Result<Option<Prepared>> {
+        let mut spec = spec.clone();
+        if spec.files.is_none() {
+            spec.files = Some(wanted.to_vec());
+        }
+        let Some((resolved, upstream)) = self.resolve_hub(&spec, root).await? else {
+            return Ok(None);
+        };
+        let by_path: BTreeMap<&str, &PathBuf> = resolved.files.iter().map(|(r, l)| (r.as_str(), l)).collect();
+        let mut files = Vec::new();
+        for w in wanted {
+            match by_path.get(w.as_str()) {
+                Some(local) => files.push((*local).clone()),
+                None => return Err(anyhow::anyhow!("{} has no {w} at {} ({layout})", spec.repo, resolved.commit)),
+            }
+        }
+        let mut fingerprint = BTreeMap::new();
+        fingerprint.insert("hf.repo".into(), spec.repo.clone());
+        fingerprint.insert("hf.commit".into(), resolved.commit.clone());
+        Ok(Some(Prepared { fingerprint, files, hash_files: false, upstream: vec![upstream] }))
+    }
+}
+
+impl PrepareCtx<'_> {
     /// Fetch a file from an http(s) URL into the output directory's download cache
     /// (`_synth/downloads/`; a conditional request, so an unchanged file is not
     /// downloaded again), or read the version `synth.lock` pins. `None` when offline and

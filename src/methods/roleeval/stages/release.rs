@@ -5,7 +5,6 @@
 //! or option, answer not a choice letter, duplicate key) goes to the failure table
 //! naming `file:line` (`roleeval::release`).
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Result, anyhow};
@@ -193,25 +192,7 @@ impl Stage for ReleaseStage {
         };
         // The selected CSVs by their paths in the repository, unless `files` says otherwise.
         let wanted = self.repo_paths();
-        let mut spec = hf.clone();
-        if spec.files.is_none() {
-            spec.files = Some(wanted.clone());
-        }
-        let Some((resolved, upstream)) = ctx.resolve_hub(&spec, &self.pipeline_root).await? else {
-            return Ok(None);
-        };
-        let by_path: BTreeMap<&str, &PathBuf> = resolved.files.iter().map(|(r, l)| (r.as_str(), l)).collect();
-        let mut files = Vec::new();
-        for w in &wanted {
-            match by_path.get(w.as_str()) {
-                Some(local) => files.push((*local).clone()),
-                None => return Err(anyhow!("{} has no {w} at {} (the release layout)", hf.repo, resolved.commit)),
-            }
-        }
-        let mut fingerprint = BTreeMap::new();
-        fingerprint.insert("hf.repo".into(), hf.repo.clone());
-        fingerprint.insert("hf.commit".into(), resolved.commit.clone());
-        Ok(Some(Prepared { fingerprint, files, hash_files: false, upstream: vec![upstream] }))
+        ctx.hub_files(hf, &self.pipeline_root, &wanted, "the release layout").await
     }
 
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {

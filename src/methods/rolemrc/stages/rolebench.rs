@@ -265,25 +265,7 @@ impl Stage for RoleBench {
             }
             return Ok(Some(Prepared { files, hash_files: true, ..Default::default() }));
         };
-        let mut spec = hf.clone();
-        if spec.files.is_none() {
-            spec.files = Some(wanted.clone());
-        }
-        let Some((resolved, upstream)) = ctx.resolve_hub(&spec, &self.pipeline_root).await? else {
-            return Ok(None);
-        };
-        let by_path: BTreeMap<&str, &PathBuf> = resolved.files.iter().map(|(r, l)| (r.as_str(), l)).collect();
-        let mut files = Vec::new();
-        for w in &wanted {
-            match by_path.get(w.as_str()) {
-                Some(local) => files.push((*local).clone()),
-                None => return Err(anyhow!("{} has no {w} at {} (RoleBench's layout)", hf.repo, resolved.commit)),
-            }
-        }
-        let mut fingerprint = BTreeMap::new();
-        fingerprint.insert("hf.repo".into(), hf.repo.clone());
-        fingerprint.insert("hf.commit".into(), resolved.commit.clone());
-        Ok(Some(Prepared { fingerprint, files, hash_files: false, upstream: vec![upstream] }))
+        ctx.hub_files(hf, &self.pipeline_root, &wanted, "RoleBench's layout").await
     }
 
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
