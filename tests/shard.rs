@@ -119,6 +119,108 @@ fn sharded_runs_write_the_bytes_of_one_process_for_any_shard_count() {
     }
 }
 
+/// Queries and a corpus full of duplicates (ties everywhere), embedded, then the exact
+/// search: its corpus is split among the shards and the merge keeps the unsharded
+/// winners (ties to the lower corpus position; a part may have no eligible minimum).
+const RETRIEVAL: &str = r#"
+[pipeline]
+name = "split-retrieval"
+seed = 5
+output_dir = "out"
+
+[embedders.hash]
+kind = "hashing"
+dim = 16
+
+[stages.queries]
+kind = "source"
+path = "queries.jsonl"
+
+[stages.corpus]
+kind = "source"
+path = "corpus.jsonl"
+
+[stages.qv]
+kind = "embed"
+inputs = ["queries"]
+embedder = "hash"
+template = "{{ text }}"
+
+[stages.cv]
+kind = "embed"
+inputs = ["corpus"]
+embedder = "hash"
+template = "{{ text }}"
+
+[stages.found]
+kind = "retrieve"
+inputs = ["qv", "cv"]
+least_where = "answerable"
+
+[stages.export]
+kind = "jsonl"
+inputs = ["found"]
+"#;
+
+#[test]
+fn exact_retrieval_splits_the_corpus_and_merges_to_the_unsharded_winners() {
+    let p = Project::new();
+    p.write("r.toml", RETRIEVAL);
+    let words = ["tea", "river", "stone", "lamp", "violin", "salt", "copper", "moss", "kite", "ember"];
+    let text = |i: usize| format!("{} {} {}", words[i % 10], words[(i / 10) % 10], words[(i * 7 / 3) % 10]);
+    let mut corpus = String::new();
+    for i in 0..900 {
+        // 30 distinct texts: every vector appears 30 times, in every part.
+        corpus.push_str(
+            &serde_json::json!({"id": format!("c{i:04}"), "text": text(i % 30), "answerable": i % 97 == 5}).to_string(),
+        );
+        corpus.push('\n');
+    }
+    let mut queries = String::new();
+    for i in 0..120 {
+        queries.push_str(&serde_json::json!({"id": format!("q{i:03}"), "text": text(i * 13 + 1)}).to_string());
+        queries.push('\n');
+    }
+    p.write("corpus.jsonl", corpus);
+    p.write("queries.jsonl", queries);
+    p.synth(&["run", "r.toml", "--out", "reference", "-q"]).ok();
+    let reference = p.path().join("reference");
+    // The reference is the rule: the lowest corpus position among the records of the
+    // best score (every text, so every score, is shared by 30 records).
+    let rows = parquet_rows(&reference.join("found.parquet"));
+    assert_eq!(rows.len(), 120);
+    let position = |id: &serde_json::Value| id.as_str().unwrap()[1..].parse::<usize>().unwrap();
+    for r in &rows {
+        let most = position(&r["most_id"]);
+        assert!(most < 30, "{}: the first copy of its best text wins, not {most}", r["id"]);
+        let least = position(&r["least_id"]);
+        assert_eq!(least % 97, 5, "{}: the minimum must be answerable", r["id"]);
+    }
+    for n in ["2", "3", "7"] {
+        let out = format!("out-{n}");
+        p.synth(&["run", "r.toml", "--out", &out, "--shards", n, "--executor", "local", "-q"]).ok();
+        assert_same_outputs(&reference, &p.path().join(&out));
+        let status = p.synth(&["status", &out]).ok().stdout;
+        let line = format!("wave 2 ({n} shards, limits divided by {n}): found");
+        assert!(status.contains(&line), "{line}:\n{status}");
+        // Each shard searched its part of the corpus only.
+        let plan = std::fs::read_dir(p.path().join(&out).join("_synth/waves"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|d| d.is_dir() && d.file_name().unwrap().to_string_lossy().starts_with("w2-"))
+            .expect("wave 2's folder");
+        let mut rows_of_parts = 0;
+        for i in 0..n.parse::<usize>().unwrap() {
+            let part = plan.join(format!("s{i:05}/_synth/entry/cv.parquet"));
+            let k = parquet_rows(&part).len();
+            assert!(k < 900, "shard {i} holds {k} corpus records");
+            rows_of_parts += k;
+        }
+        assert_eq!(rows_of_parts, 900, "the parts cover the corpus once");
+    }
+}
+
 #[test]
 fn an_unsharded_state_is_up_to_date_for_a_sharded_run() {
     let p = project(200);

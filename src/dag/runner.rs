@@ -794,6 +794,10 @@ impl StageJob {
             None => None,
         };
         let lineage = self.role.as_ref().filter(|r| r.sharded(self.idx)).map(|_| Default::default());
+        let part_positions = match &self.role {
+            Some(r) if !merging => r.part_positions(self.idx)?,
+            _ => None,
+        };
         let progress = self.hub.start(&decl.name);
         let mut ctx = RunCtx {
             name: decl.name.clone(),
@@ -813,10 +817,11 @@ impl StageJob {
             artifacts: Vec::new(),
             lineage,
             whole_input,
+            part_positions,
         };
         let started = Instant::now();
         let result = match (merging, &self.role) {
-            (true, Some(role)) => role.merge(self.idx, &fp, &mut ctx, &self.store).await,
+            (true, Some(role)) => role.merge(decl, &fp, &mut ctx, &self.store).await,
             _ => decl.stage.run(&mut ctx).await,
         };
         self.hub.finish(&progress);

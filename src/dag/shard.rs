@@ -163,6 +163,9 @@ pub struct Role {
     whole: BTreeMap<usize, PathBuf>,
     /// Stages running as shards → the keys file of their first input.
     keys_in: BTreeMap<usize, PathBuf>,
+    /// Split-input stages running as shards → the keys file of their part of the split
+    /// input (the global positions of its records).
+    part_keys: BTreeMap<usize, PathBuf>,
     sharded_names: BTreeSet<String>,
     /// A coordinator step: the plan of the wave it merges.
     merging: Option<(WavePlan, usize)>,
@@ -182,6 +185,12 @@ impl Role {
 
     pub(crate) fn whole_input(&self, idx: usize) -> Option<PathBuf> {
         self.whole.get(&idx).cloned()
+    }
+
+    /// For a split-input stage running as a shard: the global positions of the records
+    /// of its part of the split input.
+    pub(crate) fn part_positions(&self, idx: usize) -> Result<Option<Vec<u64>>> {
+        self.part_keys.get(&idx).map(|p| read_keys(p)).transpose()
     }
 
     pub(crate) fn sharded(&self, idx: usize) -> bool {
@@ -233,8 +242,15 @@ impl Role {
         Ok(())
     }
 
-    /// A coordinator step: complete a wave stage by merging its shards' parts.
-    pub(crate) async fn merge(&self, idx: usize, fp: &str, ctx: &mut RunCtx, store: &StateStore) -> Result<()> {
+    /// A coordinator step: complete a wave stage by merging its shards' parts (by their
+    /// keys; a split-input stage's partial results by the stage's own `combine`).
+    pub(crate) async fn merge(
+        &self,
+        decl: &crate::pipeline::StageDecl,
+        fp: &str,
+        ctx: &mut RunCtx,
+        store: &StateStore,
+    ) -> Result<()> {
         let (plan, _) = self.merging.as_ref().ok_or_else(|| anyhow!("no wave to merge"))?;
         let name = ctx.name.clone();
         let planned = plan.stages.iter().find(|s| s.name == name);
@@ -245,7 +261,7 @@ impl Role {
                 plan.dir
             );
         }
-        let _ = idx;
+        let split = matches!(decl.partitioning, Partitioning::SplitInput { .. });
         let mut parts = Vec::new();
         let mut report = StageReport::default();
         for i in 0..plan.shards {
@@ -257,7 +273,7 @@ impl Role {
                 bail!("shard {i} built \"{name}\" with fingerprint {}, the plan {fp}", state.fingerprint);
             }
             let data = store.fetch(&format!("{dir}/{name}.parquet")).await?;
-            let keys = store.fetch(&format!("{dir}/{name}.keys")).await?;
+            let keys = if split { PathBuf::new() } else { store.fetch(&format!("{dir}/{name}.keys")).await? };
             let failures = match &state.failures {
                 Some(f) => Some(store.fetch(&format!("{dir}/{}", f.path)).await?),
                 None => None,
@@ -266,6 +282,26 @@ impl Role {
             parts.push(Part { data, keys, failures });
         }
         report.info.insert("shards".into(), plan.shards.to_string());
+        let collect_failures = |ctx: &mut RunCtx| -> Result<()> {
+            for part in &parts {
+                if let Some(f) = &part.failures {
+                    for row in crate::store::failures::read_failures(f)?.0 {
+                        ctx.failures.push(row);
+                    }
+                }
+            }
+            Ok(())
+        };
+        if split {
+            // The stage sets what only it knows (rows in, its own facts) over the sums.
+            ctx.report = report;
+            let paths: Vec<PathBuf> = parts.iter().map(|p| p.data.clone()).collect();
+            decl.stage.combine(ctx, &paths).await?;
+            collect_failures(ctx)?;
+            let rows = ctx.output.as_ref().map(|(_, r)| *r).ok_or_else(|| anyhow!("combine wrote no output"))?;
+            ctx.report.rows_out = rows;
+            return Ok(());
+        }
         let out_path = ctx.output_path();
         let meta = ctx.footer_meta();
         let (out, rows_in_parts) = tokio::task::spawn_blocking({
@@ -275,13 +311,7 @@ impl Role {
         .await
         .context("merge worker panicked")??;
         debug_assert_eq!(rows_in_parts, report.rows_out);
-        for part in &parts {
-            if let Some(f) = &part.failures {
-                for row in crate::store::failures::read_failures(f)?.0 {
-                    ctx.failures.push(row);
-                }
-            }
-        }
+        collect_failures(ctx)?;
         let (pending, rows) = out.finish()?;
         ctx.output = Some((pending, rows));
         ctx.report = report;
@@ -553,6 +583,7 @@ pub async fn step(
         inputs: BTreeMap::new(),
         whole: BTreeMap::new(),
         keys_in: BTreeMap::new(),
+        part_keys: BTreeMap::new(),
         sharded_names: BTreeSet::new(),
         merging: merging.clone(),
         hint: "run the earlier steps and waves of this sharded run first (`synth status` lists them)".into(),
@@ -783,10 +814,28 @@ pub async fn shard(
     let mut inputs = BTreeMap::new();
     let mut whole = BTreeMap::new();
     let mut keys_in = BTreeMap::new();
+    let mut part_keys = BTreeMap::new();
     let entry_dir = work.join(INTERNAL_DIR).join("entry");
     for &idx in planned.keys() {
         let decl = &p.stages[idx];
         let fits = matches!(decl.partitioning, Partitioning::ByRecord(s) if s.fits_whole_input);
+        if let Partitioning::SplitInput { split } = decl.partitioning {
+            // Its inputs come from outside the wave (`dag::waves`): the split one in parts.
+            for (pos, input) in decl.inputs.iter().enumerate() {
+                let merged = fetch_merged(&parent, input).await.map_err(fail)?;
+                if pos == split {
+                    let fp = plan.given.get(input).ok_or_else(|| {
+                        RunError::Failed(format!("the plan of wave {k} does not give input \"{input}\""))
+                    })?;
+                    let (data, keys) = entry(&merged, &entry_dir, input, fp, i, sh.shards).await.map_err(fail)?;
+                    inputs.insert((idx, input.clone()), data);
+                    part_keys.insert(idx, keys);
+                } else {
+                    inputs.insert((idx, input.clone()), merged);
+                }
+            }
+            continue;
+        }
         for (pos, input) in decl.inputs.iter().enumerate() {
             if pos == 0 && planned.keys().any(|&j| p.stages[j].name == *input) {
                 keys_in.insert(idx, work.join(format!("{input}.keys")));
@@ -812,6 +861,7 @@ pub async fn shard(
         inputs,
         whole,
         keys_in,
+        part_keys,
         sharded_names: planned.values().map(|s| s.name.clone()).collect(),
         merging: None,
         hint: format!("wave {k} shard {i} reads it as planned; plan the wave again (run step {})", k - 1),

@@ -46,8 +46,10 @@ impl Waves {
             // Waves without a heavy stage are dissolved: their stages run once.
             let mut heavy: BTreeMap<usize, bool> = BTreeMap::new();
             for (i, p) in placement.iter().enumerate() {
-                if let (Placement::Wave(w), Partitioning::ByRecord(s)) = (p, parts[i]) {
-                    *heavy.entry(*w).or_default() |= s.heavy;
+                match (p, parts[i]) {
+                    (Placement::Wave(w), Partitioning::ByRecord(s)) => *heavy.entry(*w).or_default() |= s.heavy,
+                    (Placement::Wave(w), Partitioning::SplitInput { .. }) => *heavy.entry(*w).or_default() = true,
+                    _ => {}
                 }
             }
             let light: Vec<usize> = heavy.iter().filter(|(_, h)| !**h).map(|(w, _)| *w).collect();
@@ -86,7 +88,10 @@ fn place(graph: &Graph, parts: &[Partitioning]) -> Vec<Placement> {
     // Wave of a sharded stage / step of a global one; both counted so that the output
     // of step s or wave s is complete before wave s + 1 and step s.
     let mut at = vec![0usize; n];
-    let mut sharded = vec![false; n];
+    // In a wave; and whose shards hold its output records (a later stage of the same
+    // wave can go on with them), unlike a split-input stage (complete after the merge).
+    let mut in_wave = vec![false; n];
+    let mut by_record = vec![false; n];
     for &i in &graph.order {
         let ins = &graph.inputs[i];
         match parts[i] {
@@ -94,17 +99,22 @@ fn place(graph: &Graph, parts: &[Partitioning]) -> Vec<Placement> {
                 at[i] = ins.iter().map(|&j| at[j]).max().unwrap_or(0);
             }
             Partitioning::ByRecord(s) => {
-                sharded[i] = true;
+                in_wave[i] = true;
+                by_record[i] = true;
                 let mut w = 1;
                 for (pos, &j) in ins.iter().enumerate() {
-                    let same_wave = pos == 0 && sharded[j] && !s.fits_whole_input;
+                    let same_wave = pos == 0 && by_record[j] && !s.fits_whole_input;
                     w = w.max(if same_wave { at[j] } else { at[j] + 1 });
                 }
                 at[i] = w;
             }
+            Partitioning::SplitInput { .. } => {
+                in_wave[i] = true;
+                at[i] = ins.iter().map(|&j| at[j] + 1).max().unwrap_or(1);
+            }
         }
     }
-    (0..n).map(|i| if sharded[i] { Placement::Wave(at[i]) } else { Placement::Step(at[i]) }).collect()
+    (0..n).map(|i| if in_wave[i] { Placement::Wave(at[i]) } else { Placement::Step(at[i]) }).collect()
 }
 
 /// Waves and steps numbered densely (dissolving may leave gaps).
@@ -188,6 +198,22 @@ mod tests {
         // 0 source, 1 llm, 2 assemble(1), 3 filter(2), 4 filter(2), 5 sink(3)
         let p = plan(vec![vec![], vec![0], vec![1], vec![2], vec![2], vec![3]], &[W, H, W, L, L, W]);
         assert_eq!(p, vec![Step(0), Wave(1), Step(1), Step(1), Step(1), Step(1)]);
+    }
+
+    #[test]
+    fn a_split_input_stage_waits_for_its_inputs_and_ends_its_wave_at_the_merge() {
+        use Placement::*;
+        const SPLIT: Partitioning = Partitioning::SplitInput { split: 1 };
+        // 0 queries, 1 corpus, 2 embed(0), 3 embed(1), 4 retrieve(2, 3), 5 llm(4),
+        // 6 filter(4), 7 sink(5)
+        let g = vec![vec![], vec![], vec![0], vec![1], vec![2, 3], vec![4], vec![4], vec![5]];
+        let p = plan(g, &[W, W, H, H, SPLIT, H, L, W]);
+        // Both embeddings must be merged before the retrieval shards read them; what
+        // follows the retrieval reads its merged output, in the next wave.
+        assert_eq!(p, vec![Step(0), Step(0), Wave(1), Wave(1), Wave(2), Wave(3), Wave(3), Step(3)]);
+        // Straight after sources: the first wave.
+        let p = plan(vec![vec![], vec![], vec![0, 1]], &[W, W, SPLIT]);
+        assert_eq!(p, vec![Step(0), Step(0), Wave(1)]);
     }
 
     #[test]

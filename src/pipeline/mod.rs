@@ -711,6 +711,7 @@ fn plan(
                 Partitioning::Whole
             }
             (Some(true), Partitioning::ByRecord(s)) => Partitioning::ByRecord(Sharding { heavy: true, ..s }),
+            (Some(true), p @ Partitioning::SplitInput { .. }) => p,
             (None, p) => p,
         };
         let d = raws[i].decl.as_mut().expect("checked");

@@ -93,6 +93,12 @@ impl RowCorpus {
         c
     }
 
+    /// The inner product of `query` with vector `i` as the search decides it: exact
+    /// products, f64 sums (the value every reported score is rounded from).
+    pub fn score64(&self, query: &[f32], i: usize) -> f64 {
+        dot64(query, self.row(i))
+    }
+
     /// All vectors, row-major (`len` × `dim`).
     pub fn rows(&self) -> &[f32] {
         &self.data

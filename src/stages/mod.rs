@@ -101,6 +101,13 @@ pub enum Partitioning {
     /// inputs are read whole. The stage reports, per output row, the input row it came
     /// from ([`exec::Lineage`]): the merge restores the input order by it.
     ByRecord(Sharding),
+    /// The records of input `split` (e.g. a retrieval corpus) are divided among the
+    /// shards by id hash; the other inputs are read whole. Each shard writes a partial
+    /// result in the stage's own layout (it knows the global position of each of its
+    /// records: [`RunCtx::part_positions`]), and the merge step combines the partials
+    /// with [`Stage::combine`], exactly. Always worth a wave (heavy); the stage's inputs
+    /// are complete before its wave, and its output only after the merge.
+    SplitInput { split: usize },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -206,6 +213,14 @@ pub trait Stage: Send + Sync {
     /// default, [`Partitioning::Whole`], runs it once.
     fn partitioning(&self, _ctx: &PartitionCtx<'_>) -> Partitioning {
         Partitioning::Whole
+    }
+
+    /// For a kind whose [`Partitioning::SplitInput`] divides an input among shards: the
+    /// merge step's work. `parts` are the shards' partial outputs in shard order; the
+    /// stage writes its complete output through `ctx` (no inputs are open), exactly as
+    /// one process over the whole input writes it.
+    async fn combine(&self, _ctx: &mut RunCtx, _parts: &[PathBuf]) -> Result<()> {
+        anyhow::bail!("this stage kind cannot combine partial results (a bug: it declared SplitInput)")
     }
 }
 
@@ -548,6 +563,10 @@ pub struct RunCtx {
     /// ([`Sharding::fits_whole_input`]): that whole input (the stage's `inputs[0]` holds
     /// only this shard's records). `None` otherwise.
     pub whole_input: Option<Input>,
+    /// In a shard of a wave, for a [`Partitioning::SplitInput`] stage: the position in
+    /// the whole input of each record of the shard's part of the split input (ascending).
+    /// `None` otherwise (the stage then writes its complete output).
+    pub part_positions: Option<Vec<u64>>,
 }
 
 impl RunCtx {

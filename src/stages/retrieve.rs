@@ -11,19 +11,31 @@
 //! queries, reported in the manifest (farthest-point search is where HNSW is weak).
 //! Boolean corpus columns can restrict which records may be a maximum (`most_where`)
 //! or a minimum (`least_where`), e.g. "the least relevant triplet must be answerable".
+//!
+//! In a sharded run, `exact` splits the corpus among the shards
+//! ([`Partitioning::SplitInput`]): each shard searches its part for every query and
+//! writes its winners with their global corpus positions and f64 scores; the merge
+//! ([`Stage::combine`]) keeps, per query, the larger maximum and the smaller minimum,
+//! ties to the lower corpus position: exactly the unsharded result (within a part the
+//! order of the corpus is kept, so the part's own tie rule agrees). `fused` and `hnsw`
+//! search the whole corpus once.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use arrow::array::{
-    Array, ArrayRef, BooleanArray, FixedSizeListArray, Float32Array, RecordBatch, StringArray, UInt32Array,
+    Array, ArrayRef, BooleanArray, FixedSizeListArray, Float32Array, Float64Array, RecordBatch, StringArray,
+    UInt32Array, UInt64Array,
 };
-use arrow::datatypes::{DataType, Field, SchemaRef};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 
-use super::{Arity, BuildCtx, Cancelled, KindInfo, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Stage};
+use super::{
+    Arity, BuildCtx, Cancelled, KindInfo, PartitionCtx, Partitioning, PlanCtx, PrepareCtx, Prepared, Role, RunCtx,
+    Stage,
+};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, POSITIVE, Ty};
 use crate::data::{self, ID};
@@ -101,6 +113,16 @@ struct Retrieve {
     opts: Options,
 }
 
+/// The columns a shard's partial result adds after the output's own: per query, the
+/// global corpus position and the f64 score of the part's most and least similar
+/// record (null when the part has no eligible one).
+const PARTIAL: [(&str, DataType); 4] = [
+    ("_synth_most_pos", DataType::UInt64),
+    ("_synth_most_score64", DataType::Float64),
+    ("_synth_least_pos", DataType::UInt64),
+    ("_synth_least_score64", DataType::Float64),
+];
+
 fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> {
     let opts: Options = ctx.parse(diags)?;
     if opts.most_prefix == opts.least_prefix {
@@ -167,6 +189,11 @@ impl Stage for Retrieve {
             p.fingerprint.insert("hnsw_threads".into(), threads.to_string());
         }
         Ok(Some(p))
+    }
+
+    /// The exact search splits the corpus (input 1) among shards; the merge is exact.
+    fn partitioning(&self, _ctx: &PartitionCtx<'_>) -> Partitioning {
+        if self.opts.method == "exact" { Partitioning::SplitInput { split: 1 } } else { Partitioning::Whole }
     }
 
     fn plan(&self, ctx: &mut PlanCtx<'_>) -> Option<SchemaRef> {
@@ -275,46 +302,66 @@ impl Stage for Retrieve {
             }
         }
 
-        // 3. Search, off the async runtime.
+        // 3. Search, off the async runtime. A shard's part also keeps the f64 scores of
+        // its winners for the exact merge.
+        let partial = ctx.part_positions.take();
+        if let Some(pos) = &partial
+            && pos.len() != row_corpus.len
+        {
+            bail!("the shard's part of the corpus has {} records but {} positions", row_corpus.len, pos.len());
+        }
         let started = std::time::Instant::now();
         let opts = self.opts.clone();
-        let (extremes, info) =
-            tokio::task::spawn_blocking(move || -> Result<(Vec<Extremes>, BTreeMap<String, String>)> {
-                let mut info = BTreeMap::new();
-                if fused_mode {
-                    info.insert("kernel".into(), retrieval::kernel_name().to_string());
-                    return Ok((retrieval::exact_max_min(&qvec, &packed, threads), info));
-                }
-                if !hnsw_mode {
-                    info.insert("kernel".into(), retrieval::gemm::kernel_name().to_string());
-                    return Ok((retrieval::gemm::exact_max_min(&qvec, &row_corpus, threads), info));
-                }
-                let params = hnsw::HnswParams {
-                    connectivity: opts.connectivity,
-                    expansion_add: opts.expansion_add,
-                    expansion_search: opts.expansion_search,
+        let want64 = partial.is_some();
+        type Found = (Vec<Extremes>, BTreeMap<String, String>, Vec<[f64; 2]>);
+        let (extremes, info, scores64) = tokio::task::spawn_blocking(move || -> Result<Found> {
+            let mut info = BTreeMap::new();
+            if fused_mode {
+                info.insert("kernel".into(), retrieval::kernel_name().to_string());
+                return Ok((retrieval::exact_max_min(&qvec, &packed, threads), info, Vec::new()));
+            }
+            if !hnsw_mode {
+                info.insert("kernel".into(), retrieval::gemm::kernel_name().to_string());
+                let found = retrieval::gemm::exact_max_min(&qvec, &row_corpus, threads);
+                let scores64 = if want64 {
+                    let score = |q: usize, i: u32| {
+                        if i == u32::MAX {
+                            f64::NAN
+                        } else {
+                            row_corpus.score64(&qvec[q * dim..(q + 1) * dim], i as usize)
+                        }
+                    };
+                    found.iter().enumerate().map(|(q, e)| [score(q, e.max_idx), score(q, e.min_idx)]).collect()
+                } else {
+                    Vec::new()
                 };
-                let (max_ok, min_ok) = row_corpus.eligibility();
-                let index = hnsw::Hnsw::build(row_corpus.rows(), dim, max_ok, min_ok, params, threads)?;
-                let approx = index.max_min(&qvec, threads)?;
-                let sample = opts.recall_sample.min(approx.len());
-                if sample > 0 {
-                    // An evenly spread sample of queries, checked against the exact kernel.
-                    let step = approx.len() as f64 / sample as f64;
-                    let picks: Vec<usize> = (0..sample).map(|k| (k as f64 * step) as usize).collect();
-                    let q: Vec<f32> =
-                        picks.iter().flat_map(|&i| qvec[i * dim..(i + 1) * dim].iter().copied()).collect();
-                    let exact = retrieval::gemm::exact_max_min(&q, &row_corpus, threads);
-                    let got: Vec<Extremes> = picks.iter().map(|&i| approx[i]).collect();
-                    let (rmax, rmin) = hnsw::recall(&got, &exact);
-                    info.insert("recall_sample".into(), sample.to_string());
-                    info.insert("recall_max".into(), format!("{rmax:.4}"));
-                    info.insert("recall_min".into(), format!("{rmin:.4}"));
-                    tracing::info!(recall_max = rmax, recall_min = rmin, sample, "hnsw recall against exact");
-                }
-                Ok((approx, info))
-            })
-            .await??;
+                return Ok((found, info, scores64));
+            }
+            let params = hnsw::HnswParams {
+                connectivity: opts.connectivity,
+                expansion_add: opts.expansion_add,
+                expansion_search: opts.expansion_search,
+            };
+            let (max_ok, min_ok) = row_corpus.eligibility();
+            let index = hnsw::Hnsw::build(row_corpus.rows(), dim, max_ok, min_ok, params, threads)?;
+            let approx = index.max_min(&qvec, threads)?;
+            let sample = opts.recall_sample.min(approx.len());
+            if sample > 0 {
+                // An evenly spread sample of queries, checked against the exact kernel.
+                let step = approx.len() as f64 / sample as f64;
+                let picks: Vec<usize> = (0..sample).map(|k| (k as f64 * step) as usize).collect();
+                let q: Vec<f32> = picks.iter().flat_map(|&i| qvec[i * dim..(i + 1) * dim].iter().copied()).collect();
+                let exact = retrieval::gemm::exact_max_min(&q, &row_corpus, threads);
+                let got: Vec<Extremes> = picks.iter().map(|&i| approx[i]).collect();
+                let (rmax, rmin) = hnsw::recall(&got, &exact);
+                info.insert("recall_sample".into(), sample.to_string());
+                info.insert("recall_max".into(), format!("{rmax:.4}"));
+                info.insert("recall_min".into(), format!("{rmin:.4}"));
+                tracing::info!(recall_max = rmax, recall_min = rmin, sample, "hnsw recall against exact");
+            }
+            Ok((approx, info, Vec::new()))
+        })
+        .await??;
         ctx.report.info.insert("method".into(), self.opts.method.clone());
         ctx.report.info.insert("search_seconds".into(), format!("{:.3}", started.elapsed().as_secs_f64()));
         ctx.report.info.extend(info);
@@ -361,8 +408,12 @@ impl Stage for Retrieve {
             (idx != u32::MAX).then(|| wanted.binary_search(&idx).expect("wanted holds every match") as u32)
         };
 
-        // 5. Write query rows with both matches.
-        let fields = self.output_fields(&queries_in.schema, &corpus_in.schema);
+        // 5. Write query rows with both matches (a shard: and its winners' global
+        // positions and f64 scores).
+        let mut fields = self.output_fields(&queries_in.schema, &corpus_in.schema);
+        if partial.is_some() {
+            fields.extend(PARTIAL.iter().map(|(name, ty)| Field::new(*name, ty.clone(), true)));
+        }
         let schema = data::schema_with_id(fields);
         let mut out = ctx.create_output_keeping_ids(schema.clone())?;
         let mut q0 = 0usize;
@@ -397,6 +448,18 @@ impl Stage for Retrieve {
                     cols.push(arrow::compute::take(p, &pos, None)?);
                 }
             }
+            if let Some(global) = &partial {
+                let s64 = &scores64[q0..q0 + n];
+                let picks: [fn(&Extremes) -> u32; 2] = [|e| e.max_idx, |e| e.min_idx];
+                for (k, idx) in picks.iter().enumerate() {
+                    let positions: UInt64Array =
+                        ex.iter().map(|e| (idx(e) != u32::MAX).then(|| global[idx(e) as usize])).collect();
+                    let scores: Float64Array =
+                        ex.iter().zip(s64).map(|(e, s)| (idx(e) != u32::MAX).then_some(s[k])).collect();
+                    cols.push(Arc::new(positions));
+                    cols.push(Arc::new(scores));
+                }
+            }
             out.write(&RecordBatch::try_new(schema.clone(), cols)?)?;
             for e in ex {
                 if e.max_idx == u32::MAX || e.min_idx == u32::MAX {
@@ -408,6 +471,105 @@ impl Stage for Retrieve {
             ctx.progress.inc(n as u64);
         }
         ctx.report.rows_in = queries_in.num_rows;
+        ctx.set_output(out)
+    }
+
+    /// The shards' partial results, row by row (every part holds every query, in
+    /// order): the most similar record is the part winner with the largest f64 score,
+    /// the least similar the one with the smallest, ties to the lower corpus position.
+    async fn combine(&self, ctx: &mut RunCtx, parts: &[std::path::PathBuf]) -> Result<()> {
+        let first = parts.first().context("no partial results to combine")?;
+        let written = crate::store::parquet::writer_schema(first)?;
+        let n = written.fields().len();
+        let find = |name: &str| {
+            written.index_of(name).map_err(|_| anyhow::anyhow!("{}: no column \"{name}\"", first.display()))
+        };
+        let extras = find(PARTIAL[0].0)?;
+        let (most_at, least_at) =
+            (find(&format!("{}id", self.opts.most_prefix))?, find(&format!("{}id", self.opts.least_prefix))?);
+        if extras + PARTIAL.len() != n || !(most_at < least_at && least_at < extras) {
+            bail!("{}: not a partial result of this stage (columns: {})", first.display(), data::column_list(&written));
+        }
+        let schema: SchemaRef = Arc::new(Schema::new(written.fields()[..extras].to_vec()));
+        let mut readers = Vec::with_capacity(parts.len());
+        for p in parts {
+            if crate::store::parquet::writer_schema(p)?.fields() != written.fields() {
+                bail!("{}: its columns differ from {}'s", p.display(), first.display());
+            }
+            readers.push(crate::store::parquet::open_reader(p, crate::store::parquet::WRITE_CHUNK_ROWS)?);
+        }
+        let mut out = ctx.create_output_keeping_ids(schema.clone())?;
+        let mut rows_in = 0u64;
+        loop {
+            let mut batches = Vec::with_capacity(readers.len());
+            for (r, p) in readers.iter_mut().zip(parts) {
+                batches.push(r.next().transpose().with_context(|| format!("reading {}", p.display()))?);
+            }
+            if batches.iter().all(Option::is_none) {
+                break;
+            }
+            let batches: Vec<RecordBatch> = batches
+                .into_iter()
+                .zip(parts)
+                .map(|(b, p)| b.with_context(|| format!("{}: fewer rows than the other parts", p.display())))
+                .collect::<Result<_>>()?;
+            let rows = batches[0].num_rows();
+            if batches.iter().any(|b| b.num_rows() != rows || b.column(0) != batches[0].column(0)) {
+                bail!("the partial results do not hold the same queries in the same order");
+            }
+            let col = |b: &RecordBatch, k: usize| -> Result<(UInt64Array, Float64Array)> {
+                let pos = b.column(extras + 2 * k).as_any().downcast_ref::<UInt64Array>().cloned();
+                let score = b.column(extras + 2 * k + 1).as_any().downcast_ref::<Float64Array>().cloned();
+                pos.zip(score).context("a partial result's position or score column has another type")
+            };
+            // Per kind (most, least) and row: the part that wins.
+            let mut winners: [Vec<(usize, usize)>; 2] = [Vec::with_capacity(rows), Vec::with_capacity(rows)];
+            let cols: Vec<[(UInt64Array, Float64Array); 2]> =
+                batches.iter().map(|b| Ok([col(b, 0)?, col(b, 1)?])).collect::<Result<_>>()?;
+            for row in 0..rows {
+                for (k, w) in winners.iter_mut().enumerate() {
+                    let mut best: Option<(usize, u64, f64)> = None;
+                    for (part, c) in cols.iter().enumerate() {
+                        let (pos, score) = &c[k];
+                        if pos.is_null(row) {
+                            continue;
+                        }
+                        let (p, s) = (pos.value(row), score.value(row));
+                        let better = match best {
+                            None => true,
+                            Some((_, bp, bs)) => {
+                                let ord = if k == 0 { s.total_cmp(&bs) } else { bs.total_cmp(&s) };
+                                ord.is_gt() || (ord.is_eq() && p < bp)
+                            }
+                        };
+                        if better {
+                            best = Some((part, p, s));
+                        }
+                    }
+                    w.push((best.map_or(0, |b| b.0), row));
+                }
+            }
+            let mut columns: Vec<ArrayRef> = Vec::with_capacity(extras);
+            for c in 0..extras {
+                let group = if c >= least_at {
+                    Some(1)
+                } else if c >= most_at {
+                    Some(0)
+                } else {
+                    None
+                };
+                columns.push(match group {
+                    None => batches[0].column(c).clone(),
+                    Some(k) => {
+                        let arrays: Vec<&dyn Array> = batches.iter().map(|b| b.column(c).as_ref()).collect();
+                        arrow::compute::interleave(&arrays, &winners[k])?
+                    }
+                });
+            }
+            out.write(&RecordBatch::try_new(schema.clone(), columns)?)?;
+            rows_in += rows as u64;
+        }
+        ctx.report.rows_in = rows_in;
         ctx.set_output(out)
     }
 }
