@@ -9,7 +9,8 @@
 # prints, and a byte comparison of every output with the one-process run.
 # Data first (any size; BENCHMARKS.md says which):
 #   python3 pipelines/data/rolemrc-demo/generate.py --personas 10500 --records 100000 --mix 0 --out /tmp/shard-bench-data
-#   benches/shard_scale.sh /tmp/shard-bench-data [SHARD COUNTS...]     (SYNTH=path picks another binary)
+#   benches/shard_scale.sh /tmp/shard-bench-data [SHARD COUNTS...]     (SYNTH=path picks another binary,
+#   S3=0 leaves out the S3 server runs)
 set -euo pipefail
 D=${1:-/tmp/shard-bench-data}
 shift || true
@@ -58,6 +59,8 @@ done
 measure "--shards 2, file:// state" --state "file://$W/file-state" --work "$W/work-file" --shards 2 --executor local
 same "$W/file-state"
 
+# S3=0 skips the S3 server (moto on the same cores takes most of the time there).
+if [ "${S3:-1}" = 0 ]; then exit 0; fi
 .ci/setup-sharding >/dev/null
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 .tools/moto_server -H 127.0.0.1 -p "$port" >/dev/null 2>&1 &

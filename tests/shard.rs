@@ -1,5 +1,7 @@
 //! Sharded runs (`--shards N`): outputs byte-identical to one process for any N, on a
-//! local directory, a `file://` store and an S3 server (moto on 127.0.0.1); a sharded
+//! local directory, a `file://` store and an S3 server (moto on 127.0.0.1); the exact
+//! retrieval's corpus split among shards merges to the unsharded winners, and reference
+//! metrics split by row merge to the one-process rows and summary; a sharded
 //! state is up to date for an unsharded run and the other way round; a shard re-run
 //! after completion does nothing; `synth status` names the missing shards and the
 //! retry set; a shard whose configuration differs from the plan stops; leases keep
@@ -218,6 +220,63 @@ fn exact_retrieval_splits_the_corpus_and_merges_to_the_unsharded_winners() {
             rows_of_parts += k;
         }
         assert_eq!(rows_of_parts, 900, "the parts cover the corpus once");
+    }
+}
+
+/// Reference metrics per row, split among shards: the merge restores the input order
+/// and the summary (mean, std, n, invalid per group) is the one of one process.
+const METRICS: &str = r#"
+[pipeline]
+name = "split-metrics"
+seed = 5
+output_dir = "out"
+
+[stages.answers]
+kind = "source"
+path = "answers.jsonl"
+
+[stages.scores]
+kind = "metrics"
+inputs = ["answers"]
+metrics = ["bleu", "rouge"]
+group_by = "task"
+
+[stages.report]
+kind = "report"
+inputs = ["scores"]
+"#;
+
+#[test]
+fn reference_metrics_split_their_rows_and_the_merge_summarizes_every_row() {
+    let p = Project::new();
+    p.write("m.toml", METRICS);
+    let words = ["the", "old", "lighthouse", "keeper", "sang", "softly", "to", "gulls", "at", "dawn", "and", "dusk"];
+    let mut rows = String::new();
+    for i in 0..700usize {
+        let pick = |k: usize, n: usize| {
+            (0..n).map(|j| words[(i * 7 + k * 5 + j * (k + 1)) % 12]).collect::<Vec<_>>().join(" ")
+        };
+        // Every 9th response is empty: BLEU is undefined there (left out of the summary).
+        let response = if i % 9 == 4 { String::new() } else { pick(1, 3 + i % 6) };
+        let task = ["answer", "refusal", "multi-turn"][i % 3];
+        rows.push_str(&serde_json::json!({"id": format!("a{i:04}"), "task": task, "response": response, "reference": pick(2, 4 + i % 5)}).to_string());
+        rows.push('\n');
+    }
+    p.write("answers.jsonl", rows);
+    p.synth(&["run", "m.toml", "--out", "reference", "-q"]).ok();
+    let reference = p.path().join("reference");
+    let summary = parquet_rows(&reference.join("scores.summary.parquet"));
+    assert!(
+        summary.iter().any(|r| r["metric"] == "bleu" && r["invalid"].as_u64().unwrap_or(0) > 0),
+        "some BLEU values are undefined and counted: {summary:?}"
+    );
+    for n in ["2", "5"] {
+        let out = format!("out-{n}");
+        p.synth(&["run", "m.toml", "--out", &out, "--shards", n, "--executor", "local", "-q"]).ok();
+        assert_same_outputs(&reference, &p.path().join(&out));
+        let status = p.synth(&["status", &out]).ok().stdout;
+        let line = format!("wave 1 ({n} shards, limits divided by {n}): scores");
+        assert!(status.contains(&line), "{line}:\n{status}");
     }
 }
 

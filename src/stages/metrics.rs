@@ -3,18 +3,25 @@
 //! (see `eval`) — and their mean and population std per group (e.g. task) and
 //! overall, written beside the output as `<stage>.summary.parquet` (the summary
 //! protocol, `store::summary`: table `metrics`).
+//!
+//! In a sharded run the string metrics split the rows among the shards
+//! ([`Partitioning::SplitInput`]): each shard scores its records and keeps their input
+//! positions and raw scores (NaN where a metric is undefined); the merge
+//! ([`Stage::combine`]) restores the input order and computes the summary from every
+//! row, as one process does. With BERTScore the stage runs once: bert_score's batches of
+//! pairs pad each other, so a row's score depends on its neighbours.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::{Context, Result, anyhow};
-use arrow::array::{Array, ArrayRef, Float64Array, RecordBatch, StringArray};
+use anyhow::{Context, Result, anyhow, bail};
+use arrow::array::{Array, ArrayRef, Float64Array, RecordBatch, StringArray, UInt64Array};
 use arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use rayon::prelude::*;
 use serde::Deserialize;
 
-use super::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use super::{Arity, BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, Role, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data;
@@ -137,7 +144,14 @@ struct Options {
 struct Metrics {
     opts: Options,
     columns: Vec<&'static str>,
+    /// The input's name: the summary's default label.
+    input: String,
 }
+
+/// A shard's partial result: the output's columns, then each row's input position and
+/// its raw scores (NaN kept: the summary leaves undefined values out).
+const PART_POSITION: &str = "_synth_pos";
+const PART_RAW: &str = "_synth_raw_";
 
 fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> {
     let opts: Options = ctx.parse(diags)?;
@@ -162,7 +176,8 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
             }
         }
     }
-    Some(Box::new(Metrics { opts, columns }))
+    let input = ctx.options.get("inputs").and_then(|v| v.get(0)).and_then(|v| v.as_str()).unwrap_or_default();
+    Some(Box::new(Metrics { opts, columns, input: input.to_string() }))
 }
 
 impl Metrics {
@@ -191,6 +206,45 @@ impl Metrics {
         }
         fields.extend(self.columns.iter().map(|c| Field::new(*c, DataType::Float64, false)));
         data::schema_with_id(fields)
+    }
+
+    /// The output's schema with a shard's extra columns.
+    fn partial_schema(&self) -> SchemaRef {
+        let mut fields: Vec<Field> = self.output_schema().fields().iter().map(|f| f.as_ref().clone()).collect();
+        fields.push(Field::new(PART_POSITION, DataType::UInt64, false));
+        fields.extend(self.columns.iter().map(|c| Field::new(format!("{PART_RAW}{c}"), DataType::Float64, false)));
+        Arc::new(arrow::datatypes::Schema::new(fields))
+    }
+
+    /// The summary (mean and population std per group and overall) of every row's raw
+    /// scores, in input order, as `<stage>.summary.parquet`.
+    fn write_summary(&self, ctx: &mut RunCtx, groups: &[String], scores: &[Vec<f64>]) -> Result<()> {
+        let label = self.opts.label.clone().unwrap_or_else(|| self.input.clone());
+        let summary = summarize(&self.columns, groups, scores);
+        let prefix = self.opts.metric_prefix.as_deref().unwrap_or_default();
+        // Rows per group, so `invalid` counts the rows a metric left out (an undefined BLEU).
+        let mut rows_in: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
+        for g in groups {
+            *rows_in.entry(g.as_str()).or_default() += 1;
+        }
+        rows_in.insert(crate::store::summary::OVERALL, scores.len() as u64);
+        let rows: Vec<SummaryRow> = summary
+            .iter()
+            .map(|s| SummaryRow {
+                label: label.clone(),
+                table: self.opts.table.clone(),
+                title: self.opts.title.clone(),
+                group: s.group.clone(),
+                metric: format!("{prefix}{}", s.metric),
+                heading: format!("{prefix}{}", heading(&s.metric)),
+                n: s.n,
+                value: s.mean,
+                std: (s.n > 0).then_some(s.std),
+                invalid: rows_in.get(s.group.as_str()).copied().unwrap_or(s.n).saturating_sub(s.n),
+            })
+            .collect();
+        ctx.write_side_parquet(&summary::file_name(&ctx.name), &summary::to_batch(&rows)?)?;
+        Ok(())
     }
 }
 
@@ -275,7 +329,9 @@ impl Stage for Metrics {
             scorer = scorer.with_punkt(&ctx.root.join(dir))?;
         }
         let scorer = Arc::new(scorer);
-        let schema = self.output_schema();
+        let positions = ctx.part_positions.take();
+        let partial = positions.is_some();
+        let schema = if positions.is_some() { self.partial_schema() } else { self.output_schema() };
         let mut out = ctx.create_output_keeping_ids(schema.clone())?;
         let input = ctx.inputs[0].clone();
         let opts = self.opts.clone();
@@ -344,6 +400,13 @@ impl Stage for Metrics {
                 for k in 0..columns.len() {
                     arrays.push(Arc::new(Float64Array::from_iter_values(rows.iter().map(|s| per_sample(s[k])))));
                 }
+                if let Some(positions) = &positions {
+                    let at = positions.get(first..first + n).context("fewer positions than rows in the part")?;
+                    arrays.push(Arc::new(UInt64Array::from(at.to_vec())));
+                    for k in 0..columns.len() {
+                        arrays.push(Arc::new(Float64Array::from_iter_values(rows.iter().map(|s| s[k]))));
+                    }
+                }
                 out.write(&RecordBatch::try_new(schema.clone(), arrays)?)?;
                 progress.inc(n as u64);
                 first += n;
@@ -353,32 +416,76 @@ impl Stage for Metrics {
         .await
         .context("metrics worker panicked")??;
         ctx.report.rows_in = scores.len() as u64;
-
-        let label = self.opts.label.clone().unwrap_or_else(|| ctx.inputs[0].name.clone());
-        let summary = summarize(&self.columns, &groups, &scores);
-        let prefix = self.opts.metric_prefix.as_deref().unwrap_or_default();
-        // Rows per group, so `invalid` counts the rows a metric left out (an undefined BLEU).
-        let mut rows_in: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
-        for g in &groups {
-            *rows_in.entry(g.as_str()).or_default() += 1;
+        if !partial {
+            // A shard's part has no summary of its own: the merge writes the whole one.
+            self.write_summary(ctx, &groups, &scores)?;
         }
-        rows_in.insert(crate::store::summary::OVERALL, scores.len() as u64);
-        let rows: Vec<SummaryRow> = summary
-            .iter()
-            .map(|s| SummaryRow {
-                label: label.clone(),
-                table: self.opts.table.clone(),
-                title: self.opts.title.clone(),
-                group: s.group.clone(),
-                metric: format!("{prefix}{}", s.metric),
-                heading: format!("{prefix}{}", heading(&s.metric)),
-                n: s.n,
-                value: s.mean,
-                std: (s.n > 0).then_some(s.std),
-                invalid: rows_in.get(s.group.as_str()).copied().unwrap_or(s.n).saturating_sub(s.n),
-            })
-            .collect();
-        ctx.write_side_parquet(&summary::file_name(&ctx.name), &summary::to_batch(&rows)?)?;
+        ctx.set_output(out)
+    }
+
+    /// BLEU, ROUGE and METEOR score each row on its own: the rows can be split. With
+    /// BERTScore, a batch's pairs pad each other: the stage runs once.
+    fn partitioning(&self, _ctx: &PartitionCtx<'_>) -> Partitioning {
+        if self.columns.contains(&"bertscore_f1") { Partitioning::Whole } else { Partitioning::SplitInput { split: 0 } }
+    }
+
+    /// The shards' parts back in input order (a k-way merge by position: a row belongs
+    /// to one part), and the summary over every row.
+    async fn combine(&self, ctx: &mut RunCtx, parts: &[PathBuf]) -> Result<()> {
+        let schema = self.output_schema();
+        let width = schema.fields().len();
+        let mut batches: Vec<RecordBatch> = Vec::new();
+        // (position, batch, row) of every row of every part.
+        let mut order: Vec<(u64, usize, usize)> = Vec::new();
+        for part in parts {
+            for batch in open_reader(part, crate::store::parquet::WRITE_CHUNK_ROWS)? {
+                let batch = batch.with_context(|| format!("reading {}", part.display()))?;
+                let pos = batch
+                    .column_by_name(PART_POSITION)
+                    .and_then(|c| c.as_any().downcast_ref::<UInt64Array>())
+                    .with_context(|| format!("{}: not a partial result of this stage", part.display()))?;
+                if batch.num_columns() != width + 1 + self.columns.len() {
+                    bail!("{}: not a partial result of this stage (columns differ)", part.display());
+                }
+                let b = batches.len();
+                order.extend(pos.values().iter().enumerate().map(|(r, &p)| (p, b, r)));
+                batches.push(batch);
+            }
+        }
+        order.sort_unstable();
+        if order.windows(2).any(|w| w[0].0 == w[1].0) {
+            bail!("two parts hold the same input row");
+        }
+        let mut out = ctx.create_output_keeping_ids(schema.clone())?;
+        let mut groups: Vec<String> = Vec::with_capacity(order.len());
+        let mut scores: Vec<Vec<f64>> = Vec::with_capacity(order.len());
+        for chunk in order.chunks(crate::store::parquet::WRITE_CHUNK_ROWS) {
+            let picks: Vec<(usize, usize)> = chunk.iter().map(|&(_, b, r)| (b, r)).collect();
+            let column = |c: usize| -> Result<ArrayRef> {
+                let arrays: Vec<&dyn Array> = batches.iter().map(|b| b.column(c).as_ref()).collect();
+                Ok(arrow::compute::interleave(&arrays, &picks)?)
+            };
+            let columns: Vec<ArrayRef> = (0..width).map(column).collect::<Result<_>>()?;
+            if self.opts.group_by.is_some() {
+                let g = columns[1].as_any().downcast_ref::<StringArray>().context("the group column is not text")?;
+                groups.extend((0..g.len()).map(|i| if g.is_valid(i) { g.value(i).to_string() } else { String::new() }));
+            } else {
+                groups.extend(std::iter::repeat_n(String::new(), chunk.len()));
+            }
+            let raw: Vec<Float64Array> = (0..self.columns.len())
+                .map(|k| {
+                    column(width + 1 + k)?
+                        .as_any()
+                        .downcast_ref::<Float64Array>()
+                        .cloned()
+                        .context("a raw score column is not float64")
+                })
+                .collect::<Result<_>>()?;
+            scores.extend((0..chunk.len()).map(|i| raw.iter().map(|a| a.value(i)).collect::<Vec<f64>>()));
+            out.write(&RecordBatch::try_new(schema.clone(), columns)?)?;
+        }
+        ctx.report.rows_in = scores.len() as u64;
+        self.write_summary(ctx, &groups, &scores)?;
         ctx.set_output(out)
     }
 }
