@@ -337,11 +337,14 @@ impl Services {
         } else {
             cost::Reserved(0.0)
         };
+        // Claims across the wave's shards are for paid network calls: the offline
+        // provider answers the same for free, a claim would only cost two file writes.
+        let claims = self.claims.as_ref().filter(|_| provider.networked());
         // Identical requests in flight at the same time are sent once.
         let flight: Flight = self.inflight.lock().expect("inflight").entry(key.clone()).or_default().clone();
         let result = flight
             .get_or_init(|| async {
-                if let Some(claims) = &self.claims {
+                if let Some(claims) = claims {
                     match claims.claim(&key).await {
                         Ok(crate::store::claims::Claim::Mine) => {}
                         Ok(crate::store::claims::Claim::Answered(bytes)) => {
@@ -404,7 +407,7 @@ impl Services {
                         };
                         // Shared with the wave's other shards before it is journaled: once
                         // journaled here, nobody sends it again.
-                        if let Some(claims) = &self.claims
+                        if let Some(claims) = claims
                             && let Err(e) = claims.answer(&key, &serde_json::to_vec(&row).expect("serializable")).await
                         {
                             tracing::warn!("sharing an answer with the other shards: {e:#}");
@@ -427,7 +430,7 @@ impl Services {
                     Err(e) => {
                         self.costs.settle(&ctx.stage, reserved, 0.0);
                         cache.journal_end(&key);
-                        if let Some(claims) = &self.claims {
+                        if let Some(claims) = claims {
                             claims.release(&key).await;
                         }
                         Err(e)
