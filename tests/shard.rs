@@ -1,5 +1,6 @@
 //! Sharded runs (`--shards N`): outputs byte-identical to one process for any N, on a
-//! local directory, a `file://` store and an S3 server (moto on 127.0.0.1); the exact
+//! local directory, a `file://` store, an S3 server (moto on 127.0.0.1) and Azure Blob
+//! Storage (Azurite on 127.0.0.1); the exact
 //! retrieval's corpus split among shards merges to the unsharded winners, and reference
 //! metrics split by row merge to the one-process rows and summary; a sharded
 //! state is up to date for an unsharded run and the other way round; a shard re-run
@@ -454,6 +455,71 @@ impl Moto {
     }
 }
 
+/// The project's Azure Blob Storage test server: Azurite on 127.0.0.1 (npm `azurite`,
+/// installed by `.ci/setup-sharding`) with a container `synth-test`, stopped when dropped.
+/// Reached as an ordinary account with an explicit endpoint (the emulator's well-known
+/// development account and key, public), so no process-wide environment is needed.
+pub struct Azurite {
+    child: std::process::Child,
+    pub endpoint: String,
+    _data: tempfile::TempDir,
+}
+
+impl Drop for Azurite {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Azurite {
+    /// Start Azurite, or say why not (and return `None`).
+    pub fn start() -> Option<Azurite> {
+        let server = support::repo().join(".tools/azurite_blob");
+        if !server.exists() {
+            let setup = std::process::Command::new(support::repo().join(".ci/setup-sharding")).status();
+            if !server.exists() {
+                eprintln!(
+                    "SKIPPED: the Azure test server (npm azurite) is not installed and .ci/setup-sharding could not install it ({setup:?}); the same tests ran on file:// and S3"
+                );
+                return None;
+            }
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let data = tempfile::tempdir().unwrap();
+        let child = std::process::Command::new(&server)
+            .args(["--blobHost", "127.0.0.1", "--blobPort", &port.to_string(), "--skipApiVersionCheck", "--silent"])
+            .args(["--location", data.path().to_str().unwrap()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start azurite-blob");
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let azurite = Azurite { child, endpoint, _data: data };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(std::time::Instant::now() < deadline, "azurite did not listen on port {port} within 60 s");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let script = support::repo().join("tests/support/azurite_container.py");
+        let made = std::process::Command::new("python3").arg(script).args([&azurite.endpoint, "synth-test"]).status();
+        assert!(made.as_ref().is_ok_and(|s| s.success()), "creating the test container on azurite failed: {made:?}");
+        Some(azurite)
+    }
+
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AZURE_STORAGE_ACCOUNT_NAME", "devstoreaccount1".into()),
+            (
+                "AZURE_STORAGE_ACCOUNT_KEY",
+                "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==".into(),
+            ),
+            ("AZURE_STORAGE_ENDPOINT", format!("{}/devstoreaccount1", self.endpoint)),
+            ("AZURE_ALLOW_HTTP", "true".into()),
+        ]
+    }
+}
+
 fn open_store(url: &str, mirror: &Path, env: &[(&'static str, String)]) -> synth::store::object::StateStore {
     let options = env.iter().map(|(k, v)| (k.to_string(), v.clone()));
     synth::store::object::StateStore::open_with(url, mirror, options).unwrap()
@@ -489,7 +555,7 @@ fn state_run(p: &Project, url: &str, env: &[(&'static str, String)], extra: &[&s
 }
 
 #[test]
-fn object_store_state_on_file_and_on_an_s3_server() {
+fn object_store_state_on_file_on_an_s3_server_and_on_azure_blob_storage() {
     let p = project(300);
     let reference = reference(&p);
     let state = p.path().join("state");
@@ -498,6 +564,10 @@ fn object_store_state_on_file_and_on_an_s3_server() {
     let moto = Moto::start();
     if let Some(m) = &moto {
         stores.push(("s3://synth-test/runs/shards".into(), m.env()));
+    }
+    let azurite = Azurite::start();
+    if let Some(a) = &azurite {
+        stores.push(("az://synth-test/runs/shards".into(), a.env()));
     }
     for (url, env) in &stores {
         let _ = std::fs::remove_dir_all(p.path().join("work"));
@@ -524,7 +594,7 @@ fn object_store_state_on_file_and_on_an_s3_server() {
     }
 }
 
-/// Leases on an S3 server: create-only, then a conditional takeover of an expired
+/// Leases on an S3 server and on Azure Blob Storage: create-only, then a conditional takeover of an expired
 /// lease; a second holder is refused while the first renews; a holder whose lease was
 /// taken learns it at its next renewal. On a local file system: OS locks.
 #[test]
@@ -545,15 +615,36 @@ fn leases_keep_a_second_holder_out() {
         drop(first);
         Lease::acquire(&store, "lease.json", ttl, "test").await.unwrap();
     });
-    let Some(moto) = Moto::start() else { return };
+    // Conditional writes on S3 (moto) and on Azure Blob Storage (Azurite).
+    let (moto, azurite) = (Moto::start(), Azurite::start());
+    let mut servers: Vec<(&str, Vec<(&'static str, String)>)> = Vec::new();
+    if let Some(m) = &moto {
+        servers.push(("s3://synth-test/leases", m.env()));
+    }
+    if let Some(a) = &azurite {
+        servers.push(("az://synth-test/leases", a.env()));
+    }
+    for (k, (url, env)) in servers.iter().enumerate() {
+        lease_protocol(&rt, url, &dir.path().join(format!("m{k}")), env, ttl);
+    }
+}
+
+fn lease_protocol(
+    rt: &tokio::runtime::Runtime,
+    url: &str,
+    mirror: &Path,
+    env: &[(&'static str, String)],
+    ttl: std::time::Duration,
+) {
+    use synth::store::lease::{Lease, LeaseError};
     rt.block_on(async {
-        let store = open_store("s3://synth-test/leases", &dir.path().join("m2"), &moto.env());
+        let store = open_store(url, mirror, env);
         let first = Lease::acquire(&store, "a.json", ttl, "shard 0").await.unwrap();
         // Renewed while held: still refused after the first lifetime.
         tokio::time::sleep(ttl + std::time::Duration::from_secs(1)).await;
         match Lease::acquire(&store, "a.json", ttl, "shard 0").await {
             Err(LeaseError::Held(m)) => assert!(m.contains("is being run by"), "{m}"),
-            _ => panic!("a second holder took a renewed lease"),
+            _ => panic!("{url}: a second holder took a renewed lease"),
         }
         // Released: free at once.
         first.release().await.unwrap();
@@ -566,7 +657,9 @@ fn leases_keep_a_second_holder_out() {
         let (_, v) = store.read_versioned("a.json").await.unwrap().unwrap();
         match store.update("a.json", &bytes, &v).await.unwrap() {
             synth::store::object::Conditional::Done(_) => {}
-            synth::store::object::Conditional::Lost => panic!("the conditional update against the version read failed"),
+            synth::store::object::Conditional::Lost => {
+                panic!("{url}: the conditional update against the version read failed")
+            }
         }
         // A write conditional on an old version fails (If-Match).
         assert!(matches!(store.update("a.json", &bytes, &v).await.unwrap(), synth::store::object::Conditional::Lost));
