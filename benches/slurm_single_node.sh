@@ -84,7 +84,9 @@ done
 sinfo
 echo "slurm up: $(( $(date +%s) - t0 )) s"
 
-# A small pipeline: source -> llm (offline) -> filter -> embed (hashing) -> sample -> export.
+# A small pipeline: source -> llm (offline) -> filter -> embed (hashing) -> sample -> export,
+# and the exact retrieval of the sample against every vector (its corpus split among the shards)
+# -> metrics (rows split) of the answers against the retrieved text.
 cd "$work"
 cat > p.toml <<'EOF'
 [pipeline]
@@ -122,6 +124,15 @@ fraction = 0.5
 [stages.export]
 kind = "jsonl"
 inputs = ["picked"]
+[stages.nearest]
+kind = "retrieve"
+inputs = ["picked", "vectors"]
+[stages.scores]
+kind = "metrics"
+inputs = ["nearest"]
+response = "text"
+reference = "most_text"
+metrics = ["bleu", "rouge"]
 EOF
 python3 -c 'import json
 for i in range(2000): print(json.dumps({"name": f"p{i}", "age": i % 90}))' > people.jsonl
