@@ -296,17 +296,7 @@ impl Services {
                 Ok(Some(row)) => {
                     if let Ok(response) = serde_json::from_str::<ChatResponse>(&row.response) {
                         // Kept in this run's own cache too (a shard's cache is merged into its run's).
-                        let kept = match cache.journal_start(&key, &ctx.stage) {
-                            Ok(()) => cache.put_response(row, &usage).await,
-                            Err(e) => Err(e),
-                        };
-                        if let Err(e) = kept {
-                            return Err(LlmError::new(
-                                ErrorKind::Unavailable,
-                                format!("storing a cached response: {e:#}"),
-                            ));
-                        }
-                        ctx.progress.cache_hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        keep_answer(&cache, &key, row, &usage, ctx, "a cached response").await?;
                         return Ok(Completed { response, cached: true, retries: 0 });
                     }
                 }
@@ -353,19 +343,9 @@ impl Services {
                                 .map_err(|e| LlmError::new(ErrorKind::Unavailable, format!("a shared answer: {e}")))?;
                             let response: ChatResponse = serde_json::from_str(&row.response)
                                 .map_err(|e| LlmError::new(ErrorKind::Unavailable, format!("a shared answer: {e}")))?;
-                            let kept = match cache.journal_start(&key, &ctx.stage) {
-                                Ok(()) => cache.put_response(row, &usage).await,
-                                Err(e) => Err(e),
-                            };
                             // Another shard paid: nothing of this reservation is spent here.
                             self.costs.settle(&ctx.stage, reserved, 0.0);
-                            if let Err(e) = kept {
-                                return Err(LlmError::new(
-                                    ErrorKind::Unavailable,
-                                    format!("storing a shared answer: {e:#}"),
-                                ));
-                            }
-                            ctx.progress.cache_hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            keep_answer(&cache, &key, row, &usage, ctx, "a shared answer").await?;
                             return Ok(Completed { response, cached: true, retries: 0 });
                         }
                         Err(e) => {
@@ -474,4 +454,23 @@ impl Services {
     pub fn rate_controls(&self) -> Vec<Arc<RateControl>> {
         self.rates.all()
     }
+}
+
+/// Keep an answer paid for elsewhere (the run's cache, another shard of the wave) in this
+/// run's cache, journaled as one received here would be, and count it as a cache hit.
+async fn keep_answer(
+    cache: &Cache,
+    key: &str,
+    row: ResponseRow,
+    usage: &Use,
+    ctx: &CallCtx,
+    what: &str,
+) -> Result<(), LlmError> {
+    let kept = match cache.journal_start(key, &ctx.stage) {
+        Ok(()) => cache.put_response(row, usage).await,
+        Err(e) => Err(e),
+    };
+    kept.map_err(|e| LlmError::new(ErrorKind::Unavailable, format!("storing {what}: {e:#}")))?;
+    ctx.progress.cache_hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Ok(())
 }

@@ -384,6 +384,38 @@ fn a_dry_run_shows_the_waves_and_batch_mode_runs_once() {
     assert!(at(&batch, "answers").starts_with("step "), "{batch}");
 }
 
+/// Start a test server of `.tools/` (installed by `.ci/setup-sharding`, run first when it
+/// is missing) on a free port of 127.0.0.1 and wait until it listens; `None`, with the
+/// reason printed, when it cannot be installed.
+fn start_tool(tool: &str, what: &str, args: impl Fn(u16) -> Vec<String>) -> Option<(std::process::Child, u16)> {
+    let server = support::repo().join(".tools").join(tool);
+    if !server.exists() {
+        let setup = std::process::Command::new(support::repo().join(".ci/setup-sharding")).status();
+        if !server.exists() {
+            eprintln!(
+                "SKIPPED: {what} is not installed and .ci/setup-sharding could not install it ({setup:?}); the same tests ran on file://"
+            );
+            return None;
+        }
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = std::process::Command::new(&server)
+        .args(args(port))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {}: {e}", server.display()));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("{what} did not listen on port {port} within 60 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    Some((child, port))
+}
+
 /// The project's S3-compatible test server: moto on 127.0.0.1 (installed by
 /// `.ci/setup-sharding`), stopped when dropped.
 pub struct Moto {
@@ -401,29 +433,10 @@ impl Drop for Moto {
 impl Moto {
     /// Start moto, or say why not (and return `None`).
     pub fn start() -> Option<Moto> {
-        let server = support::repo().join(".tools/moto_server");
-        if !server.exists() {
-            let setup = std::process::Command::new(support::repo().join(".ci/setup-sharding")).status();
-            if !server.exists() {
-                eprintln!(
-                    "SKIPPED: the S3 test server (PyPI moto[server]) is not installed and .ci/setup-sharding could not install it ({setup:?}); the same tests ran on file://"
-                );
-                return None;
-            }
-        }
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let child = std::process::Command::new(&server)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("start moto_server");
+        let (child, port) = start_tool("moto_server", "the S3 test server (PyPI moto[server])", |port| {
+            vec!["-H".into(), "127.0.0.1".into(), "-p".into(), port.to_string()]
+        })?;
         let endpoint = format!("http://127.0.0.1:{port}");
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(std::time::Instant::now() < deadline, "moto did not listen on {endpoint} within 60 s");
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
         let moto = Moto { child, endpoint };
         // A bucket (moto's REST API: PUT /bucket).
         let out = std::process::Command::new("curl")
@@ -475,32 +488,17 @@ impl Drop for Azurite {
 impl Azurite {
     /// Start Azurite, or say why not (and return `None`).
     pub fn start() -> Option<Azurite> {
-        let server = support::repo().join(".tools/azurite_blob");
-        if !server.exists() {
-            let setup = std::process::Command::new(support::repo().join(".ci/setup-sharding")).status();
-            if !server.exists() {
-                eprintln!(
-                    "SKIPPED: the Azure test server (npm azurite) is not installed and .ci/setup-sharding could not install it ({setup:?}); the same tests ran on file:// and S3"
-                );
-                return None;
-            }
-        }
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let data = tempfile::tempdir().unwrap();
-        let child = std::process::Command::new(&server)
-            .args(["--blobHost", "127.0.0.1", "--blobPort", &port.to_string(), "--skipApiVersionCheck", "--silent"])
-            .args(["--location", data.path().to_str().unwrap()])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("start azurite-blob");
+        let location = data.path().to_str().unwrap().to_string();
+        let (child, port) = start_tool("azurite_blob", "the Azure test server (npm azurite)", |port| {
+            ["--blobHost", "127.0.0.1", "--blobPort", &port.to_string(), "--skipApiVersionCheck", "--silent"]
+                .into_iter()
+                .map(String::from)
+                .chain(["--location".to_string(), location.clone()])
+                .collect()
+        })?;
         let endpoint = format!("http://127.0.0.1:{port}");
         let azurite = Azurite { child, endpoint, _data: data };
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(std::time::Instant::now() < deadline, "azurite did not listen on port {port} within 60 s");
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
         let script = support::repo().join("tests/support/azurite_container.py");
         let made = std::process::Command::new("python3").arg(script).args([&azurite.endpoint, "synth-test"]).status();
         assert!(made.as_ref().is_ok_and(|s| s.success()), "creating the test container on azurite failed: {made:?}");

@@ -85,6 +85,17 @@ pub enum Conditional {
 
 const MIRROR_INDEX: &str = "mirror.json";
 
+/// Make a local mirror directory ready and read its index (what it holds of the store;
+/// empty when new or unreadable: files are then fetched again).
+fn open_mirror(dir: &Path) -> Result<MirrorIndex> {
+    std::fs::create_dir_all(dir.join(INTERNAL_DIR))
+        .with_context(|| format!("creating the work directory {}", dir.display()))?;
+    Ok(std::fs::read(dir.join(INTERNAL_DIR).join(MIRROR_INDEX))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default())
+}
+
 impl StateStore {
     /// A local directory (the default: `--out DIR`).
     pub fn local(dir: &Path) -> StateStore {
@@ -121,12 +132,7 @@ impl StateStore {
             }
             other => bail!("--state {url}: unknown scheme \"{other}\" (s3://, gs://, az://, file://)"),
         };
-        std::fs::create_dir_all(mirror.join(INTERNAL_DIR))
-            .with_context(|| format!("creating the work directory {}", mirror.display()))?;
-        let index = std::fs::read(mirror.join(INTERNAL_DIR).join(MIRROR_INDEX))
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or_default();
+        let index = open_mirror(mirror)?;
         Ok(StateStore {
             dir: mirror.to_path_buf(),
             remote: Some(Arc::new(Remote {
@@ -145,12 +151,7 @@ impl StateStore {
         match &self.remote {
             None => Ok(StateStore::local(&self.dir.join(rel))),
             Some(r) => {
-                std::fs::create_dir_all(dir.join(INTERNAL_DIR))
-                    .with_context(|| format!("creating the work directory {}", dir.display()))?;
-                let index = std::fs::read(dir.join(INTERNAL_DIR).join(MIRROR_INDEX))
-                    .ok()
-                    .and_then(|b| serde_json::from_slice(&b).ok())
-                    .unwrap_or_default();
+                let index = open_mirror(dir)?;
                 Ok(StateStore {
                     dir: dir.to_path_buf(),
                     remote: Some(Arc::new(Remote {

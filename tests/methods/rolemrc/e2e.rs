@@ -435,30 +435,14 @@ fn offline_mix_adds_the_mix_in_sources() {
 #[test]
 fn demo_profile_runs_against_an_openai_compatible_server() {
     use support::openai_server::{self, Behaviour};
-    use synth::llm::offline::Offline;
-    use synth::llm::{ChatRequest, GenParams, Message, Role};
 
     const KEY: &str = "sk-demo-test-4f9a1c77e0b2d3";
     let responder = |body: &Value| -> String {
-        let messages: Vec<Message> = body["messages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| Message::new(Role::parse(m["role"].as_str().unwrap()).unwrap(), m["content"].as_str().unwrap()))
-            .collect();
-        let first = &messages[0].content;
-        let expect = if first.starts_with("You are a prompt optimizer") {
-            "profile"
-        } else if first.contains("synthesize a 10 to 15 turns") {
-            "dialogue"
-        } else if first.starts_with("You are a master of answer editing") {
-            "stylized"
-        } else {
-            panic!("unexpected prompt: {}", first.chars().take(80).collect::<String>())
-        };
-        let req = ChatRequest { messages, params: GenParams::default(), sample: 0, expect: expect.into() };
-        Offline { seed: 11, score_one: 0.5, shapes: synth::registry::Registry::builtin().shapes.clone() }
-            .generate(&req, &GenParams::default())
+        let (messages, expect) = super::demo_request(body);
+        let expect = expect.unwrap_or_else(|| {
+            panic!("unexpected prompt: {}", messages[0].content.chars().take(80).collect::<String>())
+        });
+        super::demo_answer(messages, expect)
     };
     let server = openai_server::start(Behaviour {
         api_key: Some(KEY.into()),

@@ -12,8 +12,6 @@ use std::sync::Arc;
 use serde_json::Value;
 use support::openai_server::{self, Behaviour};
 use support::{Project, parquet_rows, repo};
-use synth::llm::offline::Offline;
-use synth::llm::{ChatRequest, GenParams, Message, Role};
 
 fn pipeline() -> String {
     repo().join("pipelines/rolemrc.toml").to_string_lossy().to_string()
@@ -79,29 +77,17 @@ fn a_model_that_repeats_the_answer_is_reasked_then_replaced_by_a_spare() {
     // the answer back (whitespace changed), ~10% only on the first ask; the rest get the
     // offline stand-in's stylized answer.
     let responder = |body: &Value| -> String {
-        let messages: Vec<Message> = body["messages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| Message::new(Role::parse(m["role"].as_str().unwrap()).unwrap(), m["content"].as_str().unwrap()))
-            .collect();
-        let first = messages[0].content.clone();
-        let expect = if first.starts_with("You are a prompt optimizer") {
-            "profile"
-        } else if first.contains("synthesize a 10 to 15 turns") {
-            "dialogue"
-        } else {
-            assert!(first.starts_with("You are a master of answer editing"), "unexpected prompt");
+        let (messages, expect) = super::demo_request(body);
+        let expect = expect.expect("unexpected prompt");
+        if expect == "stylized" {
+            let first = &messages[0].content;
             let bucket = blake3::hash(first.as_bytes()).as_bytes()[0] as usize * 100 / 256;
-            let edited = block(&first, "<Naive Answer>").or_else(|| block(&first, "<Role’s Answer>")).unwrap();
+            let edited = block(first, "<Naive Answer>").or_else(|| block(first, "<Role’s Answer>")).unwrap();
             if bucket < 3 || (bucket < 13 && messages.len() == 1) {
                 return format!("  {}\n", edited.replace(' ', "  "));
             }
-            "stylized"
-        };
-        let req = ChatRequest { messages, params: GenParams::default(), sample: 0, expect: expect.into() };
-        Offline { seed: 11, score_one: 0.5, shapes: synth::registry::Registry::builtin().shapes.clone() }
-            .generate(&req, &GenParams::default())
+        }
+        super::demo_answer(messages, expect)
     };
     let server = openai_server::start(Behaviour {
         api_key: Some(KEY.into()),

@@ -47,25 +47,8 @@ fn offline_rolemrc_with_1_3_7_shards_writes_the_unsharded_bytes() {
 
 /// The demo model: the offline generator behind an HTTP server (as the e2e test).
 fn responder(body: &Value) -> String {
-    use synth::llm::offline::Offline;
-    use synth::llm::{ChatRequest, GenParams, Message, Role};
-    let messages: Vec<Message> = body["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| Message::new(Role::parse(m["role"].as_str().unwrap()).unwrap(), m["content"].as_str().unwrap()))
-        .collect();
-    let first = &messages[0].content;
-    let expect = if first.starts_with("You are a prompt optimizer") {
-        "profile"
-    } else if first.contains("synthesize a 10 to 15 turns") {
-        "dialogue"
-    } else {
-        "stylized"
-    };
-    let req = ChatRequest { messages, params: GenParams::default(), sample: 0, expect: expect.into() };
-    Offline { seed: 11, score_one: 0.5, shapes: synth::registry::Registry::builtin().shapes.clone() }
-        .generate(&req, &GenParams::default())
+    let (messages, expect) = super::demo_request(body);
+    super::demo_answer(messages, expect.unwrap_or("stylized"))
 }
 
 const KEY: &str = "sk-shard-kill-5e1f0c2b9a";
