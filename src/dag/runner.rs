@@ -798,6 +798,10 @@ impl StageJob {
             Some(r) if !merging => r.part_positions(self.idx)?,
             _ => None,
         };
+        let part = match &self.role {
+            Some(r) if !merging => r.own_part(self.idx),
+            _ => None,
+        };
         let progress = self.hub.start(&decl.name);
         let mut ctx = RunCtx {
             name: decl.name.clone(),
@@ -818,6 +822,7 @@ impl StageJob {
             lineage,
             whole_input,
             part_positions,
+            part,
         };
         let started = Instant::now();
         let result = match (merging, &self.role) {

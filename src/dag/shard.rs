@@ -166,6 +166,8 @@ pub struct Role {
     /// Split-input stages running as shards → the keys file of their part of the split
     /// input (the global positions of its records).
     part_keys: BTreeMap<usize, PathBuf>,
+    /// Stages dividing their own work ([`Partitioning::OwnParts`]) → `(part, parts)`.
+    own_parts: BTreeMap<usize, (usize, usize)>,
     sharded_names: BTreeSet<String>,
     /// A coordinator step: the plan of the wave it merges.
     merging: Option<(WavePlan, usize)>,
@@ -191,6 +193,11 @@ impl Role {
     /// of its part of the split input.
     pub(crate) fn part_positions(&self, idx: usize) -> Result<Option<Vec<u64>>> {
         self.part_keys.get(&idx).map(|p| read_keys(p)).transpose()
+    }
+
+    /// For a stage dividing its own work, running as a shard: its part and the count.
+    pub(crate) fn own_part(&self, idx: usize) -> Option<(usize, usize)> {
+        self.own_parts.get(&idx).copied()
     }
 
     pub(crate) fn sharded(&self, idx: usize) -> bool {
@@ -261,7 +268,7 @@ impl Role {
                 plan.dir
             );
         }
-        let split = matches!(decl.partitioning, Partitioning::SplitInput { .. });
+        let split = matches!(decl.partitioning, Partitioning::SplitInput { .. } | Partitioning::OwnParts);
         let mut parts = Vec::new();
         let mut report = StageReport::default();
         for i in 0..plan.shards {
@@ -293,11 +300,14 @@ impl Role {
             Ok(())
         };
         if split {
-            // The stage sets what only it knows (rows in, its own facts) over the sums.
+            // The stage sets what only it knows (rows in, its own facts) over the sums,
+            // and which of the parts' failures stand.
             ctx.report = report;
-            let paths: Vec<PathBuf> = parts.iter().map(|p| p.data.clone()).collect();
-            decl.stage.combine(ctx, &paths).await?;
-            collect_failures(ctx)?;
+            let outputs: Vec<crate::stages::PartOutput> = parts
+                .iter()
+                .map(|p| crate::stages::PartOutput { data: p.data.clone(), failures: p.failures.clone() })
+                .collect();
+            decl.stage.combine(ctx, &outputs).await?;
             let rows = ctx.output.as_ref().map(|(_, r)| *r).ok_or_else(|| anyhow!("combine wrote no output"))?;
             ctx.report.rows_out = rows;
             return Ok(());
@@ -584,6 +594,7 @@ pub async fn step(
         whole: BTreeMap::new(),
         keys_in: BTreeMap::new(),
         part_keys: BTreeMap::new(),
+        own_parts: BTreeMap::new(),
         sharded_names: BTreeSet::new(),
         merging: merging.clone(),
         hint: "run the earlier steps and waves of this sharded run first (`synth status` lists them)".into(),
@@ -815,10 +826,16 @@ pub async fn shard(
     let mut whole = BTreeMap::new();
     let mut keys_in = BTreeMap::new();
     let mut part_keys = BTreeMap::new();
+    let mut own_parts = BTreeMap::new();
     let entry_dir = work.join(INTERNAL_DIR).join("entry");
     for &idx in planned.keys() {
         let decl = &p.stages[idx];
         let fits = matches!(decl.partitioning, Partitioning::ByRecord(s) if s.fits_whole_input);
+        if decl.partitioning == Partitioning::OwnParts {
+            // Reads nothing of the pipeline's (a source): the stage divides its own work.
+            own_parts.insert(idx, (i, sh.shards));
+            continue;
+        }
         if let Partitioning::SplitInput { split } = decl.partitioning {
             // Its inputs come from outside the wave (`dag::waves`): the split one in parts.
             for (pos, input) in decl.inputs.iter().enumerate() {
@@ -862,6 +879,7 @@ pub async fn shard(
         whole,
         keys_in,
         part_keys,
+        own_parts,
         sharded_names: planned.values().map(|s| s.name.clone()).collect(),
         merging: None,
         hint: format!("wave {k} shard {i} reads it as planned; plan the wave again (run step {})", k - 1),

@@ -48,7 +48,9 @@ impl Waves {
             for (i, p) in placement.iter().enumerate() {
                 match (p, parts[i]) {
                     (Placement::Wave(w), Partitioning::ByRecord(s)) => *heavy.entry(*w).or_default() |= s.heavy,
-                    (Placement::Wave(w), Partitioning::SplitInput { .. }) => *heavy.entry(*w).or_default() = true,
+                    (Placement::Wave(w), Partitioning::SplitInput { .. } | Partitioning::OwnParts) => {
+                        *heavy.entry(*w).or_default() = true
+                    }
                     _ => {}
                 }
             }
@@ -108,7 +110,7 @@ fn place(graph: &Graph, parts: &[Partitioning]) -> Vec<Placement> {
                 }
                 at[i] = w;
             }
-            Partitioning::SplitInput { .. } => {
+            Partitioning::SplitInput { .. } | Partitioning::OwnParts => {
                 in_wave[i] = true;
                 at[i] = ins.iter().map(|&j| at[j] + 1).max().unwrap_or(1);
             }

@@ -697,21 +697,20 @@ fn plan(
             PlanCtx { name: &d.name, spans: &d.spans, root, inputs, providers, embedders, diags, files: Vec::new() };
         let schema = d.stage.plan(&mut ctx);
         let files = std::mem::take(&mut ctx.files);
-        let own = d.stage.partitioning(&PartitionCtx { providers, embedders });
-        let partitioning = match (d.options.get("shard").and_then(|v| v.as_bool()), own) {
+        let shard = d.options.get("shard").and_then(|v| v.as_bool());
+        let own = d.stage.partitioning(&PartitionCtx { providers, embedders, shard });
+        let partitioning = match (shard, own) {
             (Some(false), _) => Partitioning::Whole,
             (Some(true), Partitioning::Whole) => {
+                let why = d.stage.why_whole().unwrap_or_else(|| "it needs its inputs whole".into());
                 ctx.error(
                     "shard",
-                    format!(
-                        "a \"{}\" stage cannot run as shards: it needs its inputs whole (remove `shard`)",
-                        d.kind.name
-                    ),
+                    format!("a \"{}\" stage cannot run as shards: {why} (remove `shard`)", d.kind.name),
                 );
                 Partitioning::Whole
             }
             (Some(true), Partitioning::ByRecord(s)) => Partitioning::ByRecord(Sharding { heavy: true, ..s }),
-            (Some(true), p @ Partitioning::SplitInput { .. }) => p,
+            (Some(true), p @ (Partitioning::SplitInput { .. } | Partitioning::OwnParts)) => p,
             (None, p) => p,
         };
         let d = raws[i].decl.as_mut().expect("checked");

@@ -431,7 +431,11 @@ impl Stage for Metrics {
 
     /// The shards' parts back in input order (a k-way merge by position: a row belongs
     /// to one part), and the summary over every row.
-    async fn combine(&self, ctx: &mut RunCtx, parts: &[PathBuf]) -> Result<()> {
+    async fn combine(&self, ctx: &mut RunCtx, outputs: &[super::PartOutput]) -> Result<()> {
+        for part in outputs {
+            part.keep_failures(ctx)?;
+        }
+        let parts: Vec<&std::path::Path> = outputs.iter().map(|p| p.data.as_path()).collect();
         let schema = self.output_schema();
         let width = schema.fields().len();
         let mut batches: Vec<RecordBatch> = Vec::new();

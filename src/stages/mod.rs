@@ -108,6 +108,11 @@ pub enum Partitioning {
     /// with [`Stage::combine`], exactly. Always worth a wave (heavy); the stage's inputs
     /// are complete before its wave, and its output only after the merge.
     SplitInput { split: usize },
+    /// The stage divides its own work into one part per shard (a source splits its
+    /// files at line or row boundaries: [`RunCtx::part`]); each shard writes a partial
+    /// result and the merge step combines the partials with [`Stage::combine`], exactly.
+    /// A wave of its own, like [`Partitioning::SplitInput`].
+    OwnParts,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -129,6 +134,30 @@ impl Sharding {
 pub struct PartitionCtx<'a> {
     pub providers: &'a BTreeMap<String, Decl>,
     pub embedders: &'a BTreeMap<String, Decl>,
+    /// The stage's `shard` option: `Some(true)` asks for shards where the kind would
+    /// otherwise judge its work too small for a wave of its own.
+    pub shard: Option<bool>,
+}
+
+/// A shard's partial result of a [`Partitioning::SplitInput`] or
+/// [`Partitioning::OwnParts`] stage, as the merge step hands it to [`Stage::combine`].
+pub struct PartOutput {
+    /// The partial output (the stage's own layout).
+    pub data: PathBuf,
+    /// The shard's failure table for the stage, if it recorded any.
+    pub failures: Option<PathBuf>,
+}
+
+impl PartOutput {
+    /// Record this part's failures as the stage's (a combine that keeps the part's work).
+    pub fn keep_failures(&self, ctx: &RunCtx) -> Result<()> {
+        if let Some(f) = &self.failures {
+            for row in crate::store::failures::read_failures(f)?.0 {
+                ctx.failures.push(row);
+            }
+        }
+        Ok(())
+    }
 }
 
 /// How many inputs a stage kind takes.
@@ -215,12 +244,19 @@ pub trait Stage: Send + Sync {
         Partitioning::Whole
     }
 
-    /// For a kind whose [`Partitioning::SplitInput`] divides an input among shards: the
-    /// merge step's work. `parts` are the shards' partial outputs in shard order; the
-    /// stage writes its complete output through `ctx` (no inputs are open), exactly as
-    /// one process over the whole input writes it.
-    async fn combine(&self, _ctx: &mut RunCtx, _parts: &[PathBuf]) -> Result<()> {
-        anyhow::bail!("this stage kind cannot combine partial results (a bug: it declared SplitInput)")
+    /// Why this configuration of the stage runs once (said when `shard = true` asks for
+    /// shards it cannot have); `None` for the kind's general reason.
+    fn why_whole(&self) -> Option<String> {
+        None
+    }
+
+    /// For a kind whose [`Partitioning::SplitInput`] or [`Partitioning::OwnParts`]
+    /// divides its work among shards: the merge step's work. `parts` are the shards'
+    /// partial outputs in shard order; the stage writes its complete output through
+    /// `ctx` (no inputs are open), exactly as one process over the whole input writes
+    /// it, and records the failures that stand ([`PartOutput::keep_failures`]).
+    async fn combine(&self, _ctx: &mut RunCtx, _parts: &[PartOutput]) -> Result<()> {
+        anyhow::bail!("this stage kind cannot combine partial results (a bug: it declared SplitInput or OwnParts)")
     }
 }
 
@@ -567,6 +603,9 @@ pub struct RunCtx {
     /// the whole input of each record of the shard's part of the split input (ascending).
     /// `None` otherwise (the stage then writes its complete output).
     pub part_positions: Option<Vec<u64>>,
+    /// In a shard of a wave, for a [`Partitioning::OwnParts`] stage: `(part, parts)`,
+    /// the shard's part of the stage's own work. `None` otherwise.
+    pub part: Option<(usize, usize)>,
 }
 
 impl RunCtx {

@@ -477,7 +477,12 @@ impl Stage for Retrieve {
     /// The shards' partial results, row by row (every part holds every query, in
     /// order): the most similar record is the part winner with the largest f64 score,
     /// the least similar the one with the smallest, ties to the lower corpus position.
-    async fn combine(&self, ctx: &mut RunCtx, parts: &[std::path::PathBuf]) -> Result<()> {
+    async fn combine(&self, ctx: &mut RunCtx, outputs: &[super::PartOutput]) -> Result<()> {
+        for part in outputs {
+            part.keep_failures(ctx)?;
+        }
+        let parts: Vec<&std::path::Path> = outputs.iter().map(|p| p.data.as_path()).collect();
+        let parts = parts.as_slice();
         let first = parts.first().context("no partial results to combine")?;
         let written = crate::store::parquet::writer_schema(first)?;
         let n = written.fields().len();

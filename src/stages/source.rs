@@ -3,6 +3,16 @@
 //! `<stage>-<ordinal>`). A malformed line or row becomes a failure naming
 //! `file:line:col`; a file that cannot be read at all, or a Parquet file with the
 //! wrong schema, stops the stage with a message naming the file.
+//!
+//! In a sharded run a large source of local JSONL or Parquet files is split among the
+//! shards ([`Partitioning::OwnParts`]): part `i` of `n` reads the bytes (JSONL: cut at
+//! line starts) or rows (Parquet) between the `i`-th and `i+1`-th `n`-quantile, finds
+//! its first line number and record ordinal by counting the lines before it (a byte
+//! scan, no parsing), and writes its records with its own inferred column types. The
+//! merge step joins the parts' types into the whole source's (the join is associative:
+//! a column's type is the narrowest all its values fit), keeps each part whose types
+//! are the whole source's, and decodes the others again from their byte range: the
+//! output, ids, line numbers and failures are those of one process.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -19,7 +29,10 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{Arity, BuildCtx, Cancelled, KindInfo, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Stage};
+use super::{
+    Arity, BuildCtx, Cancelled, KindInfo, PartOutput, PartitionCtx, Partitioning, PlanCtx, PrepareCtx, Prepared, Role,
+    RunCtx, Stage,
+};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty, UINT, expand_glob};
 use crate::data::{self, ID, Row};
@@ -66,9 +79,17 @@ const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default("allow_empty", Ty::Bool, "false", "accept a source with no records"),
 ];
 
+/// In a sharded run, local JSONL or Parquet files of at least this many bytes in all
+/// are split among the shards (`shard = true` splits smaller ones, `false` none):
+/// below it a wave's round trip costs more than the reading saves.
+pub const SPLIT_MIN_BYTES: u64 = 64 << 20;
+
+/// Footer key of a part's inferred column types (JSONL parts of a sharded run).
+const PART_TYPES_KEY: &str = "synth.source.part_types";
+
 pub static KIND: KindInfo = KindInfo {
     name: "source",
-    version: 1,
+    version: 2,
     about: "read records from local files (JSONL, JSON, CSV, TSV, Parquet) or a Hugging Face Hub dataset",
     role: Role::Source,
     arity: Arity::None,
@@ -238,6 +259,29 @@ impl Source {
         }
     }
 
+    /// Why this source cannot be split among shards (`None`: it can).
+    fn split_blocker(&self) -> Option<String> {
+        if self.opts.path.is_none() {
+            return Some("only local files are split among shards (a hub dataset or a URL is read once)".into());
+        }
+        if self.opts.limit.is_some() {
+            return Some("a source with `limit` is read once (the limit counts records from the start)".into());
+        }
+        let files = self.local_files().ok()?;
+        let formats: Vec<Format> = files.iter().filter_map(|f| self.format_of(f).ok()).collect();
+        let splittable = |f: &Format| matches!(f, Format::Jsonl | Format::Parquet);
+        if formats.len() != files.len() || formats.is_empty() || !formats.iter().all(|f| *f == formats[0]) {
+            return Some("its files' formats are unknown or differ".into());
+        }
+        if !splittable(&formats[0]) {
+            return Some(
+                "only JSONL and Parquet files are split among shards (a JSON array, CSV or TSV file is read once)"
+                    .into(),
+            );
+        }
+        None
+    }
+
     fn csv_delimiter(&self, format: Format) -> u8 {
         self.delimiter.unwrap_or(if format == Format::Tsv { b'\t' } else { b',' })
     }
@@ -315,6 +359,21 @@ impl Stage for Source {
         }
     }
 
+    fn partitioning(&self, ctx: &PartitionCtx<'_>) -> Partitioning {
+        if ctx.shard == Some(false) || self.split_blocker().is_some() {
+            return Partitioning::Whole;
+        }
+        let bytes: u64 = self
+            .local_files()
+            .map(|files| files.iter().filter_map(|f| f.metadata().ok()).map(|m| m.len()).sum())
+            .unwrap_or(0);
+        if ctx.shard == Some(true) || bytes >= SPLIT_MIN_BYTES { Partitioning::OwnParts } else { Partitioning::Whole }
+    }
+
+    fn why_whole(&self) -> Option<String> {
+        self.split_blocker()
+    }
+
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
         let files = ctx.prepared.files.clone();
         if files.is_empty() {
@@ -328,13 +387,7 @@ impl Stage for Source {
                 files[formats.iter().position(|f| *f != formats[0]).expect("exists")].display()
             );
         }
-        let src = Source {
-            name: self.name.clone(),
-            opts: self.opts.clone(),
-            types: self.types.clone(),
-            delimiter: self.delimiter,
-            root: self.root.clone(),
-        };
+        let src = self.clone_for_worker();
         let limit = self.limit(ctx.limit);
         let format = formats[0];
         let meta = ctx.footer_meta();
@@ -343,28 +396,146 @@ impl Stage for Source {
         let progress = ctx.progress.clone();
         let failures = ctx.failures.clone();
         let name = ctx.name.clone();
+        let part = ctx.part;
         let (out, rows_in) = tokio::task::spawn_blocking(move || -> Result<(ParquetOut, u64)> {
             let mut w =
                 Emitter { name, out_path, meta, out: None, ordinal: 0, written: 0, limit, cancel, progress, failures };
-            match format {
-                Format::Parquet => src.read_parquet(&files, &mut w)?,
-                Format::Jsonl | Format::JsonArray => src.read_json(&files, format, &mut w)?,
-                Format::Csv | Format::Tsv => src.read_csv(&files, format, &mut w)?,
-            }
-            let rows_in = w.ordinal;
+            let first_ordinal = match part {
+                // With a limit, part 0 reads from the start (the limit counts from there).
+                Some((i, _)) if limit.is_some() && i > 0 => return Ok((w.finish()?, 0)),
+                Some((i, n)) if limit.is_none() => match format {
+                    Format::Parquet => src.read_parquet(&files, Some((i, n)), &mut w)?,
+                    _ => src.read_jsonl_part(&files, i, n, &mut w)?,
+                },
+                _ => {
+                    match format {
+                        Format::Parquet => {
+                            src.read_parquet(&files, None, &mut w)?;
+                        }
+                        Format::Jsonl | Format::JsonArray => src.read_json(&files, format, &mut w)?,
+                        Format::Csv | Format::Tsv => src.read_csv(&files, format, &mut w)?,
+                    }
+                    0
+                }
+            };
+            let rows_in = w.ordinal - first_ordinal;
             let out = w.finish()?;
             Ok((out, rows_in))
         })
         .await
         .context("source reader panicked")??;
         ctx.report.rows_in = rows_in;
+        if part.is_some() {
+            // A part may be empty; the merge step checks the whole source.
+            return ctx.set_output(out);
+        }
+        self.check_not_empty(ctx, &out)?;
+        ctx.set_output(out)
+    }
+
+    async fn combine(&self, ctx: &mut RunCtx, parts: &[PartOutput]) -> Result<()> {
+        let files = ctx.prepared.files.clone();
+        let format = self.format_of(files.first().context("no input files")?)?;
+        // Which parts were written with other column types than the whole source's
+        // (JSONL with inferred types): those are decoded again.
+        let mut redo = vec![None; parts.len()];
+        if format == Format::Jsonl && self.declared_schema().is_none() && self.limit(ctx.limit).is_none() {
+            let mut own: Vec<Option<Schema>> = Vec::with_capacity(parts.len());
+            for part in parts {
+                let footer = crate::store::parquet::read_footer(&part.data)?;
+                own.push(match footer.meta.get(PART_TYPES_KEY) {
+                    Some(text) => Some(schema_from_json(text).with_context(|| {
+                        format!("{}: unreadable {PART_TYPES_KEY} (not a part of this stage?)", part.data.display())
+                    })?),
+                    None => None,
+                });
+            }
+            let mut whole: Option<Schema> = None;
+            for s in own.iter().flatten() {
+                merge_inferred(&mut whole, s.clone())?;
+            }
+            if let Some(whole) = whole {
+                let shaped = self.shape_schema(&files[0], &whole)?;
+                for (k, s) in own.iter().enumerate() {
+                    if let Some(s) = s
+                        && self.shape_schema(&files[0], s).ok().as_ref() != Some(&shaped)
+                    {
+                        redo[k] = Some(shaped.clone());
+                    }
+                }
+            }
+        }
+        for (part, redo) in parts.iter().zip(&redo) {
+            if redo.is_none() {
+                part.keep_failures(ctx)?;
+            }
+        }
+        let src = self.clone_for_worker();
+        let n = parts.len();
+        let datas: Vec<PathBuf> = parts.iter().map(|p| p.data.clone()).collect();
+        let mut w = Emitter {
+            name: ctx.name.clone(),
+            out_path: ctx.output_path(),
+            meta: ctx.footer_meta(),
+            out: None,
+            ordinal: 0,
+            written: 0,
+            limit: None,
+            cancel: ctx.cancel.clone(),
+            progress: ctx.progress.clone(),
+            failures: ctx.failures.clone(),
+        };
+        let redone = redo.iter().filter(|r| r.is_some()).count();
+        let out = tokio::task::spawn_blocking(move || -> Result<ParquetOut> {
+            for (k, (data, redo)) in datas.iter().zip(redo).enumerate() {
+                w.check_cancel()?;
+                match redo {
+                    Some(schema) => {
+                        let (stretches, first) = jsonl_part(&files, k, n)?;
+                        w.ordinal = first;
+                        src.decode_json(&stretches, Format::Jsonl, Arc::new(schema), &mut w)?;
+                    }
+                    None => {
+                        for batch in crate::store::parquet::open_reader(data, super::exec::BATCH_ROWS)? {
+                            let batch = batch.with_context(|| format!("reading {}", data.display()))?;
+                            if batch.num_rows() > 0 {
+                                w.write_batch(&batch)?;
+                            }
+                        }
+                    }
+                }
+            }
+            w.finish()
+        })
+        .await
+        .context("source merge panicked")??;
+        if redone > 0 {
+            ctx.report.info.insert("parts_decoded_again".into(), redone.to_string());
+        }
+        self.check_not_empty(ctx, &out)?;
+        ctx.set_output(out)
+    }
+}
+
+impl Source {
+    fn clone_for_worker(&self) -> Source {
+        Source {
+            name: self.name.clone(),
+            opts: self.opts.clone(),
+            types: self.types.clone(),
+            delimiter: self.delimiter,
+            root: self.root.clone(),
+        }
+    }
+
+    fn check_not_empty(&self, ctx: &RunCtx, out: &ParquetOut) -> Result<()> {
         if out.rows() == 0 && ctx.failures.is_empty() && !self.opts.allow_empty {
             bail!(
                 "no records in {} (set allow_empty = true to accept an empty source)",
                 ctx.prepared.files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", ")
             );
         }
-        ctx.set_output(out)
+        Ok(())
     }
 }
 
@@ -461,12 +632,16 @@ impl Emitter {
     }
 
     fn write_with_ids(&mut self, batch: RecordBatch, ids: ArrayRef) -> Result<()> {
-        let batch = data::with_ids(&batch, ids)?;
+        self.write_batch(&data::with_ids(&batch, ids)?)
+    }
+
+    /// Write a batch that already carries its ids (a part's rows, in the merge step).
+    fn write_batch(&mut self, batch: &RecordBatch) -> Result<()> {
         if self.out.is_none() {
             self.out = Some(ParquetOut::create(&self.out_path, batch.schema(), self.meta.clone(), true)?);
         }
         let out = self.out.as_mut().expect("created");
-        out.write(&batch)?;
+        out.write(batch)?;
         self.written += batch.num_rows() as u64;
         Ok(())
     }
@@ -494,25 +669,31 @@ impl Source {
                 b.schema().as_ref().clone()
             }
             Format::Jsonl | Format::JsonArray => {
-                let mut values = Vec::new();
+                let mut inferred = Inferred::default();
+                let mut seen = 0;
                 for_each_json_record(file, format, &mut |_, _, rec| {
                     if let Ok(Value::Object(m)) = rec {
-                        values.push(Value::Object(m));
+                        inferred.add(&m);
+                        seen += 1;
                     }
-                    Ok(values.len() < 1000)
+                    Ok(seen < 1000)
                 })?;
-                infer_json(file, &values)?
+                Schema::new(inferred.fields)
             }
             Format::Csv | Format::Tsv => self.infer_csv(&[file.to_path_buf()], format, Some(1000))?,
         };
         self.shape_schema(file, &raw)
     }
 
-    fn read_parquet(&self, files: &[PathBuf], w: &mut Emitter) -> Result<()> {
+    /// Read Parquet files, all of them or (`part = Some((i, n))`, a sharded run) the rows
+    /// between the `i`-th and `i+1`-th `n`-quantile of their rows. Returns the ordinal of
+    /// the first record read.
+    fn read_parquet(&self, files: &[PathBuf], part: Option<(usize, usize)>, w: &mut Emitter) -> Result<u64> {
+        // Every file's columns are checked against the first's before any is read (a
+        // part reads only some of them, and must stop where one process stops).
         let mut reference: Option<(PathBuf, Schema)> = None;
-        let total: u64 =
-            files.iter().filter_map(|f| crate::store::parquet::read_footer(f).ok().map(|m| m.num_rows)).sum();
-        w.progress.set_total(w.limit.map_or(total, |l| l.min(total)));
+        let mut shapes = Vec::with_capacity(files.len());
+        let mut counts = Vec::with_capacity(files.len());
         for file in files {
             let f = File::open(file).with_context(|| format!("opening {}", file.display()))?;
             let builder = ParquetRecordBatchReaderBuilder::try_new(f)
@@ -544,19 +725,57 @@ impl Source {
                     }
                 }
             }
+            counts.push(builder.metadata().file_metadata().num_rows().max(0) as u64);
+            shapes.push((file_schema, shaped));
+        }
+        let total: u64 = counts.iter().sum();
+        let (lo, hi) = match part {
+            None => (0, total),
+            Some((i, n)) => {
+                let at = |k: usize| (total as u128 * k as u128 / n.max(1) as u128) as u64;
+                (at(i), at(i + 1))
+            }
+        };
+        w.progress.set_total(w.limit.map_or(hi - lo, |l| l.min(hi - lo)));
+        let mut base = 0u64;
+        for ((file, (file_schema, shaped)), count) in files.iter().zip(shapes).zip(counts) {
+            let (from, to) = (lo.max(base), hi.min(base + count));
+            base += count;
+            if from >= to && part.is_some() {
+                continue;
+            }
+            let (from, to) = (from - (base - count), to.max(from) - (base - count));
+            let f = File::open(file).with_context(|| format!("opening {}", file.display()))?;
+            let builder = ParquetRecordBatchReaderBuilder::try_new(f)
+                .with_context(|| format!("{}: not a readable Parquet file", file.display()))?;
+            // The row groups that hold rows `from..to`, and the rows to skip in the first.
+            let mut groups = Vec::new();
+            let mut skip = 0u64;
+            let mut at = 0u64;
+            for (g, rg) in builder.metadata().row_groups().iter().enumerate() {
+                let n = rg.num_rows().max(0) as u64;
+                if at + n > from && at < to {
+                    if groups.is_empty() {
+                        skip = from - at;
+                    }
+                    groups.push(g);
+                }
+                at += n;
+            }
             let indices: Vec<usize> =
                 shaped.fields().iter().map(|f| file_schema.index_of(f.name()).expect("checked")).collect();
             let mask = ProjectionMask::roots(builder.parquet_schema(), indices.clone());
-            let reader = builder
-                .with_projection(mask)
-                .with_batch_size(super::exec::BATCH_ROWS)
-                .build()
-                .with_context(|| format!("reading {}", file.display()))?;
+            let mut builder = builder.with_projection(mask).with_batch_size(super::exec::BATCH_ROWS);
+            if part.is_some() {
+                builder = builder.with_row_groups(groups).with_offset(skip as usize).with_limit((to - from) as usize);
+            }
+            let reader = builder.build().with_context(|| format!("reading {}", file.display()))?;
+            w.ordinal = base - count + from;
             let id_col = self.id_source(&shaped).map(str::to_string);
             for batch in reader {
                 w.check_cancel()?;
                 if w.done() {
-                    return Ok(());
+                    return Ok(lo);
                 }
                 let batch = batch.with_context(|| format!("{}: corrupt Parquet data", file.display()))?;
                 // Projection keeps file order; reorder and cast to the shaped schema.
@@ -586,55 +805,71 @@ impl Source {
                 w.progress.inc(n);
             }
         }
-        Ok(())
+        Ok(lo)
+    }
+
+    /// The schema `columns` and `types` declare in full (then nothing is inferred).
+    fn declared_schema(&self) -> Option<Schema> {
+        let cols = self.opts.columns.as_ref()?;
+        if !cols.iter().all(|c| self.types.contains_key(c)) {
+            return None;
+        }
+        Some(Schema::new(cols.iter().map(|c| Field::new(c, self.types[c].clone(), true)).collect::<Vec<_>>()))
     }
 
     fn read_json(&self, files: &[PathBuf], format: Format, w: &mut Emitter) -> Result<()> {
+        let stretches: Vec<Stretch> = files.iter().map(|f| Stretch::whole(f)).collect();
         // Pass 1: infer one schema over every record of every file (a column that is
         // null in the first thousand lines must not be typed wrongly).
-        let mut values: Vec<Value> = Vec::new();
-        let mut schema: Option<Schema> = None;
-        let declared = self.opts.columns.as_ref().is_some_and(|c| c.iter().all(|c| self.types.contains_key(c)));
-        if declared {
-            let cols = self.opts.columns.as_ref().expect("declared");
-            schema =
-                Some(Schema::new(cols.iter().map(|c| Field::new(c, self.types[c].clone(), true)).collect::<Vec<_>>()));
-        } else {
-            let mut inferred: Option<Schema> = None;
-            for file in files {
-                for_each_json_record(file, format, &mut |_, _, rec| {
-                    if let Ok(v @ Value::Object(_)) = rec {
-                        values.push(v);
-                        if values.len() >= 4096 {
-                            merge_inferred(&mut inferred, infer_json(file, &values)?)?;
-                            values.clear();
-                        }
-                    }
-                    Ok(!w.cancel.is_cancelled())
-                })?;
-                w.check_cancel()?;
-                if !values.is_empty() {
-                    merge_inferred(&mut inferred, infer_json(file, &values)?)?;
-                    values.clear();
-                }
-            }
-            if let Some(raw) = inferred {
-                schema = Some(self.shape_schema(&files[0], &raw)?);
-            }
-        }
-        let Some(schema) = schema else {
-            return self.only_failures_json(files, format, w);
+        let schema = match self.declared_schema() {
+            Some(s) => Some(s),
+            None => match infer_stretches(&stretches, format, &w.cancel)? {
+                Some(raw) => Some(self.shape_schema(&files[0], &raw)?),
+                None => None,
+            },
         };
-        let schema = Arc::new(schema);
-        let id_col = self.id_source(&schema).map(str::to_string);
+        w.check_cancel()?;
+        match schema {
+            Some(schema) => self.decode_json(&stretches, format, Arc::new(schema), w),
+            None => self.only_failures_json(&stretches, format, w),
+        }
+    }
 
-        // Pass 2: decode in chunks; bad lines become failures.
-        for file in files {
+    /// Part `part` of `parts` of a JSONL source in a sharded run: its byte range only,
+    /// decoded with the column types of its own records (recorded in the footer for the
+    /// merge step, which decodes the part again if the whole source's types differ).
+    /// Returns the ordinal of the part's first record.
+    fn read_jsonl_part(&self, files: &[PathBuf], part: usize, parts: usize, w: &mut Emitter) -> Result<u64> {
+        let (stretches, first) = jsonl_part(files, part, parts)?;
+        w.ordinal = first;
+        if let Some(schema) = self.declared_schema() {
+            self.decode_json(&stretches, Format::Jsonl, Arc::new(schema), w)?;
+            return Ok(first);
+        }
+        let Some(raw) = infer_stretches(&stretches, Format::Jsonl, &w.cancel)? else {
+            self.only_failures_json(&stretches, Format::Jsonl, w)?;
+            return Ok(first);
+        };
+        w.check_cancel()?;
+        w.meta.push((PART_TYPES_KEY.to_string(), schema_to_json(&raw)));
+        // Columns the whole source has but this part lacks cannot be shaped here: the
+        // merge step decodes such a part with the whole source's schema.
+        if let Ok(shaped) = self.shape_schema(&files[0], &raw) {
+            self.decode_json(&stretches, Format::Jsonl, Arc::new(shaped), w)?;
+        }
+        Ok(first)
+    }
+
+    /// Pass 2: decode in chunks; bad lines become failures.
+    fn decode_json(&self, stretches: &[Stretch], format: Format, schema: SchemaRef, w: &mut Emitter) -> Result<()> {
+        let id_col = self.id_source(&schema).map(str::to_string);
+        for stretch in stretches {
+            let file = stretch.file.as_path();
             let mut rows: Vec<Row> = Vec::new();
             let mut ords: Vec<u64> = Vec::new();
             let mut lines: Vec<usize> = Vec::new();
             let mut stop = false;
-            for_each_json_record(file, format, &mut |line, raw, rec| {
+            stretch.visit(format, &mut |line, raw, rec| {
                 if w.done() || w.cancel.is_cancelled() {
                     stop = true;
                     return Ok(false);
@@ -676,9 +911,10 @@ impl Source {
     }
 
     /// No record parsed at all: still visit every line so each failure is recorded.
-    fn only_failures_json(&self, files: &[PathBuf], format: Format, w: &mut Emitter) -> Result<()> {
-        for file in files {
-            for_each_json_record(file, format, &mut |line, raw, rec| {
+    fn only_failures_json(&self, stretches: &[Stretch], format: Format, w: &mut Emitter) -> Result<()> {
+        for stretch in stretches {
+            let file = stretch.file.as_path();
+            stretch.visit(format, &mut |line, raw, rec| {
                 match rec {
                     Ok(other) => w.fail(
                         format!("{}:{line}: expected a JSON object, found {}", file.display(), json_kind(&other)),
@@ -948,9 +1184,124 @@ fn merge_type(a: &DataType, b: &DataType) -> DataType {
     }
 }
 
-fn infer_json(file: &Path, values: &[Value]) -> Result<Schema> {
-    arrow::json::reader::infer_json_schema_from_iterator(values.iter().map(Ok))
-        .with_context(|| format!("{}: cannot infer a schema", file.display()))
+/// The column types of a set of JSON records: per column the narrowest type all its
+/// values fit ([`value_type`], joined by [`merge_type`]); columns in first-seen order.
+/// The join is associative, so the types of a whole source are the join of its parts'.
+#[derive(Default)]
+struct Inferred {
+    fields: Vec<Field>,
+    index: std::collections::HashMap<String, usize>,
+}
+
+impl Inferred {
+    fn add(&mut self, record: &serde_json::Map<String, Value>) {
+        for (k, v) in record {
+            let t = value_type(v);
+            match self.index.get(k) {
+                Some(&i) => {
+                    let f = &mut self.fields[i];
+                    if f.data_type() != &t {
+                        *f = Field::new(k, merge_type(f.data_type(), &t), true);
+                    }
+                }
+                None => {
+                    self.index.insert(k.clone(), self.fields.len());
+                    self.fields.push(Field::new(k, t, true));
+                }
+            }
+        }
+    }
+
+    fn schema(self, any: bool) -> Option<Schema> {
+        any.then(|| Schema::new(self.fields))
+    }
+}
+
+/// The type of one JSON value (objects as structs, arrays as lists of their
+/// elements' joined type).
+fn value_type(v: &Value) -> DataType {
+    match v {
+        Value::Null => DataType::Null,
+        Value::Bool(_) => DataType::Boolean,
+        Value::Number(n) if n.is_i64() => DataType::Int64,
+        Value::Number(_) => DataType::Float64,
+        Value::String(_) => DataType::Utf8,
+        Value::Array(items) => {
+            let item = items.iter().fold(DataType::Null, |acc, x| merge_type(&acc, &value_type(x)));
+            DataType::List(Arc::new(Field::new_list_field(item, true)))
+        }
+        Value::Object(map) => {
+            let mut inner = Inferred::default();
+            inner.add(map);
+            DataType::Struct(inner.fields.into())
+        }
+    }
+}
+
+/// Infer the column types of the records of `stretches` (`None`: no record is a JSON object).
+fn infer_stretches(
+    stretches: &[Stretch],
+    format: Format,
+    cancel: &tokio_util::sync::CancellationToken,
+) -> Result<Option<Schema>> {
+    let mut inferred = Inferred::default();
+    let mut any = false;
+    for stretch in stretches {
+        stretch.visit(format, &mut |_, _, rec| {
+            if let Ok(Value::Object(map)) = rec {
+                inferred.add(&map);
+                any = true;
+            }
+            Ok(!cancel.is_cancelled())
+        })?;
+        if cancel.is_cancelled() {
+            bail!(Cancelled);
+        }
+    }
+    Ok(inferred.schema(any))
+}
+
+/// A part's inferred column types as text (footer metadata): the closed set of types
+/// inference yields.
+fn schema_to_json(schema: &Schema) -> String {
+    fn ty(t: &DataType) -> Value {
+        match t {
+            DataType::List(f) => serde_json::json!({ "list": ty(f.data_type()) }),
+            DataType::Struct(fs) => serde_json::json!({ "struct": fields(fs) }),
+            other => Value::String(data::type_display(other).to_string()),
+        }
+    }
+    fn fields(fs: &arrow::datatypes::Fields) -> Value {
+        Value::Array(fs.iter().map(|f| serde_json::json!([f.name(), ty(f.data_type())])).collect())
+    }
+    fields(schema.fields()).to_string()
+}
+
+fn schema_from_json(text: &str) -> Result<Schema> {
+    fn ty(v: &Value) -> Result<DataType> {
+        Ok(match v {
+            Value::String(s) => match s.as_str() {
+                "null" => DataType::Null,
+                other => data::parse_type_name(other).ok_or_else(|| anyhow!("unknown type \"{other}\""))?,
+            },
+            Value::Object(m) if m.contains_key("list") => {
+                DataType::List(Arc::new(Field::new_list_field(ty(&m["list"])?, true)))
+            }
+            Value::Object(m) if m.contains_key("struct") => DataType::Struct(fields(&m["struct"])?.into()),
+            other => bail!("not a type: {other}"),
+        })
+    }
+    fn fields(v: &Value) -> Result<Vec<Field>> {
+        let Value::Array(items) = v else { bail!("not a field list") };
+        items
+            .iter()
+            .map(|item| match item.as_array().map(|a| a.as_slice()) {
+                Some([Value::String(name), t]) => Ok(Field::new(name, ty(t)?, true)),
+                _ => bail!("not a field: {item}"),
+            })
+            .collect()
+    }
+    Ok(Schema::new(fields(&serde_json::from_str(text)?)?))
 }
 
 fn json_kind(v: &Value) -> &'static str {
@@ -984,34 +1335,175 @@ fn for_each_json_record(file: &Path, format: Format, f: &mut RecordVisitor<'_>) 
         }
         return Ok(());
     }
-    let reader =
-        BufReader::with_capacity(1 << 20, File::open(file).with_context(|| format!("opening {}", file.display()))?);
-    for (idx, line) in reader.split(b'\n').enumerate() {
-        let line = line.with_context(|| format!("reading {}", file.display()))?;
-        let line_no = idx + 1;
-        let trimmed = line.strip_suffix(b"\r").unwrap_or(&line);
-        if trimmed.iter().all(|b| b.is_ascii_whitespace()) {
-            continue;
+    Stretch::whole(file).visit(format, f)
+}
+
+/// What one pass reads of one file: all of it, or (a part of a JSONL source) the byte
+/// range `start..end`, which starts at a line start; its first line is `first_line`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Stretch {
+    file: PathBuf,
+    range: Option<(u64, u64)>,
+    first_line: usize,
+}
+
+impl Stretch {
+    fn whole(file: &Path) -> Stretch {
+        Stretch { file: file.to_path_buf(), range: None, first_line: 1 }
+    }
+
+    /// Visit each record with its line number, raw text and parse result.
+    fn visit(&self, format: Format, f: &mut RecordVisitor<'_>) -> Result<()> {
+        use std::io::{Read, Seek, SeekFrom};
+        let file = self.file.as_path();
+        if format == Format::JsonArray {
+            return for_each_json_record(file, format, f);
         }
-        let go_on = match std::str::from_utf8(trimmed) {
-            Err(e) => {
-                let raw = String::from_utf8_lossy(trimmed).to_string();
-                f(
-                    line_no,
-                    &raw,
-                    Err(format!("{}: invalid UTF-8 (byte {} of the line)", e.valid_up_to() + 1, e.valid_up_to() + 1)),
-                )?
+        let mut handle = File::open(file).with_context(|| format!("opening {}", file.display()))?;
+        let reader: Box<dyn BufRead> = match self.range {
+            None => Box::new(BufReader::with_capacity(1 << 20, handle)),
+            Some((start, end)) => {
+                handle.seek(SeekFrom::Start(start)).with_context(|| format!("reading {}", file.display()))?;
+                Box::new(BufReader::with_capacity(1 << 20, handle.take(end.saturating_sub(start))))
             }
-            Ok(text) => match serde_json::from_str::<Value>(text) {
-                Ok(v) => f(line_no, text, Ok(v))?,
-                Err(e) => f(line_no, text, Err(format!("{}: invalid JSON: {e}", e.column())))?,
-            },
         };
-        if !go_on {
-            break;
+        for (idx, line) in reader.split(b'\n').enumerate() {
+            let line = line.with_context(|| format!("reading {}", file.display()))?;
+            let line_no = self.first_line + idx;
+            let trimmed = line.strip_suffix(b"\r").unwrap_or(&line);
+            if is_blank(trimmed) {
+                continue;
+            }
+            let go_on = match std::str::from_utf8(trimmed) {
+                Err(e) => {
+                    let raw = String::from_utf8_lossy(trimmed).to_string();
+                    f(
+                        line_no,
+                        &raw,
+                        Err(format!(
+                            "{}: invalid UTF-8 (byte {} of the line)",
+                            e.valid_up_to() + 1,
+                            e.valid_up_to() + 1
+                        )),
+                    )?
+                }
+                Ok(text) => match serde_json::from_str::<Value>(text) {
+                    Ok(v) => f(line_no, text, Ok(v))?,
+                    Err(e) => f(line_no, text, Err(format!("{}: invalid JSON: {e}", e.column())))?,
+                },
+            };
+            if !go_on {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A line that holds no record (only ASCII white space).
+fn is_blank(line: &[u8]) -> bool {
+    line.iter().all(|b| b.is_ascii_whitespace())
+}
+
+/// Part `part` of `parts` of JSONL files, as stretches, and the ordinal of its first
+/// record. The files' bytes, taken as one sequence, are cut at the `parts`-quantiles,
+/// each cut moved forward to the next line start; the part's first line number and
+/// ordinal come from counting the lines and records before it (a byte scan).
+fn jsonl_part(files: &[PathBuf], part: usize, parts: usize) -> Result<(Vec<Stretch>, u64)> {
+    let sizes: Vec<u64> = files
+        .iter()
+        .map(|f| f.metadata().map(|m| m.len()).with_context(|| format!("reading {}", f.display())))
+        .collect::<Result<_>>()?;
+    let total: u64 = sizes.iter().sum();
+    // Cut k as (file, offset at a line start); (files.len(), 0) is the end.
+    let cut = |k: usize| -> Result<(usize, u64)> {
+        let global = (total as u128 * k as u128 / parts.max(1) as u128) as u64;
+        let mut base = 0u64;
+        for (f, &size) in sizes.iter().enumerate() {
+            if global < base + size {
+                let at = line_start_from(&files[f], global - base)?;
+                return Ok(if at >= size { (f + 1, 0) } else { (f, at) });
+            }
+            base += size;
+        }
+        Ok((files.len(), 0))
+    };
+    let (from, to) = (cut(part)?, cut(part + 1)?);
+    let mut first = 0u64;
+    for file in &files[..from.0] {
+        first += count_lines(file, u64::MAX)?.1;
+    }
+    let mut stretches = Vec::new();
+    if from.0 < files.len() {
+        let (newlines, records) = count_lines(&files[from.0], from.1)?;
+        first += records;
+        for f in from.0..to.0.min(files.len() - 1) + 1 {
+            let start = if f == from.0 { from.1 } else { 0 };
+            let end = if f == to.0 { to.1 } else { sizes[f] };
+            if (f, start) >= to || start >= end {
+                continue;
+            }
+            let first_line = if f == from.0 { newlines as usize + 1 } else { 1 };
+            stretches.push(Stretch { file: files[f].clone(), range: Some((start, end)), first_line });
         }
     }
-    Ok(())
+    Ok((stretches, first))
+}
+
+/// The first line start at or after `offset` (the file's size if none).
+fn line_start_from(file: &Path, offset: u64) -> Result<u64> {
+    use std::io::{Read, Seek, SeekFrom};
+    if offset == 0 {
+        return Ok(0);
+    }
+    let mut f = File::open(file).with_context(|| format!("opening {}", file.display()))?;
+    f.seek(SeekFrom::Start(offset - 1)).with_context(|| format!("reading {}", file.display()))?;
+    let mut at = offset - 1;
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = f.read(&mut buf).with_context(|| format!("reading {}", file.display()))?;
+        if n == 0 {
+            return Ok(at);
+        }
+        if let Some(i) = memchr::memchr(b'\n', &buf[..n]) {
+            return Ok(at + i as u64 + 1);
+        }
+        at += n as u64;
+    }
+}
+
+/// Newlines and records (non-blank lines) in the first `end` bytes of a file, which end
+/// at a line start (or the file's end).
+fn count_lines(file: &Path, end: u64) -> Result<(u64, u64)> {
+    use std::io::Read;
+    let f = File::open(file).with_context(|| format!("opening {}", file.display()))?;
+    let mut reader = f.take(end);
+    let mut buf = vec![0u8; 1 << 20];
+    let (mut newlines, mut records, mut content) = (0u64, 0u64, false);
+    loop {
+        let n = reader.read(&mut buf).with_context(|| format!("reading {}", file.display()))?;
+        if n == 0 {
+            break;
+        }
+        let mut rest = &buf[..n];
+        while !rest.is_empty() {
+            let (segment, ended) = match memchr::memchr(b'\n', rest) {
+                Some(i) => (&rest[..i], Some(i + 1)),
+                None => (rest, None),
+            };
+            content |= !is_blank(segment);
+            match ended {
+                Some(i) => {
+                    newlines += 1;
+                    records += content as u64;
+                    content = false;
+                    rest = &rest[i..];
+                }
+                None => rest = &[],
+            }
+        }
+    }
+    Ok((newlines, records + content as u64))
 }
 
 /// Inferred kind of a CSV column: the narrowest type every non-empty value fits.
