@@ -281,6 +281,180 @@ fn reference_metrics_split_their_rows_and_the_merge_summarizes_every_row() {
     }
 }
 
+/// Sources split among shards: two JSONL files read as one (no id column: ordinal ids;
+/// blank lines, CRLF, bad JSON, a non-object, invalid UTF-8; a column null in the first
+/// records and text later, another int then float: a part's own types differ from the
+/// whole source's), declared types, and two Parquet files of small row groups (some ids
+/// missing); then an LLM stage per note.
+const SOURCES: &str = r#"
+[pipeline]
+name = "split-sources"
+seed = 9
+output_dir = "out"
+
+[providers.local]
+kind = "offline"
+model = "offline"
+seed = 2
+
+[stages.notes]
+kind = "source"
+path = ["notes-a.jsonl", "notes-b.jsonl"]
+shard = true
+max_failure_ratio = 0.5
+
+[stages.typed]
+kind = "source"
+path = "typed.jsonl"
+columns = ["id", "n"]
+types = { id = "utf8", n = "int64" }
+shard = true
+max_failure_ratio = 0.5
+
+[stages.rows]
+kind = "source"
+path = "rows-*.parquet"
+id_column = "key"
+shard = true
+max_failure_ratio = 0.5
+
+[stages.replies]
+kind = "llm"
+inputs = ["notes"]
+provider = "local"
+prompt = "reply.j2"
+output_prefix = "reply_"
+"#;
+
+fn write_split_sources(p: &Project) {
+    use arrow::array::{Int64Array, RecordBatch, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use std::sync::Arc;
+    let mut a: Vec<u8> = Vec::new();
+    for i in 0..600usize {
+        let line = match i {
+            _ if i % 97 == 13 => String::new(),
+            _ if i % 89 == 7 => "{\"text\": \"broken\",".into(),
+            _ if i % 151 == 40 => "[1, 2, 3]".into(),
+            _ => {
+                // `extra` is null in the first 400 records, text after; `score` an
+                // integer, a float from record 300 on; `tags` a list.
+                let extra = if i < 400 { serde_json::Value::Null } else { format!("x{i}").into() };
+                let score: serde_json::Value = if i < 300 { (i as i64).into() } else { (i as f64 + 0.5).into() };
+                serde_json::json!({"text": format!("note {i}"), "extra": extra, "score": score, "tags": [i % 3, i % 5]})
+                    .to_string()
+            }
+        };
+        a.extend_from_slice(line.as_bytes());
+        a.extend_from_slice(if i % 10 == 3 { b"\r\n" } else { b"\n" });
+        if i == 250 {
+            a.extend_from_slice(b"{\"text\": \"bad \xff byte\"}\n");
+        }
+    }
+    p.write("notes-a.jsonl", &a);
+    let mut b = String::new();
+    for i in 0..300usize {
+        b.push_str(&serde_json::json!({"text": format!("second {i}"), "score": i, "late": i % 7}).to_string());
+        b.push('\n');
+        if i % 50 == 0 {
+            b.push_str("   \n");
+        }
+    }
+    p.write("notes-b.jsonl", b);
+    let mut typed = String::new();
+    for i in 0..400usize {
+        let n: serde_json::Value = if i % 41 == 9 { "not a number".into() } else { (i as i64).into() };
+        typed.push_str(&serde_json::json!({"id": format!("t{i:03}"), "n": n, "other": i}).to_string());
+        typed.push('\n');
+    }
+    p.write("typed.jsonl", typed);
+    p.write("reply.j2", "Reply to: {{ text }}\n");
+    let schema = Arc::new(Schema::new(vec![Field::new("key", DataType::Utf8, true), Field::new("v", DataType::Int64, true)]));
+    for (f, range) in [(0, 0..230i64), (1, 230..500)] {
+        let keys: Vec<Option<String>> = range.clone().map(|i| (i % 37 != 5).then(|| format!("k{i:04}"))).collect();
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(StringArray::from(keys)), Arc::new(Int64Array::from(range.map(|i| i * 3).collect::<Vec<_>>()))],
+        )
+        .unwrap();
+        let props = parquet::file::properties::WriterProperties::builder().set_max_row_group_row_count(Some(40)).build();
+        let file = std::fs::File::create(p.path().join(format!("rows-{f}.parquet"))).unwrap();
+        let mut w = parquet::arrow::ArrowWriter::try_new(file, schema.clone(), Some(props)).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+    }
+}
+
+#[test]
+fn sources_split_among_shards_give_the_ids_lines_and_failures_of_one_process() {
+    let p = Project::new();
+    p.write("s.toml", SOURCES);
+    write_split_sources(&p);
+    p.synth(&["run", "s.toml", "--out", "reference", "-q"]).ok();
+    let reference = p.path().join("reference");
+    // The reference is one process: ordinal ids across both files, line numbers of the
+    // file, types over every record.
+    let notes = parquet_rows(&reference.join("notes.parquet"));
+    let by_id = |id: &str| notes.iter().find(|r| r["id"] == id).unwrap_or_else(|| panic!("no {id}"));
+    assert_eq!(by_id("notes-0")["text"], "note 0");
+    assert_eq!(by_id("notes-0")["score"], 0.0, "score is a float column: {:?}", by_id("notes-0"));
+    assert_eq!(by_id("notes-598")["text"], "second 4", "ordinals run on into the second file");
+    let failures = support::failures(&reference, "notes");
+    let message = |id: &str| {
+        failures.iter().find(|f| f["id"] == id).map(|f| f["message"].as_str().unwrap().to_string()).unwrap_or_default()
+    };
+    assert!(message("notes-7").contains("notes-a.jsonl:8:"), "{failures:?}");
+    assert!(message("notes-39").contains("notes-a.jsonl:41: expected a JSON object"), "{failures:?}");
+    assert!(failures.iter().any(|f| f["message"].as_str().unwrap().contains("invalid UTF-8")), "{failures:?}");
+    assert_eq!(support::failures(&reference, "typed").len(), 10);
+    assert_eq!(support::failures(&reference, "rows").len(), 14);
+    for n in ["1", "3", "7"] {
+        let out = format!("out-{n}");
+        p.synth(&["run", "s.toml", "--out", &out, "--shards", n, "--executor", "local", "-q"]).ok();
+        let dir = p.path().join(&out);
+        assert_same_outputs(&reference, &dir);
+        let status = p.synth(&["status", &out]).ok().stdout;
+        let line = format!("wave 1 ({n} shards, limits divided by {n}): notes, typed, rows");
+        assert!(status.contains(&line), "{line}:\n{status}");
+        // Each shard read its part only; the parts cover every record once.
+        let wave = std::fs::read_dir(dir.join("_synth/waves"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|d| d.is_dir() && d.file_name().unwrap().to_string_lossy().starts_with("w1-"))
+            .expect("wave 1's folder");
+        let shards: usize = n.parse().unwrap();
+        let mut rows = 0;
+        for i in 0..shards {
+            let k = parquet_rows(&wave.join(format!("s{i:05}/rows.parquet"))).len();
+            assert!(shards == 1 || k < 486, "shard {i} read {k} Parquet rows");
+            rows += k;
+        }
+        assert_eq!(rows, 486, "the parts cover the Parquet rows once");
+        if shards > 1 {
+            let state: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(dir.join("_synth/state/notes.json")).unwrap()).unwrap();
+            let again = state["report"]["info"]["parts_decoded_again"].as_str().unwrap_or("0");
+            assert!(again.parse::<usize>().unwrap() >= 1, "the first part's types differ: {state}");
+        }
+    }
+    // Ids must be unique across parts: a duplicate at both ends of a file stops the
+    // sharded run as it stops one process.
+    let mut dup = String::from("{\"id\": \"same\", \"text\": \"first\"}\n");
+    for i in 0..200 {
+        dup.push_str(&format!("{{\"id\": \"d{i}\", \"text\": \"t\"}}\n"));
+    }
+    dup.push_str("{\"id\": \"same\", \"text\": \"last\"}\n");
+    p.write("typed.jsonl", &dup);
+    p.write("s.toml", SOURCES.replace("columns = [\"id\", \"n\"]\ntypes = { id = \"utf8\", n = \"int64\" }\n", ""));
+    let one = p.synth(&["run", "s.toml", "--out", "dup-1", "-q"]);
+    let many = p.synth(&["run", "s.toml", "--out", "dup-3", "--shards", "3", "--executor", "local", "-q"]);
+    assert!(one.stderr.contains("duplicate record id \"same\""), "{}", one.stderr);
+    assert!(many.stderr.contains("duplicate record id \"same\""), "{}", many.stderr);
+    assert_ne!(one.code, 0);
+    assert_ne!(many.code, 0);
+}
+
 #[test]
 fn an_unsharded_state_is_up_to_date_for_a_sharded_run() {
     let p = project(200);

@@ -4,7 +4,7 @@
 //! result is plain JSON with defaults filled in, ready for a stage's serde struct.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::diag::{Diagnostics, did_you_mean};
 use super::node::{Node, Span, Table, Value};
@@ -395,13 +395,17 @@ pub fn expand_glob(root: &Path, pattern: &str) -> Result<Vec<std::path::PathBuf>
         .map_err(|e| format!("bad glob \"{pattern}\": {e}"))?
         .compile_matcher();
     let mut out = Vec::new();
-    let mut stack = vec![base_dir];
+    // A glob in the working directory itself (a relative root, `*.jsonl`): list "."
+    // and match its entries without the "./" that listing puts before them.
+    let here = base_dir.as_os_str().is_empty();
+    let mut stack = vec![if here { PathBuf::from(".") } else { base_dir }];
     while let Some(dir) = stack.pop() {
         let Ok(read) = std::fs::read_dir(&dir) else {
             continue;
         };
         for entry in read.flatten() {
             let p = entry.path();
+            let p = if here { p.strip_prefix(".").map(Path::to_path_buf).unwrap_or(p) } else { p };
             if p.is_dir() {
                 stack.push(p);
             } else if matcher.is_match(&p) {
