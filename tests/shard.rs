@@ -369,15 +369,20 @@ fn write_split_sources(p: &Project) {
     }
     p.write("typed.jsonl", typed);
     p.write("reply.j2", "Reply to: {{ text }}\n");
-    let schema = Arc::new(Schema::new(vec![Field::new("key", DataType::Utf8, true), Field::new("v", DataType::Int64, true)]));
+    let schema =
+        Arc::new(Schema::new(vec![Field::new("key", DataType::Utf8, true), Field::new("v", DataType::Int64, true)]));
     for (f, range) in [(0, 0..230i64), (1, 230..500)] {
         let keys: Vec<Option<String>> = range.clone().map(|i| (i % 37 != 5).then(|| format!("k{i:04}"))).collect();
         let batch = RecordBatch::try_new(
             schema.clone(),
-            vec![Arc::new(StringArray::from(keys)), Arc::new(Int64Array::from(range.map(|i| i * 3).collect::<Vec<_>>()))],
+            vec![
+                Arc::new(StringArray::from(keys)),
+                Arc::new(Int64Array::from(range.map(|i| i * 3).collect::<Vec<_>>())),
+            ],
         )
         .unwrap();
-        let props = parquet::file::properties::WriterProperties::builder().set_max_row_group_row_count(Some(40)).build();
+        let props =
+            parquet::file::properties::WriterProperties::builder().set_max_row_group_row_count(Some(40)).build();
         let file = std::fs::File::create(p.path().join(format!("rows-{f}.parquet"))).unwrap();
         let mut w = parquet::arrow::ArrowWriter::try_new(file, schema.clone(), Some(props)).unwrap();
         w.write(&batch).unwrap();

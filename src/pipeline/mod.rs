@@ -703,10 +703,7 @@ fn plan(
             (Some(false), _) => Partitioning::Whole,
             (Some(true), Partitioning::Whole) => {
                 let why = d.stage.why_whole().unwrap_or_else(|| "it needs its inputs whole".into());
-                ctx.error(
-                    "shard",
-                    format!("a \"{}\" stage cannot run as shards: {why} (remove `shard`)", d.kind.name),
-                );
+                ctx.error("shard", format!("a \"{}\" stage cannot run as shards: {why} (remove `shard`)", d.kind.name));
                 Partitioning::Whole
             }
             (Some(true), Partitioning::ByRecord(s)) => Partitioning::ByRecord(Sharding { heavy: true, ..s }),

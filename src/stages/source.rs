@@ -1571,3 +1571,89 @@ fn csv_value(text: &str, ty: &DataType) -> std::result::Result<Value, String> {
         _ => Value::String(text.to_string()),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn fold(records: &[Value]) -> Option<Schema> {
+        let mut inferred = Inferred::default();
+        for r in records {
+            inferred.add(r.as_object().unwrap());
+        }
+        inferred.schema(!records.is_empty())
+    }
+
+    #[test]
+    fn inferred_types_are_the_same_for_any_split_of_the_records() {
+        let records = vec![
+            json!({"a": null, "b": 1, "c": [1, 2]}),
+            json!({"a": "x", "b": 2.5, "d": {"p": 1}}),
+            json!({"b": 3, "c": [], "d": {"q": "z", "p": 2.0}}),
+            json!({"a": true, "c": [1.5], "e": [[1], null]}),
+            json!({"d": null, "e": [[2.5]], "f": 7}),
+        ];
+        let whole = fold(&records).unwrap();
+        assert_eq!(whole.field_with_name("b").unwrap().data_type(), &DataType::Float64);
+        assert_eq!(whole.field_with_name("a").unwrap().data_type(), &DataType::Utf8);
+        for cut1 in 0..=records.len() {
+            for cut2 in cut1..=records.len() {
+                let mut joined = None;
+                for part in [&records[..cut1], &records[cut1..cut2], &records[cut2..]] {
+                    if let Some(s) = fold(part) {
+                        merge_inferred(&mut joined, s).unwrap();
+                    }
+                }
+                assert_eq!(joined.as_ref(), Some(&whole), "cut at {cut1} and {cut2}");
+            }
+        }
+        let text = schema_to_json(&whole);
+        assert_eq!(schema_from_json(&text).unwrap(), whole, "{text}");
+    }
+
+    #[test]
+    fn parts_cut_at_line_starts_and_cover_every_record_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut files = Vec::new();
+        let mut all = Vec::new();
+        for (f, lines) in [(0, 37usize), (1, 0), (2, 5), (3, 120)] {
+            let mut text = String::new();
+            for i in 0..lines {
+                match (i * 7 + f) % 11 {
+                    3 => text.push_str("  \r\n"),
+                    5 => text.push_str(&format!("{{\"k\": \"{}\"}}\r\n", "y".repeat(i * 13 % 200))),
+                    _ => text.push_str(&format!("{{\"f\": {f}, \"i\": {i}}}\n")),
+                }
+            }
+            if f == 2 {
+                text.push_str("{\"last\": \"no newline\"}");
+            }
+            let path = dir.path().join(format!("f{f}.jsonl"));
+            std::fs::write(&path, &text).unwrap();
+            Stretch::whole(&path)
+                .visit(Format::Jsonl, &mut |line, raw, _| {
+                    all.push((f, line, raw.to_string()));
+                    Ok(true)
+                })
+                .unwrap();
+            files.push(path);
+        }
+        for parts in 1..9 {
+            let mut seen = Vec::new();
+            for part in 0..parts {
+                let (stretches, first) = jsonl_part(&files, part, parts).unwrap();
+                assert_eq!(first as usize, seen.len(), "{parts} parts: part {part} starts at the next record");
+                for s in &stretches {
+                    let f = files.iter().position(|x| *x == s.file).unwrap();
+                    s.visit(Format::Jsonl, &mut |line, raw, _| {
+                        seen.push((f, line, raw.to_string()));
+                        Ok(true)
+                    })
+                    .unwrap();
+                }
+            }
+            assert_eq!(seen, all, "{parts} parts");
+        }
+    }
+}
