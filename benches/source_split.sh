@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A source split among shards (BENCHMARKS.md, "Sharded runs": source reads): one large
 # JSONL file (RECORDS records, default 1,000,000, ~300 MB; no id column, so ids are
-# ordinals; every 1000th line is bad JSON, so failures carry line numbers), read
+# ordinals; every 1000th line is bad JSON, so failures carry line numbers; every part
+# sees every column's type, so the merge decodes no part again), read
 #   - in one process (the baseline);
 #   - with --shards N --executor local, the source split in N parts (its default from
 #     64 MiB on);
@@ -16,7 +17,7 @@ counts=("${@:-2 4}")
 cd "$(dirname "$0")/.."
 synth=${SYNTH:-$PWD/target/release/synth}
 W=$(mktemp -d /tmp/synth-source-bench.XXXXXX)
-trap 'rm -rf "$W"' EXIT
+[ -n "${KEEP:-}" ] || trap 'rm -rf "$W"' EXIT
 python3 - "$records" > "$W/notes.jsonl" <<'PY'
 import json, sys
 n = int(sys.argv[1])
@@ -28,7 +29,7 @@ for i in range(n):
         continue
     text = " ".join(words[(i * k + k * k) % 12] for k in range(1, 30))
     rec = {"text": text, "n": i, "score": i / 7, "tags": [words[i % 12], words[i % 5]],
-           "extra": None if i < n // 3 else f"x{i}"}
+           "extra": None if i % 3 == 0 else f"x{i}"}
     out.write(json.dumps(rec) + "\n")
 PY
 cat > "$W/p.toml" <<TOML

@@ -163,6 +163,13 @@ impl HubSpec {
             let files = selected.into_iter().map(|n| (n.clone(), snapshot.join(&n))).collect();
             return Ok(HubFiles { commit: info.sha, files });
         }
+        // One process at a time downloads into a cache (hf-hub's cache writes its refs by
+        // truncating them: shards of one machine reading a dataset together would race).
+        let _held = lock_cache(&cache.path().join(format!(
+            "{}.synth-lock",
+            Repo::with_revision(self.repo.clone(), self.repo_type(), info.sha.clone()).folder_name()
+        )))
+        .await?;
         // Download at the resolved commit so every file comes from the same revision.
         let pinned = api.repo(Repo::with_revision(self.repo.clone(), self.repo_type(), info.sha.clone()));
         let mut files = Vec::new();
@@ -270,6 +277,26 @@ impl HubSpec {
 
 fn is_commit(rev: &str) -> bool {
     rev.len() == 40 && rev.chars().all(|c| c.is_ascii_hexdigit())
+}
+
+/// An exclusive OS lock on `path` (created), held until the file is dropped.
+async fn lock_cache(path: &Path) -> Result<std::fs::File> {
+    let path = path.to_path_buf();
+    tokio::task::spawn_blocking(move || -> Result<std::fs::File> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        file.lock().with_context(|| format!("locking {}", path.display()))?;
+        Ok(file)
+    })
+    .await
+    .context("cache lock panicked")?
 }
 
 #[cfg(test)]

@@ -214,3 +214,34 @@ inputs = ["x"]
     let run = p.synth(&["run", "p.toml", "--dry-run"]).ok();
     assert!(run.stdout.contains("needs the network to check its source"), "{}", run.stdout);
 }
+
+#[test]
+fn hub_sources_split_among_shards_on_request_read_the_cache_once_downloaded() {
+    let hub = hub();
+    let (url, _stop) = serve(hub.clone());
+    let p = Project::new();
+    // `shard = true`: a hub dataset's size is unknown before the download, so it splits
+    // on request only; JSONL (personas) by lines, Parquet (two files of 5 rows) by rows.
+    let sharded = pipeline(&url).replace("cache_dir = \"hf-cache\" }\n", "cache_dir = \"hf-cache\" }\nshard = true\n");
+    assert_eq!(sharded.matches("shard = true").count(), 2);
+    p.write("p.toml", &sharded);
+    p.synth(&["run", "p.toml", "--out", "one", "-q"]).ok();
+    assert_eq!(parquet_rows(&p.path().join("one/marco.parquet")).len(), 10);
+    p.synth(&["run", "p.toml", "--out", "three", "--shards", "3", "--executor", "local", "-q"]).ok();
+    support::assert_same_outputs(&p.path().join("one"), &p.path().join("three"));
+    let status = p.synth(&["status", "three"]).ok().stdout;
+    assert!(status.contains("wave 1 (3 shards, limits divided by 3): personas, marco"), "{status}");
+    // Every shard resolved the same commit and read the machine's cache: no download
+    // after the first run's three.
+    assert_eq!(hub.downloads.lock().unwrap().len(), 3);
+    for i in 0..3 {
+        let wave = std::fs::read_dir(p.path().join("three/_synth/waves"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|d| d.is_dir() && d.file_name().unwrap().to_string_lossy().starts_with("w1-"))
+            .expect("wave 1's folder");
+        let rows = parquet_rows(&wave.join(format!("s{i:05}/marco.parquet"))).len();
+        assert!((3..=4).contains(&rows), "shard {i} read {rows} of the 10 rows");
+    }
+}

@@ -259,13 +259,15 @@ impl Source {
         }
     }
 
-    /// Why this source cannot be split among shards (`None`: it can).
+    /// Why this source cannot be split among shards (`None`: it can). A hub dataset's or
+    /// a URL's format is known only once downloaded: split on request (`shard = true`),
+    /// and a format that does not split is then read by part 0 alone.
     fn split_blocker(&self) -> Option<String> {
-        if self.opts.path.is_none() {
-            return Some("only local files are split among shards (a hub dataset or a URL is read once)".into());
-        }
         if self.opts.limit.is_some() {
             return Some("a source with `limit` is read once (the limit counts records from the start)".into());
+        }
+        if self.opts.path.is_none() {
+            return None;
         }
         let files = self.local_files().ok()?;
         let formats: Vec<Format> = files.iter().filter_map(|f| self.format_of(f).ok()).collect();
@@ -363,6 +365,10 @@ impl Stage for Source {
         if ctx.shard == Some(false) || self.split_blocker().is_some() {
             return Partitioning::Whole;
         }
+        if self.opts.path.is_none() {
+            // Its size is unknown before the download.
+            return if ctx.shard == Some(true) { Partitioning::OwnParts } else { Partitioning::Whole };
+        }
         let bytes: u64 = self
             .local_files()
             .map(|files| files.iter().filter_map(|f| f.metadata().ok()).map(|m| m.len()).sum())
@@ -400,10 +406,12 @@ impl Stage for Source {
         let (out, rows_in) = tokio::task::spawn_blocking(move || -> Result<(ParquetOut, u64)> {
             let mut w =
                 Emitter { name, out_path, meta, out: None, ordinal: 0, written: 0, limit, cancel, progress, failures };
+            // With a limit (it counts from the start), or files that do not split (a hub
+            // dataset's CSV), part 0 reads everything and the other parts nothing.
+            let splits = limit.is_none() && matches!(format, Format::Jsonl | Format::Parquet);
             let first_ordinal = match part {
-                // With a limit, part 0 reads from the start (the limit counts from there).
-                Some((i, _)) if limit.is_some() && i > 0 => return Ok((w.finish()?, 0)),
-                Some((i, n)) if limit.is_none() => match format {
+                Some((i, _)) if !splits && i > 0 => return Ok((w.finish()?, 0)),
+                Some((i, n)) if splits => match format {
                     Format::Parquet => src.read_parquet(&files, Some((i, n)), &mut w)?,
                     _ => src.read_jsonl_part(&files, i, n, &mut w)?,
                 },
