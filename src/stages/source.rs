@@ -266,9 +266,8 @@ impl Source {
         if self.opts.limit.is_some() {
             return Some("a source with `limit` is read once (the limit counts records from the start)".into());
         }
-        if self.opts.path.is_none() {
-            return None;
-        }
+        // A hub dataset or URL: nothing to say before the download.
+        self.opts.path.as_ref()?;
         let files = self.local_files().ok()?;
         let formats: Vec<Format> = files.iter().filter_map(|f| self.format_of(f).ok()).collect();
         let splittable = |f: &Format| matches!(f, Format::Jsonl | Format::Parquet);
