@@ -234,13 +234,8 @@ fn hub_sources_split_among_shards_on_request_read_the_cache_once_downloaded() {
     // Every shard resolved the same commit and read the machine's cache: no download
     // after the first run's three.
     assert_eq!(hub.downloads.lock().unwrap().len(), 3);
+    let wave = support::wave_dir(&p.path().join("three"), 1);
     for i in 0..3 {
-        let wave = std::fs::read_dir(p.path().join("three/_synth/waves"))
-            .unwrap()
-            .flatten()
-            .map(|e| e.path())
-            .find(|d| d.is_dir() && d.file_name().unwrap().to_string_lossy().starts_with("w1-"))
-            .expect("wave 1's folder");
         let rows = parquet_rows(&wave.join(format!("s{i:05}/marco.parquet"))).len();
         assert!((3..=4).contains(&rows), "shard {i} read {rows} of the 10 rows");
     }

@@ -207,12 +207,7 @@ fn exact_retrieval_splits_the_corpus_and_merges_to_the_unsharded_winners() {
         let line = format!("wave 2 ({n} shards, limits divided by {n}): found");
         assert!(status.contains(&line), "{line}:\n{status}");
         // Each shard searched its part of the corpus only.
-        let plan = std::fs::read_dir(p.path().join(&out).join("_synth/waves"))
-            .unwrap()
-            .flatten()
-            .map(|e| e.path())
-            .find(|d| d.is_dir() && d.file_name().unwrap().to_string_lossy().starts_with("w2-"))
-            .expect("wave 2's folder");
+        let plan = support::wave_dir(&p.path().join(&out), 2);
         let mut rows_of_parts = 0;
         for i in 0..n.parse::<usize>().unwrap() {
             let part = plan.join(format!("s{i:05}/_synth/entry/cv.parquet"));
@@ -422,12 +417,7 @@ fn sources_split_among_shards_give_the_ids_lines_and_failures_of_one_process() {
         let line = format!("wave 1 ({n} shards, limits divided by {n}): notes, typed, rows");
         assert!(status.contains(&line), "{line}:\n{status}");
         // Each shard read its part only; the parts cover every record once.
-        let wave = std::fs::read_dir(dir.join("_synth/waves"))
-            .unwrap()
-            .flatten()
-            .map(|e| e.path())
-            .find(|d| d.is_dir() && d.file_name().unwrap().to_string_lossy().starts_with("w1-"))
-            .expect("wave 1's folder");
+        let wave = support::wave_dir(&dir, 1);
         let shards: usize = n.parse().unwrap();
         let mut rows = 0;
         for i in 0..shards {

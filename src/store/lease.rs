@@ -155,16 +155,7 @@ impl Lease {
     }
 
     fn lock_file(path: &Path, what: &str) -> Result<Lease, LeaseError> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        }
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .read(true)
-            .open(path)
-            .with_context(|| format!("opening {}", path.display()))?;
+        let file = open_lock_file(path)?;
         match file.try_lock() {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {
@@ -236,4 +227,17 @@ pub fn check(lease: &Lease, what: &str) -> Result<()> {
         bail!("the lease of the {what} was lost to another process; nothing more is committed");
     }
     Ok(())
+}
+/// Open (creating it and its folder) a file to take an OS lock on; its content is kept.
+pub fn open_lock_file(path: &Path) -> Result<std::fs::File> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .read(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))
 }

@@ -225,3 +225,14 @@ pub fn parquet_rows(path: &Path) -> Vec<serde_json::Map<String, serde_json::Valu
     }
     rows
 }
+
+/// The folder of wave `k` of a sharded run's output directory (`_synth/waves/w<k>-...`).
+pub fn wave_dir(out: &Path, k: usize) -> PathBuf {
+    let prefix = format!("w{k}-");
+    std::fs::read_dir(out.join("_synth/waves"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|d| d.is_dir() && d.file_name().unwrap().to_string_lossy().starts_with(&prefix))
+        .unwrap_or_else(|| panic!("no folder of wave {k} in {}", out.display()))
+}
