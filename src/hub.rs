@@ -283,7 +283,16 @@ fn is_commit(rev: &str) -> bool {
 async fn lock_cache(path: &Path) -> Result<std::fs::File> {
     let path = path.to_path_buf();
     tokio::task::spawn_blocking(move || -> Result<std::fs::File> {
-        let file = crate::store::lease::open_lock_file(&path)?;
+        // (`store::lease::open_lock_file` does the same; the hub is a leaf below the store.)
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
         file.lock().with_context(|| format!("locking {}", path.display()))?;
         Ok(file)
     })

@@ -173,3 +173,17 @@ fn report_reads_only_evaluation_stages() {
         .code(78);
     assert!(r.stderr.contains("input \"queries\" (judge_plan) writes no summary"), "{}", r.stderr);
 }
+
+#[test]
+fn sharded_judge_queries_and_answers_are_the_bytes_of_one_process() {
+    let p = Project::new();
+    let file = pipeline(&p);
+    let file = file.to_str().unwrap();
+    p.synth(&["run", file, "--out", "one", "-q"]).ok();
+    p.synth(&["run", file, "--out", "two", "--shards", "2", "--executor", "local", "-q"]).ok();
+    support::assert_same_outputs(&p.path().join("one"), &p.path().join("two"));
+    // The queries are planned in the wave of the LLM stage that answers them; scoring
+    // (majority votes, the summary) runs once, after the merge.
+    let status = p.synth(&["status", "two"]).ok().stdout;
+    assert!(status.contains("wave 1 (2 shards, limits divided by 2): queries, judged"), "{status}");
+}

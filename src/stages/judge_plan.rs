@@ -23,7 +23,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use super::{Arity, BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, Role, RunCtx, Sharding, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, POSITIVE, Ty};
 use crate::data::{self, Row};
@@ -259,6 +259,13 @@ impl Stage for JudgePlan {
         Some(output_schema())
     }
 
+    /// Each row gives its queries on its own, in input order (cheap: a wave of its own
+    /// only with `shard = true`; it joins the wave of a sharded input or of the LLM stage
+    /// that answers it).
+    fn partitioning(&self, _ctx: &PartitionCtx<'_>) -> Partitioning {
+        Sharding::LIGHT
+    }
+
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
         let schema = output_schema();
         let mut out = ctx.create_output(schema.clone())?;
@@ -271,7 +278,12 @@ impl Stage for JudgePlan {
                 n += 1;
                 let row = data::row_json(b, i);
                 match self.queries(&row) {
-                    Ok(q) => rows.extend(q),
+                    Ok(q) => {
+                        if let Some(lineage) = &ctx.lineage {
+                            lineage.push(n - 1, q.len());
+                        }
+                        rows.extend(q)
+                    }
                     Err(e) => {
                         let id = row.get(data::ID).and_then(Value::as_str).unwrap_or_default().to_string();
                         ctx.fail(&id, FailureKind::JudgePlan, e, serde_json::to_string(&row).ok());
