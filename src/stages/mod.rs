@@ -210,7 +210,7 @@ pub const COMMON_OPTIONS: &[OptionSpec] = &[
     OptionSpec::optional(
         "shard",
         crate::config::options::Ty::Bool,
-        "in a sharded run (`--shards N`): false runs this record-parallel stage once; true gives a cheap one (filter, map) a wave of its own",
+        "in a sharded run (`--shards N`): false runs this record-parallel stage once; true gives a cheap one (filter, map) a wave of its own and splits a source of any size (a hub dataset or URL only then)",
     )
     .runtime_only(),
 ];
