@@ -29,35 +29,16 @@ args=(run pipelines/rolemrc.toml --offline -q
   --set 'stages.plan.counts={free_chat=5000, onscene_chat=5000, answer=2000, no_answer=2000, refusal=2000, attempt=2000, multi_turn=2000, nested=1600, prioritized=2400}'
   --set 'stages.plan.test={per_task=100, nested_content=[20, 22], nested_format=[58, 58], prioritized=[22, 20]}')
 
-# name, then the synth arguments after the pipeline's
-measure() {
-  local name=$1; shift
-  /usr/bin/time -f "%e %U %S %M" -o "$W/time" "$synth" "${args[@]}" "$@" > "$W/out.txt" 2> "$W/err.txt" \
-    || { echo "$name FAILED"; cat "$W/err.txt"; exit 1; }
-  read -r wall user sys rss < "$W/time"
-  local traffic
-  traffic=$(grep -o 'object store traffic: .*' "$W/out.txt" || echo "-")
-  printf '%-28s wall %7.1f s  cpu %7.1f s  peak RSS %5d MB  %s\n' "$name" "$wall" "$(awk -v u="$user" -v s="$sys" 'BEGIN{print u+s}')" $((rss / 1024)) "$traffic"
-}
+source benches/lib.sh
 
-# Every output file (not _synth/, not the manifest) equal to the baseline's.
-same() {
-  local dir=$1 n=0
-  for f in $(cd "$W/base" && find . -type f -not -path './_synth/*' -not -name manifest.json | sort); do
-    cmp -s "$W/base/$f" "$dir/$f" || { echo "DIFFERS: $dir/$f"; exit 1; }
-    n=$((n + 1))
-  done
-  echo "  $n outputs byte-identical to the one-process run"
-}
-
-measure "one process" --out "$W/base"
+measure "one process" "$synth" "${args[@]}" --out "$W/base"
 for n in ${counts[*]}; do
-  measure "--shards $n, local dir" --out "$W/local-$n" --shards "$n" --executor local
-  same "$W/local-$n"
+  measure "--shards $n, local dir" "$synth" "${args[@]}" --out "$W/local-$n" --shards "$n" --executor local
+  same "$W/base" "$W/local-$n"
 done
 
-measure "--shards 2, file:// state" --state "file://$W/file-state" --work "$W/work-file" --shards 2 --executor local
-same "$W/file-state"
+measure "--shards 2, file:// state" "$synth" "${args[@]}" --state "file://$W/file-state" --work "$W/work-file" --shards 2 --executor local
+same "$W/base" "$W/file-state"
 
 # S3=0 skips the S3 server (moto on the same cores takes most of the time there).
 if [ "${S3:-1}" = 0 ]; then exit 0; fi
@@ -68,8 +49,8 @@ moto_pid=$!
 for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port" && break; sleep 0.2; done
 curl -s -o /dev/null -X PUT "http://127.0.0.1:$port/bench"
 export AWS_ENDPOINT="http://127.0.0.1:$port" AWS_ALLOW_HTTP=true AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench AWS_REGION=us-east-1
-measure "one process, s3:// state" --state s3://bench/one --work "$W/work-s3-one"
-measure "--shards 2, s3:// state" --state s3://bench/two --work "$W/work-s3" --shards 2 --executor local
+measure "one process, s3:// state" "$synth" "${args[@]}" --state s3://bench/one --work "$W/work-s3-one"
+measure "--shards 2, s3:// state" "$synth" "${args[@]}" --state s3://bench/two --work "$W/work-s3" --shards 2 --executor local
 # Download the S3 state's outputs with a fresh mirror: a run on it is up to date and the
 # files it fetches are the one-process run's.
 "$synth" "${args[@]}" --state s3://bench/two --work "$W/work-s3-fresh" | grep -q "everything is up to date"

@@ -4,11 +4,11 @@
 # ordinals; every 1000th line is bad JSON, so failures carry line numbers; every part
 # sees every column's type, so the merge decodes no part again), read
 #   - in one process (the baseline);
-#   - with --shards N --executor local, the source split in N parts (its default from
-#     64 MiB on);
+#   - with --shards N --executor local, the source split in N parts (`shard = true`: at any
+#     RECORDS; its default from 64 MiB on);
 #   - with --shards 2 and `shard = false` on the source: read once, as before the split.
-# For each: wall and CPU seconds and peak RSS (/usr/bin/time), and a byte comparison of
-# the output and failure table with the one-process run.
+# For each: wall and CPU seconds and peak RSS (/usr/bin/time, benches/lib.sh), and a byte comparison of
+# every output (the source's, its failure table, the export) with the one-process run.
 #   benches/source_split.sh [RECORDS] [SHARD COUNTS...]     (SYNTH=path picks another binary)
 set -euo pipefail
 records=${1:-1000000}
@@ -47,23 +47,11 @@ kind = "parquet"
 inputs = ["notes"]
 TOML
 echo "data: $(du -m "$W/notes.jsonl" | cut -f1) MB, $records lines"
-measure() {
-  local name=$1; shift
-  /usr/bin/time -f "%e %U %S %M" -o "$W/time" "$synth" run "$W/p.toml" -q "$@" > "$W/out.txt" 2> "$W/err.txt" \
-    || { echo "$name FAILED"; cat "$W/err.txt"; exit 1; }
-  read -r wall user sys rss < "$W/time"
-  printf '%-34s wall %6.1f s  cpu %6.1f s  peak RSS %5d MB\n' "$name" "$wall" "$(awk -v u="$user" -v s="$sys" 'BEGIN{print u+s}')" $((rss / 1024))
-}
-same() {
-  for f in notes.parquet notes.failures.parquet; do
-    cmp -s "$W/base/$f" "$1/$f" || { echo "DIFFERS: $1/$f"; exit 1; }
-  done
-  echo "  output and failures byte-identical to the one-process run"
-}
-measure "one process" --out "$W/base"
+source benches/lib.sh
+measure "one process" "$synth" run "$W/p.toml" -q --out "$W/base"
 for n in ${counts[*]}; do
-  measure "--shards $n, source split" --out "$W/split-$n" --shards "$n" --executor local
-  same "$W/split-$n"
+  measure "--shards $n, source split" "$synth" run "$W/p.toml" -q --out "$W/split-$n" --shards "$n" --executor local --set stages.notes.shard=true
+  same "$W/base" "$W/split-$n"
 done
-measure "--shards 2, source read once" --out "$W/once" --shards 2 --executor local --set stages.notes.shard=false
-same "$W/once"
+measure "--shards 2, source read once" "$synth" run "$W/p.toml" -q --out "$W/once" --shards 2 --executor local --set stages.notes.shard=false
+same "$W/base" "$W/once"
