@@ -582,3 +582,46 @@ fn loglik_in_batch_mode_equals_online() {
     assert_answered_once(&server, 24);
     assert_eq!(server.counters.creates.load(Ordering::SeqCst), 1, "every choice in one pass");
 }
+
+/// A structured stage's requests carry their schema in a batch line as online (the same
+/// body), and the batch outputs equal the online outputs.
+#[test]
+fn batch_lines_carry_the_schema() {
+    use std::sync::atomic::AtomicUsize;
+    let with_schema = Arc::new(AtomicUsize::new(0));
+    let seen = with_schema.clone();
+    let structured = Arc::new(move |body: &serde_json::Value| {
+        let rf = &body["response_format"];
+        if rf["type"] == "json_schema" && rf["json_schema"]["schema"]["required"][0] == "text" {
+            seen.fetch_add(1, Ordering::SeqCst);
+            serde_json::json!({"text": responder(body)}).to_string()
+        } else {
+            responder(body)
+        }
+    });
+    let schema = r#"{"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"], "additionalProperties": false}"#;
+    let n = 20;
+    let online = openai_server::start(openai_server::Behaviour { responder: structured.clone(), ..Default::default() });
+    let reference =
+        project(n, &openai_provider(&online.base_url(), "structured_output = \"openai\""), "schema = \"s.json\"");
+    reference.write("s.json", schema);
+    run(&reference, "out", &[]).ok();
+    let online_structured = with_schema.load(Ordering::SeqCst);
+    assert_eq!(online_structured, requests_of(n), "every online request was structured");
+    let server =
+        batch_server::start(Behaviour { responder: structured, api_key: Some(KEY.into()), ..Default::default() });
+    let p = project(
+        n,
+        &openai_provider(&server.base_url(), "batch = true\nstructured_output = \"openai\""),
+        "schema = \"s.json\"",
+    );
+    p.write("s.json", schema);
+    run(&p, "out", &[]).ok();
+    assert_eq!(
+        with_schema.load(Ordering::SeqCst) - online_structured,
+        requests_of(n),
+        "every batch line was structured"
+    );
+    assert_same_outputs(&reference.path().join("out"), &p.path().join("out"));
+    assert_answered_once(&server, requests_of(n));
+}

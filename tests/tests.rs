@@ -21,5 +21,6 @@ mod neurons;
 mod regen;
 mod scheduling;
 mod shard;
+mod structured;
 mod tidy;
 mod train;

@@ -235,6 +235,7 @@ pub fn llm(args: &LlmBench) -> Result<serde_json::Value> {
                         params: Default::default(),
                         sample: 0,
                         expect: "text".into(),
+                        structured: None,
                     };
                     let (services, provider, call) = (services.clone(), provider.clone(), call.clone());
                     async move { services.chat(&provider, req, &call).await.is_ok() }

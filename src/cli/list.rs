@@ -42,6 +42,14 @@ pub fn render() -> String {
     out.push_str("\nparsers (llm stages: parser = ..., parser_options = { ... }):\n");
     for k in &registry.parsers {
         out.push_str(&format!("\n  {}: {}\n", k.name, k.about));
+        // The keys a structured answer needs (with the default options; `json` names none
+        // until its `fields` are given).
+        let keys = (k.build)(&crate::llm::parse::with_defaults(k.options, &serde_json::Value::Null))
+            .map(|p| p.json_keys())
+            .unwrap_or_default();
+        if !keys.is_empty() {
+            out.push_str(&format!("    structured answers (schema = ...): a JSON object with {}\n", keys.join(", ")));
+        }
         describe_specs(k.options, "    ", &mut out);
     }
     out

@@ -70,7 +70,7 @@ fn read_pairs(args: &ScoreArgs) -> Result<(Vec<Pair>, Vec<Failure>)> {
         if args.strict {
             bail!("{message}");
         }
-        failed.push(Failure { id, kind, message, record });
+        failed.push(Failure::new(id, kind, message, record));
         Ok(())
     };
     if path.extension().is_some_and(|e| e == "parquet") {

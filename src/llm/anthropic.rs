@@ -88,6 +88,20 @@ pub fn message_body(model: &str, req: &ChatRequest, params: &GenParams) -> serde
     for (k, v) in &params.extra {
         obj.insert(k.clone(), v.clone());
     }
+    if let Some(st) = &req.structured
+        && st.form == super::schema::Form::AnthropicTool
+    {
+        // A forced tool: the answer is the tool's input, an object of the schema.
+        obj.insert(
+            "tools".into(),
+            serde_json::json!([{
+                "name": st.schema.name,
+                "description": "Give your answer through this tool: its input is the answer.",
+                "input_schema": st.schema.schema,
+            }]),
+        );
+        obj.insert("tool_choice".into(), serde_json::json!({"type": "tool", "name": st.schema.name}));
+    }
     body
 }
 
@@ -109,6 +123,9 @@ struct ContentBlock {
     kind: String,
     #[serde(default)]
     text: Option<String>,
+    /// A `tool_use` block's input (a structured answer through a forced tool).
+    #[serde(default)]
+    input: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -123,17 +140,26 @@ struct MessageUsage {
 pub fn message_response(body: serde_json::Value, model: &str) -> Result<ChatResponse, LlmError> {
     let body: MessageBody = serde_json::from_value(body)
         .map_err(|e| LlmError::new(ErrorKind::Malformed, format!("response is not a valid message: {e}")))?;
-    let texts: Vec<String> = body.content.into_iter().filter(|b| b.kind == "text").filter_map(|b| b.text).collect();
-    if texts.is_empty() {
-        return Err(LlmError::new(ErrorKind::Malformed, "the message has no text content"));
-    }
-    let text = texts.concat();
+    // A forced tool's input is the answer (as JSON text, like a structured answer of any
+    // provider); otherwise the text blocks.
+    let tool_input = body.content.iter().find(|b| b.kind == "tool_use").and_then(|b| b.input.as_ref());
+    let text = match tool_input {
+        Some(input) => input.to_string(),
+        None => {
+            let texts: Vec<&str> =
+                body.content.iter().filter(|b| b.kind == "text").filter_map(|b| b.text.as_deref()).collect();
+            if texts.is_empty() {
+                return Err(LlmError::new(ErrorKind::Malformed, "the message has no text content"));
+            }
+            texts.concat()
+        }
+    };
     let usage = body
         .usage
         .map(|u| Usage { prompt_tokens: u.input_tokens, completion_tokens: u.output_tokens })
         .unwrap_or_default();
     let finish_reason = match body.stop_reason.as_deref() {
-        None | Some("end_turn") | Some("stop_sequence") => "stop".to_string(),
+        None | Some("end_turn") | Some("stop_sequence") | Some("tool_use") => "stop".to_string(),
         Some("max_tokens") => "length".to_string(),
         Some(other) => other.to_string(),
     };
@@ -485,6 +511,7 @@ mod tests {
             params: GenParams::default(),
             sample: 0,
             expect: "text".into(),
+            structured: None,
         };
         let params = GenParams { stop: Some(vec!["END".into()]), ..Default::default() };
         let body = message_body("claude", &req, &params);

@@ -21,6 +21,7 @@ pub mod parse;
 pub mod pricing;
 pub mod provider;
 pub mod rate;
+pub mod schema;
 
 use std::time::Duration;
 
@@ -84,6 +85,10 @@ pub struct ChatRequest {
     pub sample: u32,
     /// The parser that will read the answer; the offline provider generates that shape.
     pub expect: String,
+    /// A structured request: the answer must be a JSON object valid against a schema,
+    /// enforced by the provider's structured-output mode (`None`: the text protocol).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub structured: Option<schema::Structured>,
 }
 
 /// A log-likelihood request (lm-evaluation-harness's `loglikelihood`): how likely

@@ -264,6 +264,7 @@ pub(crate) fn request(expect: &str, prompt: &str) -> ChatRequest {
         params: Default::default(),
         sample: 0,
         expect: expect.into(),
+        structured: None,
     }
 }
 

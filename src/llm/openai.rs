@@ -137,6 +137,9 @@ struct Choice {
 struct ChoiceMessage {
     #[serde(default)]
     content: Option<String>,
+    /// A structured request the model declined (OpenAI: content is then null).
+    #[serde(default)]
+    refusal: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -173,7 +176,25 @@ pub fn chat_body(model: &str, req: &ChatRequest, params: &GenParams) -> serde_js
     for (k, v) in &params.extra {
         obj.insert(k.clone(), v.clone());
     }
+    if let Some(st) = &req.structured
+        && let Some(format) = st.form.response_format(&st.schema)
+    {
+        obj.insert("response_format".into(), format);
+    }
     body
+}
+
+/// An error of a structured request that names the form's parameters is the server
+/// refusing the form (llama-cpp-python answers `json_schema` with a 500, not a 400): never
+/// retried, so the stage can move to the next form or the text protocol.
+fn refused_form(req: &ChatRequest, mut err: LlmError) -> LlmError {
+    if let Some(st) = &req.structured
+        && matches!(err.kind, ErrorKind::Rejected | ErrorKind::Server)
+        && st.form.refused_by(&err.message)
+    {
+        err.kind = ErrorKind::Rejected;
+    }
+    err
 }
 
 /// Map an async-openai error to our classification (with the server's wait hint).
@@ -242,7 +263,8 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 impl ChatBackend for OpenAiChat {
     async fn chat_once(&self, req: &ChatRequest, params: &GenParams) -> Result<ChatResponse, LlmError> {
         let body = chat_body(&self.endpoint.model, req, params);
-        let body: CompletionBody = observed(self.client.chat().create_byot(body)).await?;
+        let body: CompletionBody =
+            observed(self.client.chat().create_byot(body)).await.map_err(|e| refused_form(req, e))?;
         completion(body, &self.endpoint.model, || Usage {
             prompt_tokens: req.messages.iter().map(|m| estimate_tokens(&m.content)).sum(),
             completion_tokens: 0,
@@ -288,6 +310,11 @@ fn completion(body: CompletionBody, model: &str, estimate: impl FnOnce() -> Usag
     let Some(choice) = body.choices.into_iter().next() else {
         return Err(LlmError::new(ErrorKind::Malformed, "response has no choices"));
     };
+    if let (None, Some(refusal)) = (&choice.message.content, &choice.message.refusal) {
+        // Asking again gives the same refusal: the record fails with the model's words.
+        let refusal = refusal.chars().take(500).collect::<String>();
+        return Err(LlmError::new(ErrorKind::Rejected, format!("the model refused: {refusal}")));
+    }
     let Some(text) = choice.message.content else {
         return Err(LlmError::new(ErrorKind::Malformed, "response message has no content"));
     };

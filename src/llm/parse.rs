@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use arrow::datatypes::{DataType, Field};
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, Row};
@@ -27,7 +27,38 @@ pub trait Parser: Send + Sync {
     /// `degenerate_pair`) overrides it. The stage re-asks with the reason either way and
     /// records the last rejection's kind when no attempt is accepted.
     fn accept(&self, text: &str, record: &Row) -> Result<Row, Rejection> {
-        self.parse(text, record).map_err(Rejection::invalid)
+        self.check(self.parse(text, record).map_err(Rejection::invalid)?, record)
+    }
+    /// Checks of parsed fields against their record that have their own failure kind
+    /// (shared by text and structured answers); the default accepts.
+    fn check(&self, fields: Row, _record: &Row) -> Result<Row, Rejection> {
+        Ok(fields)
+    }
+    /// The top-level keys of a structured (JSON) answer this parser reads; empty when it
+    /// reads text only. A stage's `schema` must declare and require them.
+    fn json_keys(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// Read a structured answer (a JSON object already valid against the stage's schema):
+    /// exactly the columns [`Parser::parse`] gives for the text answer with the same content,
+    /// with the same checks.
+    fn parse_json(&self, _answer: &Map<String, Value>, _record: &Row) -> Result<Row, String> {
+        Err("this parser reads text answers only".into())
+    }
+    /// [`Parser::parse_json`] and [`Parser::check`]: what the `llm` stage calls for a
+    /// structured answer.
+    fn accept_json(&self, answer: &Map<String, Value>, record: &Row) -> Result<Row, Rejection> {
+        self.check(self.parse_json(answer, record).map_err(Rejection::invalid)?, record)
+    }
+}
+
+/// The string under `key` of a structured answer (a number or boolean as its JSON text).
+pub fn json_text<'a>(answer: &'a Map<String, Value>, key: &str) -> Result<std::borrow::Cow<'a, str>, String> {
+    match answer.get(key) {
+        Some(Value::String(s)) => Ok(std::borrow::Cow::Borrowed(s)),
+        Some(Value::Null) | None => Err(format!("the JSON object has no \"{key}\"")),
+        Some(v @ (Value::Number(_) | Value::Bool(_))) => Ok(std::borrow::Cow::Owned(v.to_string())),
+        Some(v) => Err(format!("\"{key}\" must be text, found {v}")),
     }
 }
 
@@ -104,10 +135,17 @@ pub static TEXT: ParserKind = ParserKind {
             "\"text\"",
             "the answer shape the offline provider imitates (e.g. \"score\" for judge prompts); the text is kept as it is",
         ),
+        OptionSpec::optional(
+            "json_key",
+            Ty::Str,
+            "a structured answer (`schema`): the key holding the text (default: `column`); a number is kept as its JSON text",
+        ),
     ],
     build: |v| {
         #[derive(Deserialize, Default)]
         struct O {
+            #[serde(default)]
+            json_key: Option<String>,
             #[serde(default)]
             min_chars: Option<usize>,
             #[serde(default)]
@@ -118,10 +156,12 @@ pub static TEXT: ParserKind = ParserKind {
             trim: Option<bool>,
         }
         let o: O = options(v)?;
+        let column = o.column.unwrap_or_else(|| "text".into());
         Ok(Box::new(TextParser {
             min_chars: o.min_chars.unwrap_or(1),
             shape: o.shape.unwrap_or_else(|| "text".into()),
-            column: o.column.unwrap_or_else(|| "text".into()),
+            json_key: o.json_key.unwrap_or_else(|| column.clone()),
+            column,
             trim: o.trim.unwrap_or(true),
         }))
     },
@@ -131,6 +171,7 @@ struct TextParser {
     min_chars: usize,
     shape: String,
     column: String,
+    json_key: String,
     trim: bool,
 }
 
@@ -147,6 +188,12 @@ impl Parser for TextParser {
     }
     fn expect(&self) -> String {
         self.shape.clone()
+    }
+    fn json_keys(&self) -> Vec<String> {
+        vec![self.json_key.clone()]
+    }
+    fn parse_json(&self, answer: &Map<String, Value>, record: &Row) -> Result<Row, String> {
+        self.parse(&json_text(answer, &self.json_key)?, record)
     }
 }
 
@@ -210,8 +257,13 @@ impl Parser for JsonParser {
     fn fields(&self) -> Vec<Field> {
         self.fields.iter().map(|(n, t, _)| Field::new(n, t.clone(), true)).collect()
     }
-    fn parse(&self, text: &str, _: &Row) -> Result<Row, String> {
-        let obj = extract_json_object(text)?;
+    fn parse(&self, text: &str, record: &Row) -> Result<Row, String> {
+        self.parse_json(&extract_json_object(text)?, record)
+    }
+    fn json_keys(&self) -> Vec<String> {
+        self.fields.iter().map(|(n, _, _)| n.clone()).collect()
+    }
+    fn parse_json(&self, obj: &Map<String, Value>, _: &Row) -> Result<Row, String> {
         let mut out = Row::new();
         for (name, ty, as_json) in &self.fields {
             let v = obj.get(name).ok_or_else(|| format!("the JSON object has no key \"{name}\""))?;
@@ -283,6 +335,12 @@ impl Parser for ScoreParser {
     }
     fn expect(&self) -> String {
         "score".into()
+    }
+    fn json_keys(&self) -> Vec<String> {
+        vec!["score".into()]
+    }
+    fn parse_json(&self, answer: &Map<String, Value>, record: &Row) -> Result<Row, String> {
+        self.parse(&json_text(answer, "score")?, record)
     }
 }
 
@@ -530,7 +588,31 @@ impl Parser for NumberParser {
         ]
     }
     fn parse(&self, text: &str, record: &Row) -> Result<Row, String> {
-        let (value, fallback) = match (self.read(text, record), self.fallback) {
+        self.finish(self.read(text, record), record)
+    }
+    fn json_keys(&self) -> Vec<String> {
+        vec![self.key.clone()]
+    }
+    fn parse_json(&self, answer: &Map<String, Value>, record: &Row) -> Result<Row, String> {
+        let read = match answer.get(&self.key) {
+            Some(Value::Number(n)) => n.as_f64().ok_or_else(|| format!("\"{}\" is not a number: {n}", self.key)),
+            Some(Value::String(s)) => {
+                python_float(s).ok_or_else(|| format!("\"{}\" is not a number: {:?}", self.key, truncate(s, 60)))
+            }
+            Some(v) => Err(format!("\"{}\" must be a number, found {v}", self.key)),
+            None => Err(format!("the JSON object has no \"{}\"", self.key)),
+        };
+        self.finish(read, record)
+    }
+    fn expect(&self) -> String {
+        self.shape.clone()
+    }
+}
+
+impl NumberParser {
+    /// The columns of a number read (or not) from an answer: fallback, clamping.
+    fn finish(&self, read: Result<f64, String>, record: &Row) -> Result<Row, String> {
+        let (value, fallback) = match (read, self.fallback) {
             (Ok(v), _) if v.is_finite() => (v, false),
             (Ok(v), None) => return Err(format!("the score must be a finite number, found {v}")),
             (Ok(_), Some(f)) | (Err(_), Some(f)) => (f, true),
@@ -549,9 +631,6 @@ impl Parser for NumberParser {
             (self.column.clone(), Value::from(v)),
             (format!("{}_fallback", self.column), Value::Bool(fallback)),
         ]))
-    }
-    fn expect(&self) -> String {
-        self.shape.clone()
     }
 }
 
@@ -577,6 +656,29 @@ mod tests {
         assert!(s.parse("Score: maybe", &row).is_err());
         assert!(s.parse("Score: 7", &row).is_err());
         assert!(build("text", &Value::Null).unwrap().parse("   ", &row).is_err());
+    }
+
+    #[test]
+    fn structured_answers_give_the_text_columns() {
+        let row = Row::new();
+        let obj = |v: Value| v.as_object().unwrap().clone();
+        let j = build("json", &serde_json::json!({"fields": {"a": "utf8", "n": "int64"}})).unwrap();
+        assert_eq!(j.json_keys(), ["a", "n"]);
+        let text = j.parse("{\"a\": \"x\", \"n\": 3}", &row).unwrap();
+        assert_eq!(j.parse_json(&obj(serde_json::json!({"a": "x", "n": 3})), &row).unwrap(), text);
+        let s = build("score", &Value::Null).unwrap();
+        assert_eq!(s.parse_json(&obj(serde_json::json!({"score": 1})), &row).unwrap(), s.parse("1", &row).unwrap());
+        assert!(s.parse_json(&obj(serde_json::json!({"score": 4})), &row).is_err());
+        let t = build("text", &serde_json::json!({"column": "reply", "json_key": "answer"})).unwrap();
+        assert_eq!(t.json_keys(), ["answer"]);
+        assert_eq!(
+            t.parse_json(&obj(serde_json::json!({"answer": " hi "})), &row).unwrap(),
+            t.parse(" hi ", &row).unwrap()
+        );
+        let n = build("number", &serde_json::json!({"max": 5.0})).unwrap();
+        assert_eq!(n.parse_json(&obj(serde_json::json!({"score": 9})), &row).unwrap(), n.parse("9", &row).unwrap());
+        assert_eq!(n.parse_json(&obj(serde_json::json!({"score": "2.5"})), &row).unwrap()["score"], 2.5);
+        assert!(n.parse_json(&obj(serde_json::json!({"score": "high"})), &row).is_err());
     }
 
     #[test]

@@ -17,6 +17,7 @@ use super::offline::{Offline, OfflineShape};
 use super::openai::{Endpoint, OpenAiChat};
 use super::pricing::{Price, default_price};
 use super::rate::{RateConfig, RateControl, RateRegistry};
+use super::schema::{Form, Negotiation};
 use super::{ChatBackend, ChatRequest, GenParams};
 use crate::config::decl::{Decl, ProviderKind};
 use crate::config::options::{NUMBER, OptionSpec, POSITIVE, RATIO, Ty, UINT};
@@ -92,6 +93,13 @@ const OPENAI_OPTIONS: &[OptionSpec] = &[
     GEN_OPTIONS[3],
     GEN_OPTIONS[4],
     GEN_OPTIONS[5],
+    OptionSpec::default(
+        "structured_output",
+        Ty::Enum(&["auto", "openai", "vllm", "llama_cpp", "none"]),
+        "\"auto\"",
+        "how a stage's JSON Schema (`schema`) is sent: \"openai\" (response_format json_schema, strict when the schema allows), \"vllm\" (json_schema without strict), \"llama_cpp\" (response_format json_object + schema: llama-server, llama-cpp-python), \"auto\" (openai, then llama_cpp when the server refuses it), \"none\" (the server has no structured mode: the text protocol)",
+    )
+    .runtime_only(),
     OptionSpec::optional(
         "cache_identity",
         Ty::Str,
@@ -165,6 +173,13 @@ const ANTHROPIC_OPTIONS: &[OptionSpec] = &[
     OptionSpec::default("api_key_env", Ty::Str, "\"ANTHROPIC_API_KEY\"", "environment variable holding the API key")
         .runtime_only(),
     OptionSpec::default("anthropic_version", Ty::Str, "\"2023-06-01\"", "the anthropic-version header"),
+    OptionSpec::default(
+        "structured_output",
+        Ty::Enum(&["tool", "none"]),
+        "\"tool\"",
+        "how a stage's JSON Schema (`schema`) is sent: \"tool\" (a forced tool whose input_schema is the schema; its input is the answer), \"none\" (the text protocol)",
+    )
+    .runtime_only(),
     GEN_OPTIONS[0],
     GEN_OPTIONS[1],
     OptionSpec::optional(
@@ -298,6 +313,7 @@ struct OpenAiOptions {
     api_key_env: String,
     #[serde(flatten)]
     generation: GenParams,
+    structured_output: String,
     cache_identity: Option<String>,
     requests_per_minute: Option<u32>,
     tokens_per_minute: Option<u32>,
@@ -323,6 +339,7 @@ struct AnthropicOptions {
     model_env: Option<String>,
     api_key_env: String,
     anthropic_version: String,
+    structured_output: String,
     #[serde(flatten)]
     generation: GenParams,
     requests_per_minute: Option<u32>,
@@ -400,6 +417,8 @@ pub struct Provider {
     pub(crate) cache_identity: Option<String>,
     /// The environment variable its key is read from (recorded with its batches, never the key).
     pub api_key_env: String,
+    /// Its structured-output forms, and which one it is at.
+    pub structured: Negotiation,
     /// Batch settings (`None`: the kind has no batch API, e.g. `offline`).
     pub batch: Option<BatchSettings>,
     batch_target: Option<BatchTarget>,
@@ -545,6 +564,13 @@ impl Provider {
                     offline_identity: None,
                     cache_identity: o.cache_identity.clone(),
                     api_key_env: o.api_key_env.clone(),
+                    structured: Negotiation::new(match o.structured_output.as_str() {
+                        "openai" => vec![Form::OpenAi],
+                        "vllm" => vec![Form::Vllm],
+                        "llama_cpp" => vec![Form::LlamaCpp],
+                        "none" => vec![],
+                        _ => vec![Form::OpenAi, Form::LlamaCpp],
+                    }),
                     batch: Some(batch),
                     batch_target: Some(BatchTarget::OpenAi(endpoint)),
                     batch_api: OnceLock::new(),
@@ -588,6 +614,10 @@ impl Provider {
                     offline_identity: None,
                     cache_identity: None,
                     api_key_env: o.api_key_env.clone(),
+                    structured: Negotiation::new(match o.structured_output.as_str() {
+                        "none" => vec![],
+                        _ => vec![Form::AnthropicTool],
+                    }),
                     batch: Some(batch),
                     batch_target: Some(BatchTarget::Anthropic(endpoint)),
                     batch_api: OnceLock::new(),
@@ -615,6 +645,8 @@ impl Provider {
                     offline_identity: Some(serde_json::json!({"seed": o.seed, "score_one": o.score_one})),
                     cache_identity: None,
                     api_key_env: String::new(),
+                    // A stand-in answers in the parser's text shape: no structured mode.
+                    structured: Negotiation::new(vec![]),
                     batch: None,
                     batch_target: None,
                     batch_api: OnceLock::new(),
@@ -643,6 +675,10 @@ impl Provider {
         }
         if let Some(id) = &provider.offline_identity {
             doc["offline"] = id.clone();
+        }
+        if let Some(structured) = &req.structured {
+            // The schema (and its name) decide the answer; the form it travels in does not.
+            doc["structured"] = serde_json::to_value(structured).expect("serializable");
         }
         doc
     }

@@ -153,11 +153,27 @@ pub struct RowError {
     /// Not the record's fault (bad API key, unknown model): stop the stage at once
     /// with this one message instead of failing every record the same way.
     pub fatal: bool,
+    /// A model stage's last answer and every rejected answer's reason (the failure
+    /// table's `raw` and `attempts`), so a user sees what the model said.
+    pub answers: Option<Box<Answers>>,
+}
+
+/// What a model answered a record that failed.
+#[derive(Debug, Clone, Default)]
+pub struct Answers {
+    pub raw: Option<String>,
+    pub attempts: Vec<String>,
 }
 
 impl RowError {
     pub fn new(kind: FailureKind, message: impl Into<String>) -> RowError {
-        RowError { kind, message: message.into(), fatal: false }
+        RowError { kind, message: message.into(), fatal: false, answers: None }
+    }
+
+    /// The same error, with what the model answered.
+    pub fn with_answers(mut self, answers: Answers) -> RowError {
+        self.answers = Some(Box::new(answers));
+        self
     }
 }
 
@@ -289,7 +305,7 @@ where
                 stop.cancel();
                 continue;
             }
-            Err(e) => ctx.fail(&id, e.kind, e.message, record),
+            Err(e) => ctx.fail_answered(&id, e.kind, e.message, record, e.answers.map(|a| *a)),
         }
         if n_pending >= ROW_BATCH {
             flush_rows(ctx, &schema, &writer, std::mem::take(&mut pending)).await?;

@@ -69,6 +69,8 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
         parser: "text".into(),
         // Every answer is kept as written, even an empty one (it scores 0).
         parser_options: Some(json!({"min_chars": 0, "column": "response", "trim": false})),
+        schema: None,
+        structured: "off".into(),
         n: 1,
         max_attempts: 1,
         reask: String::new(),

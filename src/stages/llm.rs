@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::exec::{RowError, batch_map_rows, map_rows};
+use super::exec::{Answers, RowError, batch_map_rows, map_rows};
 use super::{
     Arity, BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Sharding, Stage,
 };
@@ -27,6 +27,7 @@ use crate::data::chat::Role as ChatRole;
 use crate::data::{self, Row};
 use crate::llm::parse::{self, Parser};
 use crate::llm::provider::Provider;
+use crate::llm::schema::{Form, SchemaFile, Structured};
 use crate::llm::{CallCtx, ChatRequest, Completed, GenParams, Message};
 use crate::services::Services;
 use crate::services::batch::{BatchStage, StageBatch};
@@ -44,6 +45,8 @@ const OPTIONS: &[OptionSpec] = &[
     OptionSpec::optional("system", Ty::File, "template file of the system message"),
     OptionSpec::default("parser", Ty::Str, "\"text\"", "how to read the answer (see `synth list`)"),
     OptionSpec::optional("parser_options", Ty::Any, "options of the parser"),
+    SCHEMA,
+    STRUCTURED,
     OptionSpec::default("n", POSITIVE, "1", "answers per record (each its own row, id \"<id>/<k>\")"),
     OptionSpec::default("max_attempts", POSITIVE, "3", "asks per answer when it does not parse"),
     OptionSpec::default(
@@ -70,6 +73,19 @@ const OPTIONS: &[OptionSpec] = &[
     BATCH_FALLBACK,
     MAX_COST_USD,
 ];
+
+// Structured answers (shared with kinds that preset the rest).
+pub(super) const SCHEMA: OptionSpec = OptionSpec::optional(
+    "schema",
+    Ty::File,
+    "JSON Schema file of a structured answer (a JSON object with the keys the parser reads): the provider enforces it (`structured`), every answer is validated against it and re-asked with the validator's message",
+);
+pub(super) const STRUCTURED: OptionSpec = OptionSpec::default(
+    "structured",
+    Ty::Enum(&["auto", "require", "off"]),
+    "\"auto\"",
+    "with `schema`: \"auto\" sends it in the provider's structured-output mode and falls back to the parser's text protocol (one warning, recorded in the manifest) when the provider has none or refuses it; \"require\": no fallback (a provider without one is an error); \"off\": the text protocol",
+);
 
 // Generation options shared with kinds that preset the rest (`generate`).
 pub(super) const TOP_P: OptionSpec = OptionSpec::optional("top_p", RATIO, "overrides the provider's");
@@ -124,6 +140,10 @@ pub(super) struct Options {
     pub(super) system: Option<String>,
     pub(super) parser: String,
     pub(super) parser_options: Option<Value>,
+    #[serde(default)]
+    pub(super) schema: Option<String>,
+    #[serde(default = "structured_auto")]
+    pub(super) structured: String,
     pub(super) n: u32,
     pub(super) max_attempts: u32,
     pub(super) reask: String,
@@ -141,6 +161,10 @@ pub(super) struct Options {
     pub(super) batch: Option<bool>,
     pub(super) batch_fallback: Option<String>,
     pub(super) max_cost_usd: Option<f64>,
+}
+
+fn structured_auto() -> String {
+    "auto".into()
 }
 
 /// Columns every LLM stage adds besides the parser's.
@@ -165,6 +189,8 @@ struct Llm {
     vars: BTreeMap<String, Vec<String>>,
     parser: Arc<dyn Parser>,
     params: GenParams,
+    /// The checked `schema` file (structured answers).
+    schema: Option<Arc<SchemaFile>>,
 }
 
 fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> {
@@ -241,6 +267,37 @@ pub(super) fn build_with(opts: Options, ctx: &BuildCtx<'_>, diags: &mut Diagnost
             return None;
         }
     };
+    let schema = match &opts.schema {
+        Some(path) => match SchemaFile::load(&ctx.root.join(path), path) {
+            Ok(file) => {
+                let keys = parser.json_keys();
+                if keys.is_empty() {
+                    ctx.error(
+                        diags,
+                        "schema",
+                        format!(
+                            "parser \"{}\" reads text answers only: it cannot read a structured answer",
+                            opts.parser
+                        ),
+                    );
+                    ok = false;
+                } else if let Err(e) = file.check_keys(&opts.parser, &keys) {
+                    ctx.error(diags, "schema", e);
+                    ok = false;
+                }
+                Some(Arc::new(file))
+            }
+            Err(e) => {
+                ctx.error(diags, "schema", e);
+                return None;
+            }
+        },
+        None if opts.structured == "require" => {
+            ctx.error(diags, "structured", "structured = \"require\" needs a `schema` (the JSON Schema of the answer)");
+            return None;
+        }
+        None => None,
+    };
     let params = GenParams {
         temperature: opts.temperature,
         top_p: opts.top_p,
@@ -250,7 +307,7 @@ pub(super) fn build_with(opts: Options, ctx: &BuildCtx<'_>, diags: &mut Diagnost
         extra: opts.extra.clone().unwrap_or_default(),
     };
     ok.then(|| {
-        Box::new(Llm { opts, templates: Arc::new(templates), vars, parser: Arc::from(parser), params })
+        Box::new(Llm { opts, templates: Arc::new(templates), vars, parser: Arc::from(parser), params, schema })
             as Box<dyn Stage>
     })
 }
@@ -344,6 +401,9 @@ impl Stage for Llm {
         if let Some(s) = &self.opts.system {
             ctx.files.push(ctx.root.join(s));
         }
+        if let Some(s) = &self.opts.schema {
+            ctx.files.push(ctx.root.join(s));
+        }
         let input = ctx.input_schema(0)?;
         match self.output_schema(&input) {
             Ok(s) => Some(s),
@@ -369,13 +429,14 @@ impl Stage for Llm {
         let rate = provider.rate.clone();
         let services = ctx.services.clone();
         let this = &*self;
+        let structured = StructuredRun::start(ctx, self.schema.clone(), &self.opts.structured, &provider)?;
         // Rejected answers (the re-asks) per record, for the report: the last pass over a
         // record sees them all (batch mode passes over a record more than once).
-        let rejected: std::sync::Mutex<BTreeMap<String, Vec<FailureKind>>> = Default::default();
+        let rejected: std::sync::Mutex<BTreeMap<String, Vec<Outcome>>> = Default::default();
         let answer = |row: Row, call: CallCtx| {
             let (provider, services) = (provider.clone(), services.clone());
-            let rejected = &rejected;
-            async move { this.answer(row, &services, &provider, &call, rejected).await }
+            let (rejected, structured) = (&rejected, &structured);
+            async move { this.answer(row, &services, &provider, &call, rejected, structured).await }
         };
         let batch = start_batch(ctx, &provider, &call, self.opts.batch, self.opts.batch_fallback.as_deref())?;
         match &batch {
@@ -388,15 +449,158 @@ impl Stage for Llm {
         if let Some(b) = &batch {
             report_batch(ctx, b);
         }
-        let mut counts: BTreeMap<FailureKind, u64> = BTreeMap::new();
-        for kind in rejected.lock().expect("rejection counts").values().flatten() {
-            *counts.entry(*kind).or_default() += 1;
-        }
-        for (kind, n) in &counts {
-            ctx.report.metrics.insert(format!("rejected.{kind}"), *n as f64);
-        }
+        let outcomes = rejected.into_inner().expect("rejection counts");
+        report_outcomes(ctx, outcomes.values().flatten());
+        structured.report(ctx);
         report_limits(ctx, &rate);
         Ok(())
+    }
+}
+
+/// How one sample of a record went: the failure kind of each answer rejected on the way,
+/// and whether an answer was accepted in the end.
+#[derive(Debug, Clone, Default)]
+struct Outcome {
+    rejected: Vec<FailureKind>,
+    accepted: bool,
+}
+
+/// The stage's answer figures into its report: answers accepted first time, after a re-ask,
+/// never (`answers.*`), and rejected answers per failure kind (`rejected.<kind>`).
+fn report_outcomes<'a>(ctx: &mut RunCtx, outcomes: impl Iterator<Item = &'a Outcome>) {
+    let (mut first, mut reasked, mut failed) = (0u64, 0u64, 0u64);
+    let mut counts: BTreeMap<FailureKind, u64> = BTreeMap::new();
+    for o in outcomes {
+        match (o.accepted, o.rejected.is_empty()) {
+            (true, true) => first += 1,
+            (true, false) => reasked += 1,
+            (false, _) => failed += 1,
+        }
+        for kind in &o.rejected {
+            *counts.entry(*kind).or_default() += 1;
+        }
+    }
+    let m = &mut ctx.report.metrics;
+    m.insert("answers.first_attempt".into(), first as f64);
+    m.insert("answers.after_reask".into(), reasked as f64);
+    m.insert("answers.failed".into(), failed as f64);
+    for (kind, n) in &counts {
+        m.insert(format!("rejected.{kind}"), *n as f64);
+    }
+}
+
+/// Whether a stage run asks for structured answers, and its fallback to the text protocol:
+/// decided at the start from the stage's `structured` and the provider's forms, and again
+/// when the provider refuses a form (then the next form, or the text protocol with one
+/// warning; the report says which was used, `structured` in the manifest).
+pub(super) struct StructuredRun {
+    schema: Option<Arc<SchemaFile>>,
+    /// `structured = "require"`: a refusal fails the record instead of falling back.
+    require: bool,
+    stage: String,
+    provider: String,
+    /// Why the stage fell back to the text protocol (the first refusal, or no mode at all).
+    fallback: std::sync::Mutex<Option<String>>,
+    /// Forms a request was sent in.
+    used: std::sync::Mutex<std::collections::BTreeSet<&'static str>>,
+}
+
+impl StructuredRun {
+    pub(super) fn start(
+        ctx: &RunCtx,
+        schema: Option<Arc<SchemaFile>>,
+        mode: &str,
+        provider: &Provider,
+    ) -> Result<StructuredRun> {
+        let schema = schema.filter(|_| mode != "off");
+        let run = StructuredRun {
+            require: mode == "require",
+            stage: ctx.name.clone(),
+            provider: provider.name.clone(),
+            fallback: Default::default(),
+            used: Default::default(),
+            schema,
+        };
+        if run.schema.is_some() && provider.structured.current().is_none() {
+            let why = if provider.structured.forms().is_empty() {
+                format!("provider \"{}\" ({}) has no structured-output mode", provider.name, provider.kind)
+            } else {
+                format!("provider \"{}\" refused every structured-output form earlier in this run", provider.name)
+            };
+            if run.require {
+                anyhow::bail!("structured = \"require\", but {why}");
+            }
+            if provider.kind != "offline" {
+                tracing::warn!("stage \"{}\": {why}: answers use the parser's text protocol", run.stage);
+            }
+            *run.fallback.lock().expect("fallback") = Some(why);
+        }
+        Ok(run)
+    }
+
+    /// The structured part of the next request (`None`: the text protocol).
+    fn request(&self, provider: &Provider) -> Option<(Structured, &SchemaFile)> {
+        let schema = self.schema.as_ref()?;
+        if self.fallback.lock().expect("fallback").is_some() && !self.require {
+            return None;
+        }
+        let form = provider.structured.current()?;
+        self.used.lock().expect("forms").insert(form.name());
+        Some((Structured { form, schema: schema.request.clone() }, schema))
+    }
+
+    /// A request in `form` failed with `err`: whether it was the provider refusing the form
+    /// (then the next request uses the next form, or the text protocol).
+    fn refused(&self, provider: &Provider, form: Form, err: &crate::llm::LlmError) -> bool {
+        if self.require || err.kind != crate::llm::ErrorKind::Rejected || !form.refused_by(&err.message) {
+            return false;
+        }
+        match provider.structured.refused(form) {
+            Some(next) => {
+                tracing::info!(
+                    "stage \"{}\": provider \"{}\" refused structured form {} ({}); trying {}",
+                    self.stage,
+                    self.provider,
+                    form.name(),
+                    err.message,
+                    next.name()
+                );
+            }
+            None => {
+                let mut fallback = self.fallback.lock().expect("fallback");
+                if fallback.is_none() {
+                    tracing::warn!(
+                        "stage \"{}\": provider \"{}\" refused structured output ({}): answers use the parser's text protocol",
+                        self.stage,
+                        self.provider,
+                        err.message
+                    );
+                    *fallback = Some(format!("provider \"{}\" refused it: {}", self.provider, err.message));
+                }
+            }
+        }
+        true
+    }
+
+    fn report(&self, ctx: &mut RunCtx) {
+        if self.schema.is_none() {
+            return;
+        }
+        let used: Vec<&str> = self.used.lock().expect("forms").iter().copied().collect();
+        let info = &mut ctx.report.info;
+        match self.fallback.lock().expect("fallback").as_ref() {
+            Some(why) => {
+                info.insert("structured".into(), "text".into());
+                info.insert("structured_fallback".into(), crate::secrets::scrub(why));
+                ctx.report.metrics.insert("structured.fallback".into(), 1.0);
+            }
+            None => {
+                info.insert("structured".into(), used.join(", "));
+            }
+        }
+        if !used.is_empty() {
+            info.insert("structured_forms_tried".into(), used.join(", "));
+        }
     }
 }
 
@@ -412,7 +616,8 @@ impl Llm {
         services: &Arc<Services>,
         provider: &Arc<Provider>,
         call: &CallCtx,
-        rejected: &std::sync::Mutex<BTreeMap<String, Vec<FailureKind>>>,
+        rejected: &std::sync::Mutex<BTreeMap<String, Vec<Outcome>>>,
+        structured: &StructuredRun,
     ) -> std::result::Result<Vec<Row>, RowError> {
         let mut messages = Vec::new();
         if let Some(col) = &self.opts.messages {
@@ -433,13 +638,13 @@ impl Llm {
         }
         let id = row.get(data::ID).and_then(Value::as_str).unwrap_or_default().to_string();
         let samples = futures::future::join_all(
-            (0..self.opts.n).map(|sample| self.sample(&messages, sample, &row, services, provider, call)),
+            (0..self.opts.n).map(|sample| self.sample(&messages, sample, &row, services, provider, call, structured)),
         )
         .await;
-        let kinds: Vec<FailureKind> = samples.iter().flat_map(|(_, kinds)| kinds.iter().copied()).collect();
-        if !kinds.is_empty() {
-            rejected.lock().expect("rejection counts").insert(id.clone(), kinds);
-        }
+        // Batch mode passes over a record more than once: the last pass has its outcome.
+        let outcomes =
+            samples.iter().map(|(r, kinds)| Outcome { rejected: kinds.clone(), accepted: r.is_ok() }).collect();
+        rejected.lock().expect("rejection counts").insert(id.clone(), outcomes);
         let mut out_rows = Vec::with_capacity(samples.len());
         for (sample, (result, kinds)) in samples.into_iter().enumerate() {
             let (fields, completed, attempts) = result?;
@@ -484,43 +689,74 @@ impl Llm {
         services: &Arc<Services>,
         provider: &Arc<Provider>,
         call: &CallCtx,
+        structured: &StructuredRun,
     ) -> (std::result::Result<(Row, Completed, u32), RowError>, Vec<FailureKind>) {
         let mut convo = messages.to_vec();
         let mut last_error = String::new();
         let mut last_kind = FailureKind::Validation;
         let mut kinds: Vec<FailureKind> = Vec::new();
-        for attempt in 1..=self.opts.max_attempts {
+        let mut answers = Answers::default();
+        let mut attempt = 1;
+        // A refused structured form is asked again in the next form (or as text), as the
+        // same attempt; a provider has a handful of forms, so this ends.
+        let mut refusals = 0;
+        while attempt <= self.opts.max_attempts {
+            let structured_req = structured.request(provider);
             let req = ChatRequest {
                 messages: convo.clone(),
                 params: self.params.clone(),
                 sample,
                 expect: self.parser.expect(),
+                structured: structured_req.as_ref().map(|(s, _)| s.clone()),
             };
             let completed = match services.chat(provider, req, call).await {
                 Ok(c) => c,
                 Err(e) => {
-                    let err = RowError { kind: FailureKind::Llm, message: e.to_string(), fatal: e.kind.fatal() };
+                    if let Some((s, _)) = &structured_req
+                        && refusals < 8
+                        && structured.refused(provider, s.form, &e)
+                    {
+                        refusals += 1;
+                        continue;
+                    }
+                    let err = RowError {
+                        kind: FailureKind::Llm,
+                        message: e.to_string(),
+                        fatal: e.kind.fatal(),
+                        answers: (answers.raw.is_some()).then(|| Box::new(answers.clone())),
+                    };
                     return (Err(err), kinds);
                 }
             };
             let text = completed.response.text.clone();
-            match self.parser.accept(&text, row) {
+            let accepted = match &structured_req {
+                Some((_, schema)) => match schema.read(&text) {
+                    Ok(obj) => self.parser.accept_json(&obj, row),
+                    Err(reason) => Err(parse::Rejection::invalid(reason)),
+                },
+                None => self.parser.accept(&text, row),
+            };
+            match accepted {
                 Ok(fields) => return (Ok((fields, completed, attempt)), kinds),
                 Err(parse::Rejection { kind, reason }) => {
                     kinds.push(kind);
                     last_kind = kind;
                     last_error = reason.clone();
+                    answers.attempts.push(reason.clone());
+                    answers.raw = Some(text.clone());
                     let ctx = minijinja::context! { error => reason };
                     let reask = self.templates.render_value("reask", ctx).unwrap_or_else(|_| last_error.clone());
                     convo.push(Message::new(ChatRole::Assistant, text));
                     convo.push(Message::new(ChatRole::User, reask));
                 }
             }
+            attempt += 1;
         }
         let err = RowError::new(
             last_kind,
             format!("no usable answer after {} attempt(s): {last_error}", self.opts.max_attempts),
-        );
+        )
+        .with_answers(answers);
         (Err(err), kinds)
     }
 }

@@ -183,6 +183,7 @@ impl Stage for LoglikStage {
                         kind: FailureKind::Llm,
                         message: e.to_string(),
                         fatal: e.kind.fatal(),
+                        answers: None,
                     })?;
                     let ll = Loglik::from_text(&done.response.text)
                         .map_err(|m| RowError::new(FailureKind::Validation, m))?;

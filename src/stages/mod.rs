@@ -661,8 +661,27 @@ impl RunCtx {
         message: impl Into<String>,
         record: Option<String>,
     ) {
-        let message = crate::secrets::scrub(&message.into());
-        self.failures.record(id, kind, message, record.map(|r| crate::secrets::scrub(&r)));
+        self.fail_answered(id, kind, message, record, None);
+    }
+
+    /// [`RunCtx::fail`] for a record a model answered: its last answer and the reason each
+    /// answer was rejected go to the failure table too (secrets scrubbed like the rest).
+    pub fn fail_answered(
+        &self,
+        id: &str,
+        kind: crate::store::failures::FailureKind,
+        message: impl Into<String>,
+        record: Option<String>,
+        answers: Option<exec::Answers>,
+    ) {
+        let scrub = crate::secrets::scrub;
+        let mut failure =
+            crate::store::failures::Failure::new(id, kind, scrub(&message.into()), record.map(|r| scrub(&r)));
+        if let Some(a) = answers {
+            failure.raw = a.raw.map(|r| scrub(&r));
+            failure.attempts = a.attempts.iter().map(|m| scrub(m)).collect();
+        }
+        self.failures.push(failure);
         self.progress.failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 

@@ -97,6 +97,22 @@ pub struct Failure {
     pub message: String,
     /// The input record (JSON) or raw line, when there is one.
     pub record: Option<String>,
+    /// A model stage's last answer, as the model wrote it (`raw` column).
+    pub raw: Option<String>,
+    /// A model stage's reason for each answer it did not accept, in order (`attempts`).
+    pub attempts: Vec<String>,
+}
+
+impl Failure {
+    /// A failure without a model's answers.
+    pub fn new(
+        id: impl Into<String>,
+        kind: FailureKind,
+        message: impl Into<String>,
+        record: Option<String>,
+    ) -> Failure {
+        Failure { id: id.into(), kind, message: message.into(), record, raw: None, attempts: Vec::new() }
+    }
 }
 
 /// `text` on one line (newlines and tabs as spaces), cut to `max` characters with "…".
@@ -122,7 +138,7 @@ impl FailureLog {
     }
 
     pub fn record(&self, id: impl Into<String>, kind: FailureKind, message: impl Into<String>, record: Option<String>) {
-        self.push(Failure { id: id.into(), kind, message: message.into(), record });
+        self.push(Failure::new(id, kind, message, record));
     }
 
     pub fn len(&self) -> usize {
@@ -153,6 +169,8 @@ pub fn failures_schema() -> SchemaRef {
         Field::new("kind", DataType::Utf8, false),
         Field::new("message", DataType::Utf8, false),
         Field::new("record", DataType::Utf8, true),
+        Field::new("raw", DataType::Utf8, true),
+        Field::new("attempts", DataType::List(Arc::new(Field::new("item", DataType::Utf8, true))), true),
     ]))
 }
 
@@ -171,6 +189,9 @@ pub fn read_failures(path: &Path) -> Result<(Vec<Failure>, std::collections::Has
                 .ok_or_else(|| anyhow::anyhow!("{}: not a failure table (no column \"{n}\")", path.display()))
         };
         let (id, kind, message, record) = (col("id")?, col("kind")?, col("message")?, col("record")?);
+        // Tables written before the model's answers were kept have no `raw` / `attempts`.
+        let raw = b.column_by_name("raw").map(|c| c.as_string::<i32>().clone());
+        let attempts = b.column_by_name("attempts").and_then(|c| c.as_list_opt::<i32>().cloned());
         for i in 0..b.num_rows() {
             let k = FailureKind::parse(kind.value(i))
                 .ok_or_else(|| anyhow::anyhow!("{}: unknown failure kind \"{}\"", path.display(), kind.value(i)))?;
@@ -179,6 +200,15 @@ pub fn read_failures(path: &Path) -> Result<(Vec<Failure>, std::collections::Has
                 kind: k,
                 message: message.value(i).to_string(),
                 record: record.is_valid(i).then(|| record.value(i).to_string()),
+                raw: raw.as_ref().filter(|r| r.is_valid(i)).map(|r| r.value(i).to_string()),
+                attempts: match &attempts {
+                    Some(list) if list.is_valid(i) => {
+                        let items = list.value(i);
+                        let items = items.as_string::<i32>();
+                        (0..items.len()).map(|j| items.value(j).to_string()).collect()
+                    }
+                    _ => Vec::new(),
+                },
             });
         }
     }
@@ -200,9 +230,31 @@ pub fn write_failures(dest: &Path, mut failures: Vec<Failure>, meta: Vec<(String
                 Arc::new(StringArray::from_iter_values(chunk.iter().map(|f| f.kind.as_str()))),
                 Arc::new(StringArray::from_iter_values(chunk.iter().map(|f| f.message.as_str()))),
                 Arc::new(StringArray::from_iter(chunk.iter().map(|f| f.record.as_deref()))),
+                Arc::new(StringArray::from_iter(chunk.iter().map(|f| f.raw.as_deref()))),
+                Arc::new(attempts_array(chunk)),
             ],
         )?;
         out.write(&batch)?;
     }
     Ok(out.finish()?.0)
+}
+
+/// The `attempts` column: null for a failure without a model's answers.
+fn attempts_array(chunk: &[Failure]) -> arrow::array::ListArray {
+    let mut b = arrow::array::ListBuilder::new(arrow::array::StringBuilder::new()).with_field(Arc::new(Field::new(
+        "item",
+        DataType::Utf8,
+        true,
+    )));
+    for f in chunk {
+        if f.attempts.is_empty() && f.raw.is_none() {
+            b.append_null();
+        } else {
+            for a in &f.attempts {
+                b.values().append_value(a);
+            }
+            b.append(true);
+        }
+    }
+    b.finish()
 }

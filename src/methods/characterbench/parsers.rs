@@ -254,6 +254,15 @@ impl Parser for ResponseParser {
     fn expect(&self) -> String {
         RESPONSE_SHAPE.into()
     }
+
+    fn json_keys(&self) -> Vec<String> {
+        vec![self.key.clone()]
+    }
+
+    /// The official prompt's own object (`{"response": "..."}`), read as its text is.
+    fn parse_json(&self, answer: &Map<String, Value>, record: &Row) -> Result<Row, String> {
+        self.parse(&Value::Object(answer.clone()).to_string(), record)
+    }
 }
 
 pub static DIALOGUE: ParserKind = ParserKind {
@@ -303,6 +312,15 @@ impl Parser for DialogueParser {
 
     fn expect(&self) -> String {
         DIALOGUE_SHAPE.into()
+    }
+
+    fn json_keys(&self) -> Vec<String> {
+        vec!["dialogue".into()]
+    }
+
+    /// `{"dialogue": [{speaker, utterance}]}`: one of the layouts a text answer may take.
+    fn parse_json(&self, answer: &Map<String, Value>, record: &Row) -> Result<Row, String> {
+        self.parse(&Value::Object(answer.clone()).to_string(), record)
     }
 }
 

@@ -6,7 +6,7 @@
 
 use arrow::datatypes::{DataType, Field};
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::extract::{self, List};
 use crate::config::options::{OptionSpec, Ty};
@@ -76,6 +76,15 @@ impl Parser for QuestionParser {
 
     fn expect(&self) -> String {
         QUESTION_SHAPE.into()
+    }
+
+    fn json_keys(&self) -> Vec<String> {
+        ["question", "A", "B", "C", "D", "answer"].iter().map(|k| k.to_string()).collect()
+    }
+
+    /// The text protocol's own JSON object, read and checked as its text is.
+    fn parse_json(&self, answer: &Map<String, Value>, record: &Row) -> Result<Row, String> {
+        self.parse(&Value::Object(answer.clone()).to_string(), record)
     }
 }
 
@@ -153,6 +162,15 @@ impl Parser for Mcq {
 
     fn expect(&self) -> String {
         SHAPE.into()
+    }
+
+    fn json_keys(&self) -> Vec<String> {
+        vec!["answer".into()]
+    }
+
+    /// `{"answer": "B"}`: the answer's text, read by the same extraction cascade.
+    fn parse_json(&self, answer: &Map<String, Value>, record: &Row) -> Result<Row, String> {
+        self.parse(&crate::llm::parse::json_text(answer, "answer")?, record)
     }
 }
 

@@ -11,11 +11,11 @@
 
 use arrow::datatypes::{DataType, Field, Fields};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use crate::config::options::{OptionSpec, POSITIVE, Ty};
 use crate::data::Row;
-use crate::llm::parse::{Parser, ParserKind, Rejection};
+use crate::llm::parse::{Parser, ParserKind, Rejection, json_text};
 use crate::store::failures::FailureKind;
 
 pub static KINDS: &[&ParserKind] = &[&PROFILE, &DIALOGUE, &STYLIZED];
@@ -377,6 +377,85 @@ impl Parser for ProfileParser {
     fn expect(&self) -> String {
         "profile".into()
     }
+    fn json_keys(&self) -> Vec<String> {
+        PROFILE_KEYS.iter().map(|k| k.to_string()).collect()
+    }
+    fn parse_json(&self, answer: &Map<String, Value>, record: &Row) -> Result<Row, String> {
+        self.parse(&profile_text(answer)?, record)
+    }
+}
+
+/// The keys of a structured profile, one per part of the seven sections.
+const PROFILE_KEYS: [&str; 8] = [
+    "identification",
+    "description",
+    "skills",
+    "speech_style",
+    "personality",
+    "experience",
+    "boundaries",
+    "speech_examples",
+];
+
+/// A text on one line: line breaks and runs of whitespace as one space (a field of the
+/// text protocol is one line; a break inside it would open another item).
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn json_list<'a>(answer: &'a Map<String, Value>, key: &str) -> Result<&'a Vec<Value>, String> {
+    match answer.get(key) {
+        Some(Value::Array(items)) => Ok(items),
+        Some(v) => Err(format!("\"{key}\" must be a list, found {v}")),
+        None => Err(format!("the JSON object has no \"{key}\"")),
+    }
+}
+
+fn json_item<'a>(item: &'a Value, key: &str, list: &str) -> Result<&'a Map<String, Value>, String> {
+    item.as_object().ok_or_else(|| format!("each item of \"{list}\" must be an object with \"{key}\", found {item}"))
+}
+
+/// A structured profile as the text of the seven sections (Appendix D's layout, as
+/// [`Profile::render`] writes it), which [`parse_profile`] then reads: a JSON answer gives
+/// the columns a text answer with the same content gives, with the same checks.
+pub fn profile_text(answer: &Map<String, Value>) -> Result<String, String> {
+    let line = |key: &str| json_text(answer, key).map(|t| one_line(&t));
+    let mut out = String::new();
+    let numbered = |out: &mut String, key: &str| -> Result<(), String> {
+        for (i, item) in json_list(answer, key)?.iter().enumerate() {
+            let text = match item {
+                Value::String(s) => one_line(s),
+                other => {
+                    let obj = json_item(other, "name", key)?;
+                    let name = one_line(&json_text(obj, "name")?);
+                    let desc = one_line(&json_text(obj, "description")?);
+                    if desc.is_empty() { name } else { format!("{name}: {desc}") }
+                }
+            };
+            out.push_str(&format!("{}. {text}\n", i + 1));
+        }
+        Ok(())
+    };
+    out.push_str(&format!("####{}\n{}\n{}\n", SECTIONS[0].0, line("identification")?, line("description")?));
+    out.push_str(&format!("####{}\n", SECTIONS[1].0));
+    numbered(&mut out, "skills")?;
+    out.push_str(&format!("####{}\n{}\n", SECTIONS[2].0, line("speech_style")?));
+    out.push_str(&format!("####{}\n", SECTIONS[3].0));
+    numbered(&mut out, "personality")?;
+    out.push_str(&format!("####{}\n", SECTIONS[4].0));
+    numbered(&mut out, "experience")?;
+    out.push_str(&format!("####{}\n{}\n", SECTIONS[5].0, line("boundaries")?));
+    out.push_str(&format!("####{}\n", SECTIONS[6].0));
+    for (i, item) in json_list(answer, "speech_examples")?.iter().enumerate() {
+        let obj = json_item(item, "content", "speech_examples")?;
+        let topic = one_line(&json_text(obj, "topic")?);
+        let narration = one_line(&json_text(obj, "narration")?);
+        let content = one_line(&json_text(obj, "content")?);
+        let speech = if narration.is_empty() { content } else { format!("({narration}) {content}") };
+        let topic = if topic.is_empty() { String::new() } else { format!("{topic}: ") };
+        out.push_str(&format!("{}. {topic}\"{speech}\"\n", i + 1));
+    }
+    Ok(out.trim_end().to_string())
 }
 
 // ----------------------------------------------------------------- dialogue
@@ -594,6 +673,28 @@ impl Parser for DialogueParser {
     fn expect(&self) -> String {
         "dialogue".into()
     }
+    fn json_keys(&self) -> Vec<String> {
+        vec!["turns".into()]
+    }
+    /// `{"turns": [{"speaker", "content"}]}`: the `**Speaker**: content` lines of the text
+    /// protocol. A speaker `user` is the user; `role` (or `assistant`) is the role, named
+    /// from the record; any other speaker is taken as written (and must be the role's name).
+    fn parse_json(&self, answer: &Map<String, Value>, record: &Row) -> Result<Row, String> {
+        let role = record.get(&self.role_column).and_then(Value::as_str).unwrap_or_default();
+        let mut text = String::new();
+        for item in json_list(answer, "turns")? {
+            let turn = json_item(item, "speaker", "turns")?;
+            let speaker = one_line(&json_text(turn, "speaker")?);
+            let speaker = match speaker.to_lowercase().as_str() {
+                "user" => "User".to_string(),
+                "role" | "assistant" if !role.is_empty() => role.to_string(),
+                _ => speaker,
+            };
+            let content = json_text(turn, "content")?;
+            text.push_str(&format!("**{speaker}**: {}\n", content.trim()));
+        }
+        self.parse(&text, record)
+    }
 }
 
 // ---------------------------------------------------------------- stylized
@@ -709,8 +810,18 @@ impl Parser for StylizedParser {
         // an older stand-in (which could repeat the answer it edits) are not reused.
         "stylized:v2".into()
     }
-    fn accept(&self, text: &str, record: &Row) -> Result<Row, Rejection> {
-        let fields = self.parse(text, record).map_err(Rejection::invalid)?;
+    fn json_keys(&self) -> Vec<String> {
+        vec!["narration".into(), "answer".into()]
+    }
+    /// `{"narration": "...", "answer": "..."}`: the text `(narration) answer` (an empty
+    /// narration: the answer alone).
+    fn parse_json(&self, answer: &Map<String, Value>, record: &Row) -> Result<Row, String> {
+        let narration = one_line(&json_text(answer, "narration")?);
+        let words = json_text(answer, "answer")?;
+        let text = if narration.is_empty() { words.to_string() } else { format!("({narration}) {words}") };
+        self.parse(&text, record)
+    }
+    fn check(&self, fields: Row, record: &Row) -> Result<Row, Rejection> {
         let Some(column) = &self.differ_from else { return Ok(fields) };
         let edited = match record.get(column) {
             Some(Value::String(s)) if !s.trim().is_empty() => s,

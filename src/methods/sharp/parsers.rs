@@ -20,13 +20,13 @@ use std::sync::{Arc, LazyLock};
 use arrow::datatypes::{DataType, Field, Fields};
 use regex::Regex;
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use super::metrics::Stance;
 use super::text::is_cjk;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data::Row;
-use crate::llm::parse::{Parser, ParserKind};
+use crate::llm::parse::{Parser, ParserKind, json_text};
 
 pub static KINDS: &[&ParserKind] = &[&STANCE, &CLAIM, &RELATIONS];
 
@@ -121,6 +121,15 @@ impl Parser for StanceParser {
     fn expect(&self) -> String {
         SHAPE.into()
     }
+
+    fn json_keys(&self) -> Vec<String> {
+        vec!["Stance".into(), "Reason".into()]
+    }
+
+    /// `{"Stance", "Reason"}`: the template's own JSON layout, read as its text is.
+    fn parse_json(&self, answer: &Map<String, Value>, record: &Row) -> Result<Row, String> {
+        self.parse(&Value::Object(answer.clone()).to_string(), record)
+    }
 }
 
 // --- sharp_claim
@@ -212,6 +221,15 @@ impl Parser for ClaimParser {
 
     fn expect(&self) -> String {
         format!("{CLAIM_SHAPE}:{}", if self.lang == "any" { "" } else { &self.lang })
+    }
+
+    fn json_keys(&self) -> Vec<String> {
+        vec!["claim".into()]
+    }
+
+    /// `{"claim": "..."}`: the claim sentence, cleaned and checked as a text answer is.
+    fn parse_json(&self, answer: &Map<String, Value>, record: &Row) -> Result<Row, String> {
+        self.parse(&json_text(answer, "claim")?, record)
     }
 }
 
@@ -308,6 +326,15 @@ impl Parser for RelationsParser {
 
     fn expect(&self) -> String {
         RELATIONS_SHAPE.into()
+    }
+
+    fn json_keys(&self) -> Vec<String> {
+        vec!["relations".into()]
+    }
+
+    /// `{"relations": [...]}`: one of the layouts a text answer may take.
+    fn parse_json(&self, answer: &Map<String, Value>, record: &Row) -> Result<Row, String> {
+        self.parse(&Value::Object(answer.clone()).to_string(), record)
     }
 }
 

@@ -39,7 +39,8 @@ pub(crate) fn demo_request(body: &Value) -> (Vec<Message>, Option<&'static str>)
 
 /// Part 2: the offline generator's answer in that shape (seed 11, as the offline profile).
 pub(crate) fn demo_answer(messages: Vec<Message>, expect: &str) -> String {
-    let req = ChatRequest { messages, params: GenParams::default(), sample: 0, expect: expect.into() };
+    let req =
+        ChatRequest { messages, params: GenParams::default(), sample: 0, expect: expect.into(), structured: None };
     Offline { seed: 11, score_one: 0.5, shapes: synth::registry::Registry::builtin().shapes.clone() }
         .generate(&req, &GenParams::default())
 }

@@ -381,3 +381,115 @@ fn synth_list_shows_the_column_options() {
         }
     }
 }
+
+/// The structured answer carrying the content of a parsed text answer, in each parser's
+/// JSON layout (`pipelines/prompts/rolemrc/*.schema.json`).
+fn structured_of(parser: &str, row: &Row) -> Value {
+    match parser {
+        "profile" => {
+            let keys = [
+                "identification",
+                "description",
+                "skills",
+                "speech_style",
+                "personality",
+                "experience",
+                "boundaries",
+                "speech_examples",
+            ];
+            Value::Object(keys.iter().map(|k| (k.to_string(), row[*k].clone())).collect())
+        }
+        "dialogue" => {
+            let turns: Vec<Value> = row["turns"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| {
+                    let speaker = if t["role"] == "User" { "user" } else { "role" };
+                    json!({"speaker": speaker, "content": t["content"]})
+                })
+                .collect();
+            json!({ "turns": turns })
+        }
+        _ => json!({"narration": row["narration"].as_str().unwrap_or(""), "answer": row["content"]}),
+    }
+}
+
+/// A JSON answer gives the columns the text parser gives for the same content: every `ok_`
+/// fixture's parsed content, as its parser's structured layout, parses to the same row (for
+/// stylized answers: the row of the canonical text `(narration) answer`, since the text
+/// protocol keeps the reply as written, quotes and all).
+#[test]
+fn structured_answers_give_the_text_parsers_columns() {
+    let mut checked = 0;
+    for (sub, parser, default_options) in SUITES {
+        for case in cases(sub) {
+            if !case.file_stem().unwrap().to_string_lossy().starts_with("ok_") {
+                continue;
+            }
+            let options = read_json(&sibling(&case, ".options.json"))
+                .unwrap_or_else(|| serde_json::from_str(default_options).expect("default options"));
+            let record = match read_json(&sibling(&case, ".record.json")) {
+                Some(Value::Object(m)) => m,
+                _ => Row::new(),
+            };
+            let p = Registry::builtin().build_parser(parser, &options).unwrap();
+            let text_row = p.accept(&read(&case), &record).unwrap();
+            let answer = structured_of(parser, &text_row);
+            let json_row = p
+                .accept_json(answer.as_object().unwrap(), &record)
+                .unwrap_or_else(|e| panic!("{}: {answer}: {}", case.display(), e.reason));
+            let expected = if parser == "stylized" {
+                let canonical = match text_row["narration"].as_str() {
+                    Some(n) => format!("({n}) {}", text_row["content"].as_str().unwrap()),
+                    None => text_row["content"].as_str().unwrap().to_string(),
+                };
+                let row = p.accept(&canonical, &record).unwrap();
+                assert_eq!(row["content"], text_row["content"], "{}", case.display());
+                row
+            } else {
+                text_row
+            };
+            assert_eq!(json_row, expected, "{}", case.display());
+            checked += 1;
+        }
+    }
+    assert!(checked >= 10, "{checked}");
+}
+
+/// A structured answer breaking a parser's rules is rejected like the text would be.
+#[test]
+fn structured_answers_are_checked_like_text() {
+    let p = Registry::builtin().build_parser("dialogue", &json!({"min_turns": 2, "max_turns": 4})).unwrap();
+    let record = Row::from_iter([("role_name".to_string(), json!("Thorin"))]);
+    let twice = json!({"turns": [{"speaker": "user", "content": "hi"}, {"speaker": "user", "content": "again"}]});
+    let e = p.accept_json(twice.as_object().unwrap(), &record).unwrap_err();
+    assert!(e.reason.contains("twice in a row"), "{}", e.reason);
+    let named = json!({"turns": [{"speaker": "User", "content": "hi"}, {"speaker": "Thorin", "content": "hello"}]});
+    assert_eq!(p.accept_json(named.as_object().unwrap(), &record).unwrap()["n_turns"], 2);
+    let stranger = json!({"turns": [{"speaker": "user", "content": "hi"}, {"speaker": "Gimli", "content": "hello"}]});
+    assert!(p.accept_json(stranger.as_object().unwrap(), &record).unwrap_err().reason.contains("Gimli"));
+    // The degenerate-pair check holds for structured answers too (its own failure kind).
+    let s = Registry::builtin().build_parser("stylized", &json!({"differ_from": "answer"})).unwrap();
+    let rec = Row::from_iter([("answer".to_string(), json!("The tower is  50 m tall."))]);
+    let same = json!({"narration": "", "answer": "The tower is 50 m tall."});
+    let e = s.accept_json(same.as_object().unwrap(), &rec).unwrap_err();
+    assert_eq!(e.kind, synth::store::failures::FailureKind::DegeneratePair);
+    // A profile section left empty is missing, as in text.
+    let prof = Registry::builtin().build_parser("profile", &Value::Null).unwrap();
+    let mut obj = structured_of(
+        "profile",
+        &prof.accept(&read(&dir("profiles").join(format!("{}.txt", first_ok("profiles")))), &Row::new()).unwrap(),
+    );
+    obj["skills"] = json!([]);
+    let e = prof.accept_json(obj.as_object().unwrap(), &Row::new()).unwrap_err();
+    assert!(e.reason.contains("Specific Abilities and Skills"), "{}", e.reason);
+}
+
+fn first_ok(sub: &str) -> String {
+    cases(sub)
+        .iter()
+        .map(|c| c.file_stem().unwrap().to_string_lossy().to_string())
+        .find(|n| n.starts_with("ok_"))
+        .unwrap()
+}
