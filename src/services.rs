@@ -186,14 +186,14 @@ impl Services {
             return Ok(p.clone());
         }
         let decl = self.provider_decl(name)?.clone();
-        let provider = Arc::new(Provider::build(&decl, &self.rates, &self.shapes)?);
+        let provider = Arc::new(Provider::build(&decl, &self.root, &self.rates, &self.shapes)?);
         self.built.lock().expect("built").insert(name.to_string(), provider.clone());
         Ok(provider)
     }
 
     /// What a provider's answers depend on, without building it (for fingerprints).
     pub fn provider_identity(&self, name: &str) -> Result<serde_json::Value> {
-        Provider::identity(self.provider_decl(name)?)
+        Provider::identity(self.provider_decl(name)?, &self.root)
     }
 
     /// The network runtime (started on first use).

@@ -50,7 +50,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("onnx", &[]),
     ("hub", &[]),
     ("fetch", &["store"]),
-    ("llm", &["config", "data", "progress", "secrets", "store"]),
+    ("llm", &["config", "data", "progress", "secrets", "store", "hub"]),
     ("embed", &["llm", "config", "store", "secrets", "onnx", "retrieval"]),
     ("services", &["llm", "embed", "store", "config", "progress", "secrets"]),
     (

@@ -112,16 +112,19 @@ pub static HASHING: ProviderKind = ProviderKind {
     name: "hashing",
     about: "offline: hashed words and bigrams, TF-IDF weighted, L2-normalised; no model needed",
     options: HASHING_OPTIONS,
+    check: None,
 };
 pub static FASTEMBED: ProviderKind = ProviderKind {
     name: "fastembed",
     about: "local ONNX model through fastembed: a named model or a model directory",
     options: FASTEMBED_OPTIONS,
+    check: None,
 };
 pub static OPENAI: ProviderKind = ProviderKind {
     name: "openai",
     about: "an OpenAI-compatible /embeddings endpoint (OpenAI, TEI, vLLM)",
     options: OPENAI_EMBED_OPTIONS,
+    check: None,
 };
 
 pub static EMBEDDER_KINDS: &[&ProviderKind] = &[&HASHING, &FASTEMBED, &OPENAI];

@@ -12,6 +12,7 @@
 pub mod anthropic;
 pub mod batch;
 pub mod endpoint;
+pub mod local;
 pub mod local_batch;
 pub mod net;
 pub mod offline;

@@ -241,20 +241,30 @@ pub static OPENAI: ProviderKind = ProviderKind {
     name: "openai",
     about: "chat completions on any OpenAI-compatible server (OpenAI, vLLM, Ollama, LiteLLM, TGI)",
     options: OPENAI_OPTIONS,
+    check: None,
 };
 pub static OFFLINE: ProviderKind = ProviderKind {
     name: "offline",
     about: "deterministic generator without network, for demos and CI (its output is not training data)",
     options: OFFLINE_OPTIONS,
+    check: None,
 };
 
 pub static ANTHROPIC: ProviderKind = ProviderKind {
     name: "anthropic",
     about: "Claude through Anthropic's Messages API (plain HTTP), online or as Message Batches",
     options: ANTHROPIC_OPTIONS,
+    check: None,
 };
 
-pub static PROVIDER_KINDS: &[&ProviderKind] = &[&OPENAI, &ANTHROPIC, &OFFLINE];
+pub static LOCAL: ProviderKind = ProviderKind {
+    name: "local",
+    about: "a GGUF model run inside synth through llama.cpp: continuous batching, JSON-Schema constrained decoding, the model's chat template, log-likelihoods",
+    options: super::local::OPTIONS,
+    check: Some(super::local::check),
+};
+
+pub static PROVIDER_KINDS: &[&ProviderKind] = &[&OPENAI, &ANTHROPIC, &LOCAL, &OFFLINE];
 
 /// A provider's batch settings (the `batch_*` options).
 #[derive(Debug, Clone, Deserialize)]
@@ -408,6 +418,8 @@ pub struct Provider {
     pub model: String,
     pub params: GenParams,
     pub(crate) backend: Arc<dyn ChatBackend>,
+    /// The `local` provider's backend (its engine's counters), besides `backend`.
+    pub local: Option<Arc<super::local::LocalChat>>,
     pub rate: Arc<RateControl>,
     pub(crate) price: Option<Price>,
     /// What else an offline provider's answers depend on (its seed and `score_one`): part of
@@ -490,9 +502,13 @@ impl Provider {
 
 impl Provider {
     /// What a provider's answers depend on, without building it (for fingerprints).
-    pub fn identity(decl: &Decl) -> Result<serde_json::Value> {
+    pub fn identity(decl: &Decl, root: &Path) -> Result<serde_json::Value> {
         let name = decl.name.as_str();
         Ok(match decl.kind.as_str() {
+            "local" => {
+                let o: super::local::LocalOptions = serde_json::from_value(decl.options.clone())?;
+                super::local::identity(&o, root)
+            }
             "openai" => {
                 let o: OpenAiOptions = serde_json::from_value(decl.options.clone())?;
                 let r = resolve_endpoint(name, &o.base_url, &o.base_url_env, &o.model, &o.model_env, &o.api_key_env)?;
@@ -513,9 +529,45 @@ impl Provider {
 
     /// Build a provider from its checked declaration; `shapes` are what the offline
     /// provider can imitate, `rates` shares one controller per endpoint, model and key.
-    pub fn build(decl: &Decl, rates: &RateRegistry, shapes: &Arc<[&'static OfflineShape]>) -> Result<Provider> {
+    pub fn build(
+        decl: &Decl,
+        root: &Path,
+        rates: &RateRegistry,
+        shapes: &Arc<[&'static OfflineShape]>,
+    ) -> Result<Provider> {
         let name = decl.name.as_str();
         let provider = match decl.kind.as_str() {
+            "local" => {
+                let o: super::local::LocalOptions =
+                    serde_json::from_value(decl.options.clone()).context("provider options")?;
+                let built = super::local::build(&o, root, name)?;
+                let cfg = RateConfig {
+                    max_concurrency: o.max_concurrency,
+                    initial_concurrency: o.max_concurrency,
+                    ..Default::default()
+                };
+                let rate = rates.get(&format!("local|{name}|{}", built.cache_identity), name, cfg);
+                Provider {
+                    name: name.to_string(),
+                    kind: "local",
+                    base_url: built.path.display().to_string(),
+                    model: built.backend.name.clone(),
+                    params: o.generation,
+                    local: Some(built.backend.clone()),
+                    backend: built.backend,
+                    rate,
+                    price: Some(Price { input: 0.0, output: 0.0 }),
+                    offline_identity: None,
+                    // The model's content stands for its path in cache keys.
+                    cache_identity: Some(built.cache_identity),
+                    api_key_env: String::new(),
+                    structured: Negotiation::new(vec![Form::Grammar]),
+                    batch: None,
+                    batch_target: None,
+                    batch_api: OnceLock::new(),
+                    batch_enqueued: AtomicU64::new(0),
+                }
+            }
             "openai" => {
                 let o: OpenAiOptions = serde_json::from_value(decl.options.clone()).context("provider options")?;
                 let r = resolve_endpoint(name, &o.base_url, &o.base_url_env, &o.model, &o.model_env, &o.api_key_env)?;
@@ -559,6 +611,7 @@ impl Provider {
                     model: r.model,
                     params: o.generation,
                     backend: Arc::new(backend),
+                    local: None,
                     rate,
                     price,
                     offline_identity: None,
@@ -609,6 +662,7 @@ impl Provider {
                     model,
                     params: o.generation,
                     backend: Arc::new(backend),
+                    local: None,
                     rate,
                     price,
                     offline_identity: None,
@@ -640,6 +694,7 @@ impl Provider {
                     model: o.model,
                     params: o.generation,
                     backend: Arc::new(backend),
+                    local: None,
                     rate,
                     price: Some(Price { input: 0.0, output: 0.0 }),
                     offline_identity: Some(serde_json::json!({"seed": o.seed, "score_one": o.score_one})),

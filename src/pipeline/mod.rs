@@ -776,6 +776,14 @@ fn check_decls(
                 "set \"model\" or \"model_env\" (an environment variable holding the model name)",
             );
         }
+        if diags.n_errors() == before
+            && let Some(check) = kind.check
+        {
+            for (option, message) in check(&options, root_dir) {
+                let span = spans.get(option);
+                diags.error(&span, Some(&subject), message);
+            }
+        }
         if diags.n_errors() == before {
             out.insert(
                 e.key.clone(),

@@ -28,6 +28,11 @@ use crate::store::parquet::read_all;
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default("path", Ty::OutPath, "\"README.md\"", "card file, relative to the output directory"),
     OptionSpec::default("title", Ty::Str, "\"RoleMRC (synthesized with synth)\"", "first heading"),
+    OptionSpec::optional(
+        "note",
+        Ty::Str,
+        "a paragraph under the title (Markdown): which model wrote the data and what quality to expect",
+    ),
 ];
 
 pub static KIND: KindInfo = KindInfo {
@@ -48,6 +53,8 @@ pub static KIND: KindInfo = KindInfo {
 struct Options {
     path: String,
     title: String,
+    #[serde(default)]
+    note: Option<String>,
 }
 
 struct Card {
@@ -226,6 +233,9 @@ impl Stage for Card {
         }
         let mut md = String::new();
         writeln!(md, "# {}\n", self.opts.title)?;
+        if let Some(note) = &self.opts.note {
+            writeln!(md, "{}\n", note.trim())?;
+        }
         if models.contains("offline") {
             writeln!(
                 md,

@@ -1,0 +1,351 @@
+//! The `local` provider: a GGUF model run inside synth through llama.cpp (the
+//! `llama-cpp-2` crate). Requests of every stage on the provider are decoded together by
+//! one engine thread ([`engine`]): continuous batching over sequences, decoding constrained
+//! by the stage's JSON Schema (llguidance), the model's own chat template ([`template`]),
+//! seeded sampling, and log-likelihoods of a continuation for the `loglik` kind. The model
+//! is a local file or a file of a Hugging Face repository (through `crate::hub`), checked
+//! at plan time (it exists and is a GGUF file) and identified by its content hash in cache
+//! keys and fingerprints.
+
+pub mod engine;
+pub mod template;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::schema::Form;
+use super::{
+    ChatBackend, ChatRequest, ChatResponse, ErrorKind, GenParams, LlmError, Loglik, LoglikRequest, Usage,
+};
+use crate::config::options::{OptionSpec, POSITIVE, Ty};
+
+/// Options of the `local` provider kind.
+pub const OPTIONS: &[OptionSpec] = &[
+    OptionSpec::optional("model", Ty::Str, "a GGUF file (path relative to the pipeline's root)"),
+    OptionSpec::optional(
+        "hub",
+        Ty::Any,
+        "the GGUF file from a Hugging Face model repository: { repo, file, revision = \"main\", endpoint, cache_dir }; downloaded once into the hub cache (HF_HOME), used when `model` is unset or its file is absent",
+    ),
+    OptionSpec::optional("sha256", Ty::Str, "the file's SHA-256: another file is refused"),
+    OptionSpec::default("context", POSITIVE, "4096", "tokens per sequence (prompt and answer); a longer prompt fails its record"),
+    OptionSpec::default("parallel", POSITIVE, "8", "sequences decoded together (continuous batching)").runtime_only(),
+    OptionSpec::default("batch_tokens", POSITIVE, "512", "tokens per decode call").runtime_only(),
+    OptionSpec::optional("threads", POSITIVE, "CPU threads of llama.cpp (default: the machine's cores)").runtime_only(),
+    OptionSpec::optional("temperature", Ty::Float(0.0, 2.0), "sampling temperature (default 0.8; 0: greedy)"),
+    OptionSpec::optional("top_p", crate::config::options::RATIO, "nucleus sampling"),
+    OptionSpec::optional("max_tokens", POSITIVE, "most tokens per answer (default 1024)"),
+    OptionSpec::optional("seed", Ty::Int(i64::MIN, i64::MAX), "sampling seed (with the sample index: each request's own)"),
+    OptionSpec::optional("stop", Ty::StrList, "stop sequences"),
+    OptionSpec::default("max_concurrency", POSITIVE, "16", "requests in flight (queued for a free sequence)").runtime_only(),
+];
+
+/// The `local` kind's options.
+#[derive(Debug, Clone, Deserialize)]
+pub struct LocalOptions {
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub hub: Option<HubModel>,
+    #[serde(default)]
+    pub sha256: Option<String>,
+    pub context: u32,
+    pub parallel: usize,
+    pub batch_tokens: u32,
+    #[serde(default)]
+    pub threads: Option<usize>,
+    #[serde(flatten)]
+    pub generation: GenParams,
+    pub max_concurrency: usize,
+}
+
+/// A GGUF file in a Hugging Face model repository.
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HubModel {
+    pub repo: String,
+    pub file: String,
+    #[serde(default = "main")]
+    pub revision: String,
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    #[serde(default)]
+    pub cache_dir: Option<String>,
+}
+
+fn main() -> String {
+    "main".into()
+}
+
+impl HubModel {
+    fn spec(&self) -> crate::hub::HubSpec {
+        crate::hub::HubSpec {
+            repo: self.repo.clone(),
+            revision: self.revision.clone(),
+            files: Some(vec![self.file.clone()]),
+            config: None,
+            split: None,
+            repo_type: "model".into(),
+            endpoint: self.endpoint.clone(),
+            cache_dir: self.cache_dir.clone(),
+            token_env: "HF_TOKEN".into(),
+        }
+    }
+}
+
+/// Whether a file starts with GGUF's magic bytes.
+pub fn is_gguf(path: &Path) -> std::io::Result<bool> {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    let mut f = std::fs::File::open(path)?;
+    Ok(f.read_exact(&mut magic).is_ok() && &magic == b"GGUF")
+}
+
+/// Plan-time check of a `local` provider's options: a model is named, and a named local
+/// file (unless the hub stands in for a missing one) exists and is GGUF. (option, message).
+pub fn check(options: &serde_json::Map<String, Value>, root: &Path) -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
+    let model = options.get("model").and_then(Value::as_str);
+    let hub = options.get("hub");
+    if let Some(h) = hub
+        && let Err(e) = serde_json::from_value::<HubModel>(h.clone())
+    {
+        out.push(("hub", format!("hub must be {{ repo, file, revision, endpoint, cache_dir }}: {e}")));
+    }
+    match (model, hub) {
+        (None, None) => out.push(("model", "set `model` (a GGUF file) or `hub` ({ repo, file })".to_string())),
+        (Some(m), _) => {
+            let path = root.join(m);
+            match is_gguf(&path) {
+                Ok(true) => {}
+                Ok(false) => out.push(("model", format!("{} is not a GGUF file (no GGUF magic bytes)", path.display()))),
+                Err(_) if hub.is_some() => {}
+                Err(e) => out.push(("model", format!("cannot read the model {}: {e}", path.display()))),
+            }
+        }
+        (None, Some(_)) => {}
+    }
+    if let Some(sha) = options.get("sha256").and_then(Value::as_str)
+        && (sha.len() != 64 || !sha.chars().all(|c| c.is_ascii_hexdigit()))
+    {
+        out.push(("sha256", format!("\"{sha}\" is not a SHA-256 (64 hexadecimal digits)")));
+    }
+    out
+}
+
+/// The model file of a `local` provider: `model` when it exists, else the hub's file
+/// (downloaded unless `offline`), and the hub commit it came from.
+pub fn model_file(o: &LocalOptions, root: &Path, offline: bool) -> Result<(PathBuf, Option<String>)> {
+    if let Some(m) = &o.model {
+        let path = root.join(m);
+        if path.is_file() || o.hub.is_none() {
+            if !is_gguf(&path).with_context(|| format!("reading the model {}", path.display()))? {
+                bail!("{} is not a GGUF file", path.display());
+            }
+            return Ok((path, None));
+        }
+    }
+    let Some(hub) = &o.hub else { bail!("set `model` (a GGUF file) or `hub`") };
+    let spec = hub.spec();
+    let root = root.to_path_buf();
+    // hf-hub is async: resolve on a thread of its own with a small runtime (once per run).
+    let files = std::thread::scope(|s| {
+        s.spawn(|| -> Result<crate::hub::HubFiles> {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            rt.block_on(spec.resolve(&root, offline))
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("the hub download panicked"))?
+    })
+    .with_context(|| format!("the model {} of {}", hub.file, hub.repo))?;
+    let (_, path) = files.files.into_iter().next().context("the hub returned no file")?;
+    Ok((path, Some(files.commit)))
+}
+
+/// What a `local` provider's answers depend on: the model's content (BLAKE3 of the file when
+/// it is on this machine, else the hub file and revision), its context and generation.
+pub fn identity(o: &LocalOptions, root: &Path) -> Value {
+    let model = match model_file(o, root, true) {
+        Ok((path, _)) => match crate::store::filehash::hash_file(&path) {
+            Ok(h) => format!("gguf:{h}"),
+            Err(_) => format!("gguf:{}", path.display()),
+        },
+        Err(_) => match &o.hub {
+            Some(h) => format!("hub:{}/{}@{}", h.repo, h.file, h.revision),
+            None => format!("file:{}", o.model.clone().unwrap_or_default()),
+        },
+    };
+    serde_json::json!({"kind": "local", "model": model, "context": o.context, "params": o.generation})
+}
+
+/// A loaded `local` provider: the engine (started at the first request) and its identity.
+pub struct LocalChat {
+    settings: engine::Settings,
+    engine: OnceLock<engine::Engine>,
+    /// Shown as the answering model.
+    pub name: String,
+}
+
+impl LocalChat {
+    pub fn new(o: &LocalOptions, path: PathBuf, provider: &str) -> LocalChat {
+        let threads = o
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2));
+        let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+        LocalChat {
+            settings: engine::Settings {
+                path,
+                parallel: o.parallel,
+                context: o.context,
+                batch_tokens: o.batch_tokens.max(16),
+                threads: threads as i32,
+                provider: provider.to_string(),
+            },
+            engine: OnceLock::new(),
+            name,
+        }
+    }
+
+    fn engine(&self) -> &engine::Engine {
+        self.engine.get_or_init(|| engine::Engine::start(self.settings.clone()))
+    }
+
+    /// The engine's counters so far (zero before the first request).
+    pub fn stats(&self) -> engine::Stats {
+        self.engine.get().map(|e| e.stats()).unwrap_or_default()
+    }
+
+    /// A log-likelihood with the log-probability of each continuation token.
+    pub async fn loglik_tokens(&self, req: &LoglikRequest) -> Result<(Loglik, Vec<f64>), LlmError> {
+        let done = self
+            .engine()
+            .submit(engine::Work::Loglik { context: req.context.clone(), continuation: req.continuation.clone() })
+            .await?;
+        let logprob = done.token_logprobs.iter().sum();
+        Ok((Loglik { logprob, tokens: done.token_logprobs.len() as u64 }, done.token_logprobs))
+    }
+}
+
+/// Each request's sampling seed: the configured seed and the sample index (so `n` samples
+/// of one prompt differ, and the same request always draws the same).
+fn request_seed(seed: Option<i64>, sample: u32) -> u32 {
+    let h = blake3::hash(format!("local-seed/{}/{sample}", seed.unwrap_or(0)).as_bytes());
+    // u32::MAX is llama.cpp's "random seed".
+    u32::from_le_bytes(h.as_bytes()[..4].try_into().expect("4 bytes")).min(u32::MAX - 1)
+}
+
+#[async_trait::async_trait]
+impl ChatBackend for LocalChat {
+    async fn chat_once(&self, req: &ChatRequest, params: &GenParams) -> Result<ChatResponse, LlmError> {
+        let schema = match &req.structured {
+            Some(s) if s.form == Form::Grammar => Some(s.schema.schema.clone()),
+            Some(s) => {
+                return Err(LlmError::new(ErrorKind::Rejected, format!("unsupported structured form {}", s.form.name())));
+            }
+            None => None,
+        };
+        let work = engine::Work::Generate(engine::Generate {
+            messages: req.messages.clone(),
+            max_tokens: params.max_tokens.unwrap_or(1024),
+            temperature: params.temperature.unwrap_or(0.8) as f32,
+            top_p: params.top_p.map(|p| p as f32),
+            seed: request_seed(params.seed, req.sample),
+            stop: params.stop.clone().unwrap_or_default(),
+            schema,
+        });
+        let done = self.engine().submit(work).await?;
+        Ok(ChatResponse {
+            text: done.text,
+            finish_reason: done.finish_reason.to_string(),
+            usage: Usage { prompt_tokens: done.prompt_tokens, completion_tokens: done.completion_tokens },
+            model: self.name.clone(),
+            system_fingerprint: None,
+        })
+    }
+
+    async fn loglik_once(&self, req: &LoglikRequest, _params: &GenParams) -> Result<ChatResponse, LlmError> {
+        let (ll, tokens) = self.loglik_tokens(req).await?;
+        Ok(ChatResponse {
+            text: ll.to_text(),
+            finish_reason: "loglik".into(),
+            usage: Usage { prompt_tokens: tokens.len() as u64, completion_tokens: 0 },
+            model: self.name.clone(),
+            system_fingerprint: None,
+        })
+    }
+}
+
+/// A built `local` provider's parts for [`super::provider::Provider`].
+pub struct Built {
+    pub backend: Arc<LocalChat>,
+    pub path: PathBuf,
+    /// `gguf:<BLAKE3 of the file>`: stands for the model in cache keys.
+    pub cache_identity: String,
+    pub hub_commit: Option<String>,
+}
+
+/// Resolve the model (downloading it from the hub when needed), check its hash, and make
+/// the backend (its engine starts at the first request).
+pub fn build(o: &LocalOptions, root: &Path, provider: &str) -> Result<Built> {
+    let (path, hub_commit) = model_file(o, root, false).with_context(|| format!("provider \"{provider}\""))?;
+    if let Some(want) = &o.sha256 {
+        let got = sha256_file(&path)?;
+        if !got.eq_ignore_ascii_case(want) {
+            bail!("provider \"{provider}\": {} has SHA-256 {got}, not the configured {want}", path.display());
+        }
+    }
+    let hash = crate::store::filehash::hash_file(&path).with_context(|| format!("hashing {}", path.display()))?;
+    let backend = Arc::new(LocalChat::new(o, path.clone(), provider));
+    Ok(Built { backend, path, cache_identity: format!("gguf:{hash}"), hub_commit })
+}
+
+fn sha256_file(path: &Path) -> Result<String> {
+    use sha2::Digest;
+    let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut h = sha2::Sha256::new();
+    std::io::copy(&mut f, &mut h).with_context(|| format!("reading {}", path.display()))?;
+    Ok(format!("{:x}", h.finalize()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seeds_differ_by_sample_and_repeat() {
+        assert_eq!(request_seed(Some(1), 0), request_seed(Some(1), 0));
+        assert_ne!(request_seed(Some(1), 0), request_seed(Some(1), 1));
+        assert_ne!(request_seed(Some(1), 0), request_seed(Some(2), 0));
+        assert_ne!(request_seed(None, 0), u32::MAX);
+    }
+
+    #[test]
+    fn plan_checks_name_the_file() {
+        let dir = tempfile_dir();
+        std::fs::write(dir.join("notes.gguf"), "hello").unwrap();
+        let opts = |m: &str| serde_json::json!({"model": m}).as_object().unwrap().clone();
+        let e = check(&opts("notes.gguf"), &dir);
+        assert!(e[0].1.contains("notes.gguf") && e[0].1.contains("not a GGUF"), "{e:?}");
+        let e = check(&opts("missing.gguf"), &dir);
+        assert!(e[0].1.contains("missing.gguf"), "{e:?}");
+        std::fs::write(dir.join("m.gguf"), b"GGUF\x03\x00\x00\x00").unwrap();
+        assert!(check(&opts("m.gguf"), &dir).is_empty());
+        let e = check(&serde_json::Map::new(), &dir);
+        assert_eq!(e[0].0, "model");
+        // A missing file with a hub to fall back on is fine at plan time.
+        let mut o = opts("missing.gguf");
+        o.insert("hub".into(), serde_json::json!({"repo": "a/b", "file": "m.gguf"}));
+        assert!(check(&o, &dir).is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn tempfile_dir() -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("synth-local-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+}
