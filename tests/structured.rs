@@ -115,22 +115,22 @@ fn last_user(body: &Value) -> String {
 fn profile(i: usize) -> (Value, String) {
     let name = format!("Mira Vell {i}, the Lamplighter");
     let obj = json!({
-        "identification": name,
-        "description": format!("Mira keeps the {i} lamps of the harbour lit, and knows every sailor by name."),
-        "skills": [{"name": "Night Sight", "description": "sees ships before the watch does"},
+        "role_name": name,
+        "brief_description": format!("Mira keeps the {i} lamps of the harbour lit, and knows every sailor by name."),
+        "specific_abilities_and_skills": [{"name": "Night Sight", "description": "sees ships before the watch does"},
                    {"name": "Knots", "description": "ties forty kinds"}],
         "speech_style": "Short sentences, sea words, a dry joke at the end.",
-        "personality": [{"name": "Steady", "description": "never hurries"}, {"name": "Wry", "description": ""}],
-        "experience": [format!("Lit her first lamp at {}.", 10 + i), "Lost a brother to a storm."],
-        "boundaries": "Knows the harbour, not the open sea or its politics.",
+        "personality_characteristics": [{"name": "Steady", "description": "never hurries"}, {"name": "Wry", "description": ""}],
+        "past_experience_and_background": [format!("Lit her first lamp at {}.", 10 + i), "Lost a brother to a storm."],
+        "ability_and_knowledge_boundaries": "Knows the harbour, not the open sea or its politics.",
         "speech_examples": [
-            {"topic": "Storms", "narration": "squints at the horizon", "content": "Wind's turning. Bring the boats in."},
-            {"topic": "Greeting", "narration": "", "content": "Evening. Lamp's lit, you're safe."}
+            {"topic": "Storms", "narration": "squints at the horizon", "speech": "Wind's turning. Bring the boats in."},
+            {"topic": "Greeting", "narration": "", "speech": "Evening. Lamp's lit, you're safe."}
         ]
     });
     let text = format!(
         "####Role Name and Brief Description\n{name}\n{desc}\n####Specific Abilities and Skills\n1. Night Sight: sees ships before the watch does\n2. Knots: ties forty kinds\n####Speech Style\nShort sentences, sea words, a dry joke at the end.\n####Personality Characteristics\n1. Steady: never hurries\n2. Wry\n####Past Experience and Background\n1. Lit her first lamp at {age}.\n2. Lost a brother to a storm.\n####Ability and Knowledge Boundaries\nKnows the harbour, not the open sea or its politics.\n####Speech Examples\n1. Storms: \"(squints at the horizon) Wind's turning. Bring the boats in.\"\n2. Greeting: \"Evening. Lamp's lit, you're safe.\"",
-        desc = obj["description"].as_str().unwrap(),
+        desc = obj["brief_description"].as_str().unwrap(),
         age = 10 + i,
     );
     (obj, text)
@@ -413,7 +413,7 @@ fn bad_schemas_are_plan_time_errors_naming_the_file() {
     p.write("profile.schema.json", "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"strnig\"}}}");
     let r = p.synth(&["validate", "p.toml"]).code(78);
     assert!(r.stderr.contains("profile.schema.json") && r.stderr.contains("not a valid JSON Schema"), "{}", r.stderr);
-    p.write("profile.schema.json", "{\"type\": \"object\", \"properties\": {\"identification\": {\"type\": \"string\"}}, \"required\": [\"identification\"]}");
+    p.write("profile.schema.json", "{\"type\": \"object\", \"properties\": {\"role_name\": {\"type\": \"string\"}}, \"required\": [\"role_name\"]}");
     let r = p.synth(&["validate", "p.toml"]).code(78);
     assert!(r.stderr.contains("\"speech_examples\"") && r.stderr.contains("parser \"profile\""), "{}", r.stderr);
     p.write("profile.schema.json", "{\"type\": \"object\"}");
@@ -450,10 +450,7 @@ fn an_answer_that_breaks_the_schema_is_reasked_then_fails_with_its_raw_answers()
     assert_eq!(f["id"], "personas-0");
     assert_eq!(f["kind"], "validation");
     let raw: Value = serde_json::from_str(f["raw"].as_str().unwrap()).unwrap();
-    assert!(
-        raw.get("identification").is_some() && raw.get("speech_examples").is_none(),
-        "the model's last answer: {raw}"
-    );
+    assert!(raw.get("role_name").is_some() && raw.get("speech_examples").is_none(), "the model's last answer: {raw}");
     let attempts = f["attempts"].as_array().unwrap();
     assert_eq!(attempts.len(), 3, "every attempt's reason: {attempts:?}");
     assert!(attempts.iter().all(|a| a.as_str().unwrap().contains("speech_examples")));

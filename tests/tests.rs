@@ -16,6 +16,7 @@ mod fastembed_embedder;
 mod hub;
 mod judge;
 mod llm;
+mod local;
 mod methods;
 mod neurons;
 mod regen;

@@ -770,8 +770,9 @@ fn init_logging(cli: &Cli) {
         (false, 1) => "debug",
         _ => "trace",
     };
-    let filter = EnvFilter::try_from_env("SYNTH_LOG")
-        .unwrap_or_else(|_| EnvFilter::new(format!("{level},hyper=warn,reqwest=warn,h2=warn,rustls=warn,hf_hub=warn,llama-cpp-2=warn")));
+    let filter = EnvFilter::try_from_env("SYNTH_LOG").unwrap_or_else(|_| {
+        EnvFilter::new(format!("{level},hyper=warn,reqwest=warn,h2=warn,rustls=warn,hf_hub=warn,llama-cpp-2=warn"))
+    });
     use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

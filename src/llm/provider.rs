@@ -452,6 +452,12 @@ fn endpoint<'a>(base_url: &'a str, cache_identity: Option<&'a str>) -> (&'static
 }
 
 impl Provider {
+    /// The model's name in cache documents: a `local` model is its file's content (the
+    /// `cache_identity`), whatever the file is called.
+    fn key_model(&self) -> &str {
+        if self.kind == "local" { "" } else { &self.model }
+    }
+
     /// Whether calls leave the process (and so run on the network runtime).
     pub fn networked(&self) -> bool {
         networked_kind(self.kind)
@@ -719,7 +725,7 @@ impl Provider {
         let mut doc = serde_json::json!({
             "kind": provider.kind,
             field: value,
-            "model": provider.model,
+            "model": provider.key_model(),
             "messages": req.messages,
             "params": params,
             "sample": req.sample,
@@ -744,7 +750,7 @@ impl Provider {
         serde_json::json!({
             "kind": provider.kind,
             field: value,
-            "model": provider.model,
+            "model": provider.key_model(),
             "loglik": req,
             "seed": params.seed,
             "extra": params.extra,

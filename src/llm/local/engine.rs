@@ -1,15 +1,19 @@
 //! The decode loop of the `local` provider: one OS thread owns the llama.cpp model and
 //! context and decodes every admitted request together (continuous batching: each request
-//! is a sequence of its own in the KV cache; a decode call carries the next token of every
-//! generating sequence plus chunks of new prompts, up to `batch_tokens`). Requests arrive
-//! over a channel and are answered over oneshot channels, so callers never block.
+//! is a sequence of its own in the KV cache, up to `parallel`; a generation step decodes the
+//! next token of every generating sequence in one call, and new prompts are fed between
+//! steps). Requests arrive over a channel and are answered over oneshot channels, so callers
+//! never block.
 //!
-//! **Invariant:** a sequence's numbers do not depend on what else is in its batch: each
-//! sequence has its own KV stream (`kv_unified = false`), starting at cell 0, and llama.cpp
-//! is built without the llamafile kernels (`.cargo/config.toml`), whose many-token products
-//! sum in another order than the one-token path. With a per-request sampler seeded by the
-//! request, the same request gives the same bytes however requests interleave
-//! (`tests/local.rs` compares answers decoded alone and sixteen at a time).
+//! **Invariant:** a sequence's numbers do not depend on what else is decoded: each sequence
+//! has its own KV stream (`kv_unified = false`), starting at cell 0; a decode call is either
+//! a generation step (one token per sequence) or a chunk of one prompt cut at fixed places,
+//! never a mix (llama.cpp computes a token's attention in another order when many tokens of
+//! its sequence share the call); and llama.cpp is built without the llamafile kernels
+//! (`.cargo/config.toml`), whose many-token products sum in another order than the one-token
+//! path. With a per-request sampler seeded by the request, the same request gives the same
+//! bytes however requests interleave (`tests/local.rs` compares answers decoded alone and
+//! sixteen at a time).
 
 use std::collections::{HashMap, VecDeque};
 use std::num::NonZeroU32;
@@ -57,13 +61,29 @@ pub struct Generate {
     /// The conversation, rendered with the model's chat template.
     pub messages: Vec<crate::llm::Message>,
     pub max_tokens: u32,
-    /// 0: greedy.
-    pub temperature: f32,
-    pub top_p: Option<f32>,
-    pub seed: u32,
+    pub sampling: Sampling,
     pub stop: Vec<String>,
     /// A JSON Schema the answer is constrained to.
     pub schema: Option<serde_json::Value>,
+}
+
+/// How the next token is drawn (llama.cpp's samplers, in its usual order).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampling {
+    /// 0: greedy.
+    pub temperature: f32,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i32>,
+    pub min_p: Option<f32>,
+    /// Penalties on tokens of the last `penalty_last_n` generated: repeat (1 = off),
+    /// frequency and presence (0 = off).
+    pub repetition_penalty: f32,
+    pub frequency_penalty: f32,
+    pub presence_penalty: f32,
+    pub penalty_last_n: i32,
+    /// DRY (penalizes extending a repeated sequence): multiplier (0 = off), base, allowed length.
+    pub dry: Option<(f32, f32, i32)>,
+    pub seed: u32,
 }
 
 /// A finished request.
@@ -189,6 +209,8 @@ fn run(settings: Settings, rx: mpsc::Receiver<Job>, stats: Arc<Mutex<Stats>>) {
         template: super::template::ChatTemplate::from_model(&model),
         stats,
         provider: settings.provider.clone(),
+        admitted: 0,
+        last_was_step: false,
     };
     engine.serve(&rx);
 }
@@ -212,6 +234,8 @@ struct Slot {
     /// Tokens of `tokens` already in the KV cache.
     fed: usize,
     prompt_tokens: usize,
+    /// Admission order (prompts are processed in it).
+    order: u64,
     state: State,
 }
 
@@ -285,6 +309,10 @@ struct Loop<'m> {
     template: super::template::ChatTemplate,
     stats: Arc<Mutex<Stats>>,
     provider: String,
+    /// Requests admitted so far.
+    admitted: u64,
+    /// Whether the last decode was a generation step (the kinds alternate).
+    last_was_step: bool,
 }
 
 impl Loop<'_> {
@@ -307,6 +335,13 @@ impl Loop<'_> {
             let t = Instant::now();
             let decoded = self.ctx.decode(&mut batch);
             let elapsed = t.elapsed().as_secs_f64();
+            tracing::debug!(
+                tokens = batch.n_tokens(),
+                active = self.slots.iter().flatten().count(),
+                queued = self.queue.len(),
+                seconds = elapsed,
+                "local model: decode"
+            );
             {
                 let mut s = self.stats.lock().expect("stats");
                 s.decode_calls += 1;
@@ -337,7 +372,9 @@ impl Loop<'_> {
             let Some(job) = self.queue.pop_front() else { return };
             match self.start(&job.work) {
                 Ok((tokens, state, prompt_tokens)) => {
-                    self.slots[i] = Some(Slot { seq: i as i32, job, tokens, fed: 0, prompt_tokens, state });
+                    self.admitted += 1;
+                    let order = self.admitted;
+                    self.slots[i] = Some(Slot { seq: i as i32, job, tokens, fed: 0, prompt_tokens, order, state });
                     self.stats.lock().expect("stats").requests += 1;
                 }
                 Err(e) => {
@@ -360,30 +397,45 @@ impl Loop<'_> {
         };
         match work {
             Work::Generate(g) => {
-                let prompt = self
-                    .template
-                    .render(self.model, &g.messages)
-                    .map_err(|e| LlmError::new(ErrorKind::Rejected, e))?;
+                let prompt =
+                    self.template.render(self.model, &g.messages).map_err(|e| LlmError::new(ErrorKind::Rejected, e))?;
                 let tokens = vocab.tokenize(prompt.as_bytes(), true, true);
                 if tokens.len() + 1 > self.context as usize {
                     return Err(too_long(tokens.len(), "prompt"));
                 }
                 let mut chain = Vec::new();
                 if let Some(schema) = &g.schema {
-                    let matcher = self
-                        .grammars
-                        .matcher(self.model, schema)
-                        .map_err(|e| LlmError::new(ErrorKind::Rejected, e))?;
+                    let matcher =
+                        self.grammars.matcher(self.model, schema).map_err(|e| LlmError::new(ErrorKind::Rejected, e))?;
                     chain.push(LlamaSampler::from(matcher));
                 }
-                if g.temperature <= 0.0 {
+                let sp = &g.sampling;
+                if sp.repetition_penalty != 1.0 || sp.frequency_penalty != 0.0 || sp.presence_penalty != 0.0 {
+                    chain.push(LlamaSampler::penalties(
+                        self.model.n_vocab(),
+                        sp.penalty_last_n,
+                        sp.repetition_penalty,
+                        sp.frequency_penalty,
+                        sp.presence_penalty,
+                    ));
+                }
+                if let Some((multiplier, base, allowed)) = sp.dry {
+                    chain.push(LlamaSampler::dry(self.model, multiplier, base, allowed, -1, ["\n", ":", "\"", "*"]));
+                }
+                if sp.temperature <= 0.0 {
                     chain.push(LlamaSampler::greedy());
                 } else {
-                    if let Some(p) = g.top_p.filter(|p| *p < 1.0) {
+                    if let Some(k) = sp.top_k.filter(|k| *k > 0) {
+                        chain.push(LlamaSampler::top_k(k));
+                    }
+                    if let Some(p) = sp.top_p.filter(|p| *p < 1.0) {
                         chain.push(LlamaSampler::top_p(p, 1));
                     }
-                    chain.push(LlamaSampler::temp(g.temperature));
-                    chain.push(LlamaSampler::dist(g.seed));
+                    if let Some(p) = sp.min_p.filter(|p| *p > 0.0) {
+                        chain.push(LlamaSampler::min_p(p, 1));
+                    }
+                    chain.push(LlamaSampler::temp(sp.temperature));
+                    chain.push(LlamaSampler::dist(sp.seed));
                 }
                 let n = tokens.len();
                 let state = State::Generate {
@@ -422,50 +474,62 @@ impl Loop<'_> {
         }
     }
 
-    /// Put the next tokens of every slot into the batch: first the next token of every
-    /// sequence that is generating, then chunks of prompts, up to `batch_tokens`. False
-    /// when there is nothing to decode.
+    /// Put the next tokens into the batch. A decode call is one of two kinds, never both, so
+    /// a sequence's numbers do not depend on what else is decoded: a generation step (the
+    /// next token of every generating sequence, one each, each in its own KV stream) or a
+    /// chunk of one sequence's prompt (cut at multiples of `batch_tokens` from its start). The
+    /// two kinds alternate while both have work. False when there is nothing to decode.
     fn fill(&mut self, batch: &mut LlamaBatch) -> bool {
         batch.clear();
-        let mut budget = self.batch_tokens;
-        for generating in [true, false] {
-            for slot in self.slots.iter_mut().flatten() {
-                let left = slot.tokens.len() - slot.fed;
-                let is_generating = slot.fed >= slot.prompt_tokens;
-                if left == 0 || budget == 0 || is_generating != generating {
-                    continue;
+        let generating = |s: &Slot| s.fed >= s.prompt_tokens && s.tokens.len() > s.fed;
+        let prefilling = |s: &Slot| s.fed < s.prompt_tokens;
+        let any_generating = self.slots.iter().flatten().any(generating);
+        let any_prefilling = self.slots.iter().flatten().any(prefilling);
+        let step = any_generating && !(any_prefilling && self.last_was_step);
+        self.last_was_step = step;
+        if step {
+            for slot in self.slots.iter_mut().flatten().filter(|s| generating(s)) {
+                let i = slot.fed;
+                batch.add(slot.tokens[i], i as i32, &[slot.seq], true).expect("one token per sequence fits");
+                if let State::Generate { row, .. } = &mut slot.state {
+                    *row = Some(batch.n_tokens() - 1);
                 }
-                let take = left.min(budget);
-                let seq = slot.seq;
-                match &mut slot.state {
-                    State::Generate { row, .. } => {
-                        for k in 0..take {
-                            let i = slot.fed + k;
-                            let last = i + 1 == slot.tokens.len();
-                            batch.add(slot.tokens[i], i as i32, &[seq], last).expect("the batch holds batch_tokens");
-                            if last {
-                                *row = Some(batch.n_tokens() - 1);
-                            }
-                        }
-                    }
-                    State::Loglik { first, rows, .. } => {
-                        rows.clear();
-                        for k in 0..take {
-                            let i = slot.fed + k;
-                            // Row i predicts token i + 1: wanted from the token before the
-                            // first continuation token to the one before the last.
-                            let wanted = i + 1 >= *first && i + 1 < slot.tokens.len();
-                            batch.add(slot.tokens[i], i as i32, &[seq], wanted).expect("the batch holds batch_tokens");
-                            if wanted {
-                                rows.push((batch.n_tokens() - 1, slot.tokens[i + 1]));
-                            }
-                        }
+                slot.fed += 1;
+            }
+            return batch.n_tokens() > 0;
+        }
+        // The prompt of the sequence admitted first (lowest order) goes on.
+        let Some(slot) = self.slots.iter_mut().flatten().filter(|s| prefilling(s)).min_by_key(|s| s.order) else {
+            return false;
+        };
+        let take = (slot.prompt_tokens - slot.fed).min(self.batch_tokens);
+        let seq = slot.seq;
+        match &mut slot.state {
+            State::Generate { row, .. } => {
+                for k in 0..take {
+                    let i = slot.fed + k;
+                    let last = i + 1 == slot.prompt_tokens;
+                    batch.add(slot.tokens[i], i as i32, &[seq], last).expect("the batch holds batch_tokens");
+                    if last {
+                        *row = Some(batch.n_tokens() - 1);
                     }
                 }
-                slot.fed += take;
-                budget -= take;
+            }
+            State::Loglik { first, rows, .. } => {
+                rows.clear();
+                for k in 0..take {
+                    let i = slot.fed + k;
+                    // Row i predicts token i + 1: wanted from the token before the first
+                    // continuation token to the one before the last.
+                    let wanted = i + 1 >= *first && i + 1 < slot.tokens.len();
+                    batch.add(slot.tokens[i], i as i32, &[seq], wanted).expect("the batch holds batch_tokens");
+                    if wanted {
+                        rows.push((batch.n_tokens() - 1, slot.tokens[i + 1]));
+                    }
+                }
             }
         }
+        slot.fed += take;
         batch.n_tokens() > 0
     }
 
@@ -540,10 +604,7 @@ impl Loop<'_> {
 
 /// Where to cut an answer that contains a stop sequence (the first one found).
 fn stop_at(out: &[u8], stop: &[String]) -> Option<usize> {
-    stop.iter()
-        .filter(|s| !s.is_empty())
-        .filter_map(|s| out.windows(s.len()).position(|w| w == s.as_bytes()))
-        .min()
+    stop.iter().filter(|s| !s.is_empty()).filter_map(|s| out.windows(s.len()).position(|w| w == s.as_bytes())).min()
 }
 
 /// `log softmax(logits)[target]` in f64.

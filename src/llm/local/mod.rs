@@ -18,9 +18,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::schema::Form;
-use super::{
-    ChatBackend, ChatRequest, ChatResponse, ErrorKind, GenParams, LlmError, Loglik, LoglikRequest, Usage,
-};
+use super::{ChatBackend, ChatRequest, ChatResponse, ErrorKind, GenParams, LlmError, Loglik, LoglikRequest, Usage};
 use crate::config::options::{OptionSpec, POSITIVE, Ty};
 
 /// Options of the `local` provider kind.
@@ -32,16 +30,31 @@ pub const OPTIONS: &[OptionSpec] = &[
         "the GGUF file from a Hugging Face model repository: { repo, file, revision = \"main\", endpoint, cache_dir }; downloaded once into the hub cache (HF_HOME), used when `model` is unset or its file is absent",
     ),
     OptionSpec::optional("sha256", Ty::Str, "the file's SHA-256: another file is refused"),
-    OptionSpec::default("context", POSITIVE, "4096", "tokens per sequence (prompt and answer); a longer prompt fails its record"),
+    OptionSpec::default(
+        "context",
+        POSITIVE,
+        "4096",
+        "tokens per sequence (prompt and answer); a longer prompt fails its record",
+    ),
     OptionSpec::default("parallel", POSITIVE, "8", "sequences decoded together (continuous batching)").runtime_only(),
     OptionSpec::default("batch_tokens", POSITIVE, "512", "tokens per decode call").runtime_only(),
     OptionSpec::optional("threads", POSITIVE, "CPU threads of llama.cpp (default: the machine's cores)").runtime_only(),
     OptionSpec::optional("temperature", Ty::Float(0.0, 2.0), "sampling temperature (default 0.8; 0: greedy)"),
     OptionSpec::optional("top_p", crate::config::options::RATIO, "nucleus sampling"),
     OptionSpec::optional("max_tokens", POSITIVE, "most tokens per answer (default 1024)"),
-    OptionSpec::optional("seed", Ty::Int(i64::MIN, i64::MAX), "sampling seed (with the sample index: each request's own)"),
+    OptionSpec::optional(
+        "seed",
+        Ty::Int(i64::MIN, i64::MAX),
+        "sampling seed (with the sample index: each request's own)",
+    ),
     OptionSpec::optional("stop", Ty::StrList, "stop sequences"),
-    OptionSpec::default("max_concurrency", POSITIVE, "16", "requests in flight (queued for a free sequence)").runtime_only(),
+    OptionSpec::optional(
+        "extra",
+        Ty::Map(&Ty::Any),
+        "more of llama.cpp's samplers, by vLLM's parameter names: top_k, min_p, repetition_penalty, frequency_penalty, presence_penalty, penalty_last_n (64), dry_multiplier, dry_base (1.75), dry_allowed_length (2)",
+    ),
+    OptionSpec::default("max_concurrency", POSITIVE, "16", "requests in flight (queued for a free sequence)")
+        .runtime_only(),
 ];
 
 /// The `local` kind's options.
@@ -122,12 +135,19 @@ pub fn check(options: &serde_json::Map<String, Value>, root: &Path) -> Vec<(&'st
             let path = root.join(m);
             match is_gguf(&path) {
                 Ok(true) => {}
-                Ok(false) => out.push(("model", format!("{} is not a GGUF file (no GGUF magic bytes)", path.display()))),
+                Ok(false) => {
+                    out.push(("model", format!("{} is not a GGUF file (no GGUF magic bytes)", path.display())))
+                }
                 Err(_) if hub.is_some() => {}
                 Err(e) => out.push(("model", format!("cannot read the model {}: {e}", path.display()))),
             }
         }
         (None, Some(_)) => {}
+    }
+    if let Some(extra) = options.get("extra").and_then(Value::as_object)
+        && let Some(k) = extra.keys().find(|k| !EXTRA_SAMPLERS.contains(&k.as_str()))
+    {
+        out.push(("extra", format!("\"{k}\" is not a sampler of the local provider ({})", EXTRA_SAMPLERS.join(", "))));
     }
     if let Some(sha) = options.get("sha256").and_then(Value::as_str)
         && (sha.len() != 64 || !sha.chars().all(|c| c.is_ascii_hexdigit()))
@@ -192,9 +212,7 @@ pub struct LocalChat {
 
 impl LocalChat {
     pub fn new(o: &LocalOptions, path: PathBuf, provider: &str) -> LocalChat {
-        let threads = o
-            .threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2));
+        let threads = o.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2));
         let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
         LocalChat {
             settings: engine::Settings {
@@ -230,6 +248,48 @@ impl LocalChat {
     }
 }
 
+/// The samplers `extra` may set (vLLM's names).
+pub const EXTRA_SAMPLERS: [&str; 9] = [
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "penalty_last_n",
+    "dry_multiplier",
+    "dry_base",
+    "dry_allowed_length",
+];
+
+/// A request's samplers from its generation parameters.
+fn sampling(params: &GenParams, sample: u32) -> Result<engine::Sampling, String> {
+    let num = |k: &str| -> Result<Option<f64>, String> {
+        match params.extra.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v.as_f64().map(Some).ok_or_else(|| format!("extra.{k} must be a number, found {v}")),
+        }
+    };
+    if let Some(k) = params.extra.keys().find(|k| !EXTRA_SAMPLERS.contains(&k.as_str())) {
+        return Err(format!("extra.{k} is not a sampler of the local provider ({})", EXTRA_SAMPLERS.join(", ")));
+    }
+    Ok(engine::Sampling {
+        temperature: params.temperature.unwrap_or(0.8) as f32,
+        top_p: params.top_p.map(|p| p as f32),
+        top_k: num("top_k")?.map(|k| k as i32),
+        min_p: num("min_p")?.map(|p| p as f32),
+        repetition_penalty: num("repetition_penalty")?.unwrap_or(1.0) as f32,
+        frequency_penalty: num("frequency_penalty")?.unwrap_or(0.0) as f32,
+        presence_penalty: num("presence_penalty")?.unwrap_or(0.0) as f32,
+        penalty_last_n: num("penalty_last_n")?.unwrap_or(64.0) as i32,
+        dry: num("dry_multiplier")?.filter(|m| *m > 0.0).map(|m| {
+            let base = num("dry_base").ok().flatten().unwrap_or(1.75);
+            let allowed = num("dry_allowed_length").ok().flatten().unwrap_or(2.0);
+            (m as f32, base as f32, allowed as i32)
+        }),
+        seed: request_seed(params.seed, sample),
+    })
+}
+
 /// Each request's sampling seed: the configured seed and the sample index (so `n` samples
 /// of one prompt differ, and the same request always draws the same).
 fn request_seed(seed: Option<i64>, sample: u32) -> u32 {
@@ -244,16 +304,18 @@ impl ChatBackend for LocalChat {
         let schema = match &req.structured {
             Some(s) if s.form == Form::Grammar => Some(s.schema.schema.clone()),
             Some(s) => {
-                return Err(LlmError::new(ErrorKind::Rejected, format!("unsupported structured form {}", s.form.name())));
+                return Err(LlmError::new(
+                    ErrorKind::Rejected,
+                    format!("unsupported structured form {}", s.form.name()),
+                ));
             }
             None => None,
         };
+        let sampling = sampling(params, req.sample).map_err(|e| LlmError::new(ErrorKind::Rejected, e))?;
         let work = engine::Work::Generate(engine::Generate {
             messages: req.messages.clone(),
             max_tokens: params.max_tokens.unwrap_or(1024),
-            temperature: params.temperature.unwrap_or(0.8) as f32,
-            top_p: params.top_p.map(|p| p as f32),
-            seed: request_seed(params.seed, req.sample),
+            sampling,
             stop: params.stop.clone().unwrap_or_default(),
             schema,
         });

@@ -32,17 +32,14 @@ impl ChatTemplate {
             None => None,
         };
         // llama.cpp's own formats (it recognises the common templates by their markers).
-        let builtin = model
-            .chat_template(None)
-            .map_err(|e| e.to_string())
-            .and_then(|t| {
-                let chat = messages
-                    .iter()
-                    .map(|m| LlamaChatMessage::new(m.role.as_str().to_string(), m.content.clone()))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| e.to_string())?;
-                model.apply_chat_template(&t, &chat, true).map_err(|e| e.to_string())
-            });
+        let builtin = model.chat_template(None).map_err(|e| e.to_string()).and_then(|t| {
+            let chat = messages
+                .iter()
+                .map(|m| LlamaChatMessage::new(m.role.as_str().to_string(), m.content.clone()))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| e.to_string())?;
+            model.apply_chat_template(&t, &chat, true).map_err(|e| e.to_string())
+        });
         builtin.map_err(|e| match jinja_error {
             Some(j) => format!("the model's chat template does not render ({j}), nor does llama.cpp's ({e})"),
             None => format!("the model has no chat template and llama.cpp has none for it ({e})"),
@@ -54,10 +51,8 @@ impl ChatTemplate {
         env.add_function("raise_exception", |msg: String| -> Result<String, minijinja::Error> {
             Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
         });
-        let messages: Vec<serde_json::Value> = messages
-            .iter()
-            .map(|m| serde_json::json!({"role": m.role.as_str(), "content": m.content}))
-            .collect();
+        let messages: Vec<serde_json::Value> =
+            messages.iter().map(|m| serde_json::json!({"role": m.role.as_str(), "content": m.content})).collect();
         let ctx = minijinja::context! {
             messages => minijinja::Value::from(minijinja::value::Serde(&messages)),
             add_generation_prompt => true,

@@ -385,15 +385,16 @@ impl Parser for ProfileParser {
     }
 }
 
-/// The keys of a structured profile, one per part of the seven sections.
+/// The keys of a structured profile, one per part of the seven sections (named after the
+/// sections: a small model sees each key before it writes the value).
 const PROFILE_KEYS: [&str; 8] = [
-    "identification",
-    "description",
-    "skills",
+    "role_name",
+    "brief_description",
+    "specific_abilities_and_skills",
     "speech_style",
-    "personality",
-    "experience",
-    "boundaries",
+    "personality_characteristics",
+    "past_experience_and_background",
+    "ability_and_knowledge_boundaries",
     "speech_examples",
 ];
 
@@ -436,21 +437,22 @@ pub fn profile_text(answer: &Map<String, Value>) -> Result<String, String> {
         }
         Ok(())
     };
-    out.push_str(&format!("####{}\n{}\n{}\n", SECTIONS[0].0, line("identification")?, line("description")?));
+    let [name, desc, skills, style, personality, experience, boundaries, examples] = PROFILE_KEYS;
+    out.push_str(&format!("####{}\n{}\n{}\n", SECTIONS[0].0, line(name)?, line(desc)?));
     out.push_str(&format!("####{}\n", SECTIONS[1].0));
-    numbered(&mut out, "skills")?;
-    out.push_str(&format!("####{}\n{}\n", SECTIONS[2].0, line("speech_style")?));
+    numbered(&mut out, skills)?;
+    out.push_str(&format!("####{}\n{}\n", SECTIONS[2].0, line(style)?));
     out.push_str(&format!("####{}\n", SECTIONS[3].0));
-    numbered(&mut out, "personality")?;
+    numbered(&mut out, personality)?;
     out.push_str(&format!("####{}\n", SECTIONS[4].0));
-    numbered(&mut out, "experience")?;
-    out.push_str(&format!("####{}\n{}\n", SECTIONS[5].0, line("boundaries")?));
+    numbered(&mut out, experience)?;
+    out.push_str(&format!("####{}\n{}\n", SECTIONS[5].0, line(boundaries)?));
     out.push_str(&format!("####{}\n", SECTIONS[6].0));
-    for (i, item) in json_list(answer, "speech_examples")?.iter().enumerate() {
-        let obj = json_item(item, "content", "speech_examples")?;
+    for (i, item) in json_list(answer, examples)?.iter().enumerate() {
+        let obj = json_item(item, "speech", examples)?;
         let topic = one_line(&json_text(obj, "topic")?);
         let narration = one_line(&json_text(obj, "narration")?);
-        let content = one_line(&json_text(obj, "content")?);
+        let content = one_line(&json_text(obj, "speech")?);
         let speech = if narration.is_empty() { content } else { format!("({narration}) {content}") };
         let topic = if topic.is_empty() { String::new() } else { format!("{topic}: ") };
         out.push_str(&format!("{}. {topic}\"{speech}\"\n", i + 1));

@@ -387,17 +387,26 @@ fn synth_list_shows_the_column_options() {
 fn structured_of(parser: &str, row: &Row) -> Value {
     match parser {
         "profile" => {
+            // (JSON key, the row's column)
             let keys = [
-                "identification",
-                "description",
-                "skills",
-                "speech_style",
-                "personality",
-                "experience",
-                "boundaries",
-                "speech_examples",
+                ("role_name", "identification"),
+                ("brief_description", "description"),
+                ("specific_abilities_and_skills", "skills"),
+                ("speech_style", "speech_style"),
+                ("personality_characteristics", "personality"),
+                ("past_experience_and_background", "experience"),
+                ("ability_and_knowledge_boundaries", "boundaries"),
             ];
-            Value::Object(keys.iter().map(|k| (k.to_string(), row[*k].clone())).collect())
+            let mut obj: serde_json::Map<String, Value> =
+                keys.iter().map(|(k, c)| (k.to_string(), row[*c].clone())).collect();
+            let examples: Vec<Value> = row["speech_examples"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| json!({"topic": e["topic"], "narration": e["narration"], "speech": e["content"]}))
+                .collect();
+            obj.insert("speech_examples".into(), Value::Array(examples));
+            Value::Object(obj)
         }
         "dialogue" => {
             let turns: Vec<Value> = row["turns"]
@@ -481,7 +490,7 @@ fn structured_answers_are_checked_like_text() {
         "profile",
         &prof.accept(&read(&dir("profiles").join(format!("{}.txt", first_ok("profiles")))), &Row::new()).unwrap(),
     );
-    obj["skills"] = json!([]);
+    obj["specific_abilities_and_skills"] = json!([]);
     let e = prof.accept_json(obj.as_object().unwrap(), &Row::new()).unwrap_err();
     assert!(e.reason.contains("Specific Abilities and Skills"), "{}", e.reason);
 }
