@@ -1,5 +1,6 @@
 //! LLM providers: the request/response types, the provider kinds (`openai` over
-//! async-openai, `anthropic` over plain HTTP, `offline` for demos and CI), their
+//! async-openai, `anthropic` over plain HTTP, `local` in-process through llama.cpp,
+//! `offline` for demos and CI), structured answers (`schema`), their
 //! batch APIs, rate control and retries, output parsers, prices. The call path every
 //! LLM stage goes through (cache lookup, single-flight, journal, rate-limited provider
 //! call, durable store; batch mode) is `crate::services`, a layer above.
@@ -7,7 +8,7 @@
 //! **Invariant:** the only modules that do network I/O are `llm/openai.rs`,
 //! `llm/openai_batch.rs`, `llm/anthropic.rs`, `embed/openai.rs`, `embed/fastembed.rs`
 //! (model download), `hub.rs` (with `hub/commit.rs`) and `fetch.rs`; `llm/local_batch.rs`
-//! runs a local batch command.
+//! runs a local batch command; `llm/local/` reaches the Hub only through `hub.rs`.
 
 pub mod anthropic;
 pub mod batch;

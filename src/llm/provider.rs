@@ -547,9 +547,15 @@ impl Provider {
                 let o: super::local::LocalOptions =
                     serde_json::from_value(decl.options.clone()).context("provider options")?;
                 let built = super::local::build(&o, root, name)?;
+                // An in-process model: no limits to learn, nothing to retry (its errors are the
+                // request's or the engine's), and a request waits for its turn however long
+                // the queue (a timeout would send it again beside the one still decoding).
                 let cfg = RateConfig {
                     max_concurrency: o.max_concurrency,
                     initial_concurrency: o.max_concurrency,
+                    timeout: Duration::from_secs(7 * 24 * 3600),
+                    max_retries: 0,
+                    learn_limits: false,
                     ..Default::default()
                 };
                 let rate = rates.get(&format!("local|{name}|{}", built.cache_identity), name, cfg);

@@ -430,6 +430,7 @@ impl Stage for Llm {
         let services = ctx.services.clone();
         let this = &*self;
         let structured = StructuredRun::start(ctx, self.schema.clone(), &self.opts.structured, &provider)?;
+        let local_before = provider.local.as_ref().map(|l| l.stats());
         // Rejected answers (the re-asks) per record, for the report: the last pass over a
         // record sees them all (batch mode passes over a record more than once).
         let rejected: std::sync::Mutex<BTreeMap<String, Vec<Outcome>>> = Default::default();
@@ -452,8 +453,31 @@ impl Stage for Llm {
         let outcomes = rejected.into_inner().expect("rejection counts");
         report_outcomes(ctx, outcomes.values().flatten());
         structured.report(ctx);
+        report_local(ctx, &provider, local_before);
         report_limits(ctx, &rate);
         Ok(())
+    }
+}
+
+/// A `local` provider's engine figures over the stage's run into its report: decode calls and
+/// seconds, prompt and generated tokens, generated tokens per decode second (the engine is
+/// shared: stages running at the same time on the provider count each other's work too).
+pub(crate) fn report_local(ctx: &mut RunCtx, provider: &Provider, before: Option<crate::llm::local::engine::Stats>) {
+    let (Some(local), Some(before)) = (&provider.local, before) else { return };
+    let now = local.stats();
+    let m = &mut ctx.report.metrics;
+    m.insert("local.decode_calls".into(), (now.decode_calls - before.decode_calls) as f64);
+    let seconds = now.decode_seconds - before.decode_seconds;
+    m.insert("local.decode_seconds".into(), seconds);
+    m.insert("local.sample_seconds".into(), now.sample_seconds - before.sample_seconds);
+    m.insert("local.prompt_tokens".into(), (now.prompt_tokens - before.prompt_tokens) as f64);
+    let generated = now.generated_tokens - before.generated_tokens;
+    m.insert("local.generated_tokens".into(), generated as f64);
+    if seconds > 0.0 {
+        m.insert("local.generated_tokens_per_decode_second".into(), generated as f64 / seconds);
+    }
+    if now.load_seconds > 0.0 {
+        ctx.report.info.insert("local_load_seconds".into(), format!("{:.2}", now.load_seconds));
     }
 }
 

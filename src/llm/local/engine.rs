@@ -43,6 +43,12 @@ pub struct Settings {
     /// Tokens per decode call.
     pub batch_tokens: u32,
     pub threads: i32,
+    /// Strings of a schema without a `maxLength` get this one in the grammar.
+    pub max_string_chars: Option<u32>,
+    /// A q8_0 attention cache (else f16).
+    pub kv_q8: bool,
+    /// Flash attention on / off (`None`: llama.cpp decides).
+    pub flash_attention: Option<bool>,
     /// Provider name, for messages.
     pub provider: String,
 }
@@ -180,7 +186,7 @@ fn run(settings: Settings, rx: mpsc::Receiver<Job>, stats: Arc<Mutex<Stats>>) {
     };
     let n_seq = settings.parallel.clamp(1, 256);
     let context = settings.context.min(model.n_ctx_train().max(1));
-    let params = LlamaContextParams::default()
+    let mut params = LlamaContextParams::default()
         .with_n_ctx(NonZeroU32::new(context * n_seq as u32))
         .with_n_batch(settings.batch_tokens)
         .with_n_ubatch(settings.batch_tokens)
@@ -188,6 +194,14 @@ fn run(settings: Settings, rx: mpsc::Receiver<Job>, stats: Arc<Mutex<Stats>>) {
         .with_n_threads(settings.threads)
         .with_n_threads_batch(settings.threads)
         .with_kv_unified(false);
+    if settings.kv_q8 {
+        use llama_cpp_2::context::params::KvCacheType;
+        params = params.with_type_k(KvCacheType::Q8_0).with_type_v(KvCacheType::Q8_0);
+    }
+    if let Some(on) = settings.flash_attention {
+        // llama.cpp's LLAMA_FLASH_ATTN_TYPE_ENABLED / _DISABLED.
+        params = params.with_flash_attention_policy(i32::from(on));
+    }
     let ctx = match model.new_context(backend, params) {
         Ok(c) => c,
         Err(e) => {
@@ -205,7 +219,7 @@ fn run(settings: Settings, rx: mpsc::Receiver<Job>, stats: Arc<Mutex<Stats>>) {
         queue: VecDeque::new(),
         context,
         batch_tokens: settings.batch_tokens as usize,
-        grammars: Grammars::default(),
+        grammars: Grammars { max_string_chars: settings.max_string_chars, ..Default::default() },
         template: super::template::ChatTemplate::from_model(&model),
         stats,
         provider: settings.provider.clone(),
@@ -263,6 +277,30 @@ enum State {
 struct Grammars {
     factory: Option<llguidance::ParserFactory>,
     compiled: HashMap<String, Result<llguidance::Matcher, String>>,
+    max_string_chars: Option<u32>,
+}
+
+/// A schema with `maxLength = cap` on every string that has no bound, no enum and no const.
+pub fn cap_strings(schema: &mut serde_json::Value, cap: u32) {
+    match schema {
+        serde_json::Value::Object(obj) => {
+            let is_string = match obj.get("type") {
+                Some(serde_json::Value::String(t)) => t == "string",
+                Some(serde_json::Value::Array(ts)) => ts.iter().any(|t| t == "string"),
+                _ => false,
+            };
+            if is_string && !obj.contains_key("maxLength") && !obj.contains_key("enum") && !obj.contains_key("const") {
+                obj.insert("maxLength".into(), cap.into());
+            }
+            for (k, v) in obj.iter_mut() {
+                if !matches!(k.as_str(), "enum" | "const" | "default" | "examples") {
+                    cap_strings(v, cap);
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(|v| cap_strings(v, cap)),
+        _ => {}
+    }
 }
 
 impl Grammars {
@@ -279,6 +317,9 @@ impl Grammars {
             // Compact JSON without free whitespace: a small model otherwise pads it with
             // newlines until max_tokens.
             let mut schema = schema.clone();
+            if let Some(cap) = self.max_string_chars {
+                cap_strings(&mut schema, cap);
+            }
             if let Some(obj) = schema.as_object_mut() {
                 obj.insert(
                     "x-guidance".into(),
@@ -327,6 +368,13 @@ impl Loop<'_> {
             }
             while let Ok(job) = rx.try_recv() {
                 self.queue.push_back(job);
+            }
+            // A caller that stopped waiting (a cancelled run) frees its place.
+            self.queue.retain(|j| !j.reply.is_closed());
+            for i in 0..self.slots.len() {
+                if self.slots[i].as_ref().is_some_and(|s| s.job.reply.is_closed()) {
+                    self.finish(i, Err(fail("cancelled")));
+                }
             }
             self.admit();
             if !self.fill(&mut batch) {
@@ -617,6 +665,18 @@ fn log_softmax_at(logits: &[f32], target: LlamaToken) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn strings_get_a_cap_unless_bounded() {
+        let mut s = serde_json::json!({"type": "object", "properties": {
+            "a": {"type": "string"}, "b": {"type": "string", "maxLength": 5}, "c": {"type": "string", "enum": ["x"]},
+            "d": {"type": "array", "items": {"type": ["string", "null"]}}}});
+        cap_strings(&mut s, 100);
+        let p = &s["properties"];
+        assert_eq!((p["a"]["maxLength"].as_u64(), p["b"]["maxLength"].as_u64()), (Some(100), Some(5)));
+        assert!(p["c"].get("maxLength").is_none());
+        assert_eq!(p["d"]["items"]["maxLength"], 100);
+    }
 
     #[test]
     fn stops_and_log_softmax() {

@@ -36,6 +36,23 @@ pub const OPTIONS: &[OptionSpec] = &[
         "4096",
         "tokens per sequence (prompt and answer); a longer prompt fails its record",
     ),
+    OptionSpec::default(
+        "kv_cache",
+        Ty::Enum(&["f16", "q8_0"]),
+        "\"f16\"",
+        "type of the attention cache: q8_0 halves its memory and makes attention over long prompts faster (numbers differ slightly from f16)",
+    ),
+    OptionSpec::default(
+        "flash_attention",
+        Ty::Enum(&["auto", "on", "off"]),
+        "\"auto\"",
+        "llama.cpp's flash attention (q8_0 caches need it: \"auto\" turns it on for them)",
+    ),
+    OptionSpec::optional(
+        "max_string_chars",
+        POSITIVE,
+        "structured answers: every string of the schema without a maxLength is decoded with this one (a small model otherwise can repeat itself inside a string until max_tokens); answers are still validated against the stage's schema as written",
+    ),
     OptionSpec::default("parallel", POSITIVE, "8", "sequences decoded together (continuous batching)").runtime_only(),
     OptionSpec::default("batch_tokens", POSITIVE, "512", "tokens per decode call").runtime_only(),
     OptionSpec::optional("threads", POSITIVE, "CPU threads of llama.cpp (default: the machine's cores)").runtime_only(),
@@ -67,6 +84,12 @@ pub struct LocalOptions {
     #[serde(default)]
     pub sha256: Option<String>,
     pub context: u32,
+    #[serde(default = "f16")]
+    pub kv_cache: String,
+    #[serde(default = "auto")]
+    pub flash_attention: String,
+    #[serde(default)]
+    pub max_string_chars: Option<u32>,
     pub parallel: usize,
     pub batch_tokens: u32,
     #[serde(default)]
@@ -92,6 +115,14 @@ pub struct HubModel {
 
 fn main() -> String {
     "main".into()
+}
+
+fn f16() -> String {
+    "f16".into()
+}
+
+fn auto() -> String {
+    "auto".into()
 }
 
 impl HubModel {
@@ -199,7 +230,15 @@ pub fn identity(o: &LocalOptions, root: &Path) -> Value {
             None => format!("file:{}", o.model.clone().unwrap_or_default()),
         },
     };
-    serde_json::json!({"kind": "local", "model": model, "context": o.context, "params": o.generation})
+    let mut id = serde_json::json!({"kind": "local", "model": model, "context": o.context, "params": o.generation});
+    // Only when not the default, so identities of the default keep their bytes.
+    if o.kv_cache != "f16" {
+        id["kv_cache"] = o.kv_cache.clone().into();
+    }
+    if let Some(n) = o.max_string_chars {
+        id["max_string_chars"] = n.into();
+    }
+    id
 }
 
 /// A loaded `local` provider: the engine (started at the first request) and its identity.
@@ -220,6 +259,13 @@ impl LocalChat {
                 parallel: o.parallel,
                 context: o.context,
                 batch_tokens: o.batch_tokens.max(16),
+                kv_q8: o.kv_cache == "q8_0",
+                max_string_chars: o.max_string_chars,
+                flash_attention: match (o.flash_attention.as_str(), o.kv_cache.as_str()) {
+                    ("on", _) | ("auto", "q8_0") => Some(true),
+                    ("off", _) => Some(false),
+                    _ => None,
+                },
                 threads: threads as i32,
                 provider: provider.to_string(),
             },

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Output tokens/s of the `local` provider (SmolLM2-135M-Instruct Q4_1 in-process, continuous
+# batching) against llama-cpp-python[server] 0.3.36 serving the same GGUF (the `openai`
+# provider, 16 requests in flight) on the same requests, one after the other on this machine:
+# N prompts, 16 concurrent, with a JSON Schema (structured answers) and without. Each run
+# starts from an empty output directory (nothing cached).
+#   benches/local_vs_server.sh [N] [MAX_TOKENS] [THREADS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. benches/llama_server.sh
+N=${1:-64}; MAX_TOKENS=${2:-128}; THREADS=${3:-2}
+W=$(mktemp -d /tmp/local-vs-server-XXXX)
+MODEL=$PWD/.tools/models/SmolLM2-135M-Instruct.Q4_1.gguf
+.ci/setup-model
+llama_server_install
+cargo build --release --quiet
+python3 - "$W" "$N" <<'PY'
+import json, sys
+w, n = sys.argv[1], int(sys.argv[2])
+topics = ["a lighthouse", "bread", "winter", "a cat", "trains", "the moon", "rain", "a library", "mountains",
+          "coffee", "a garden", "snow", "music", "a bridge", "autumn", "the sea"]
+with open(f"{w}/records.jsonl", "w") as f:
+    for i in range(n):
+        f.write(json.dumps({"topic": f"{topics[i % len(topics)]} (story {i})"}) + "\n")
+schema = {"type": "object", "properties": {"title": {"type": "string"}, "story": {"type": "string"}},
+          "required": ["title", "story"], "additionalProperties": False}
+json.dump(schema, open(f"{w}/story.schema.json", "w"))
+open(f"{w}/prompt.j2", "w").write("Write a short story about {{ topic }}.\n")
+PY
+pipeline() { # pipeline NAME PROVIDER_TABLE SCHEMA_LINE
+  cat > "$W/$1.toml" <<TOML
+[pipeline]
+name = "$1"
+output_dir = "$1"
+[providers.m]
+$2
+[stages.records]
+kind = "source"
+path = "records.jsonl"
+[stages.answers]
+kind = "llm"
+inputs = ["records"]
+provider = "m"
+prompt = "prompt.j2"
+max_attempts = 1
+max_failure_ratio = 1.0
+concurrency = 16
+$3
+[stages.export]
+kind = "jsonl"
+inputs = ["answers"]
+TOML
+}
+GEN="temperature = 0.8
+max_tokens = $MAX_TOKENS
+seed = 1"
+LOCAL="kind = \"local\"
+model = \"$MODEL\"
+parallel = 16
+threads = $THREADS
+max_concurrency = 16
+$GEN"
+SERVER="kind = \"openai\"
+base_url = \"http://127.0.0.1:8766/v1\"
+model = \"smollm2\"
+api_key_env = \"NO_KEY\"
+structured_output = \"llama_cpp\"
+max_concurrency = 16
+initial_concurrency = 16
+timeout_seconds = 3600
+$GEN"
+report() { # report NAME
+  python3 - "$W/$1/manifest.json" "$W/time" "$1" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1])); wall = float(open(sys.argv[2]).read().split()[0])
+r = m["stages"]["answers"]["report"]
+out = r.get("tokens_out", 0)
+print(f"{sys.argv[3]:<24} wall {wall:7.1f} s  answers {r.get('rows_out', '?'):>4}  output tokens {out:>7}  {out / wall:7.1f} tokens/s")
+PY
+}
+run() { # run NAME
+  (cd "$W" && /usr/bin/time -f "%e" -o "$W/time" "$OLDPWD/target/release/synth" run "$1.toml" > "$W/$1.log" 2>&1)
+  report "$1"
+}
+pipeline server-text "$SERVER" ""
+pipeline server-schema "$SERVER" 'schema = "story.schema.json"'
+pipeline local-text "$LOCAL" ""
+pipeline local-schema "$LOCAL" 'schema = "story.schema.json"'
+trap llama_server_stop EXIT
+llama_server_start "$MODEL" 8766 "$THREADS" 4096
+echo "machine: $(lscpu | grep 'Model name' | sed 's/ \+/ /g'), $(nproc) cores; N=$N max_tokens=$MAX_TOKENS threads=$THREADS"
+run server-text
+run server-schema
+llama_server_stop
+run local-text
+run local-schema
