@@ -662,7 +662,8 @@ impl Llm {
         }
         let id = row.get(data::ID).and_then(Value::as_str).unwrap_or_default().to_string();
         let samples = futures::future::join_all(
-            (0..self.opts.n).map(|sample| self.sample(&messages, sample, &row, services, provider, call, structured)),
+            (0..self.opts.n)
+                .map(|sample| self.sample(&messages, sample, &row, Asker { services, provider, call, structured })),
         )
         .await;
         // Batch mode passes over a record more than once: the last pass has its outcome.
@@ -710,11 +711,9 @@ impl Llm {
         messages: &[Message],
         sample: u32,
         row: &Row,
-        services: &Arc<Services>,
-        provider: &Arc<Provider>,
-        call: &CallCtx,
-        structured: &StructuredRun,
+        asker: Asker<'_>,
     ) -> (std::result::Result<(Row, Completed, u32), RowError>, Vec<FailureKind>) {
+        let Asker { services, provider, call, structured } = asker;
         let mut convo = messages.to_vec();
         let mut last_error = String::new();
         let mut last_kind = FailureKind::Validation;
@@ -783,6 +782,16 @@ impl Llm {
         .with_answers(answers);
         (Err(err), kinds)
     }
+}
+
+/// Who a sample asks, and how: the services, the provider, the call context and the
+/// stage's structured-answer state.
+#[derive(Clone, Copy)]
+struct Asker<'a> {
+    services: &'a Arc<Services>,
+    provider: &'a Arc<Provider>,
+    call: &'a CallCtx,
+    structured: &'a StructuredRun,
 }
 
 /// Plan check of a stage that calls a provider: the provider exists (with a hint).

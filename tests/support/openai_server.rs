@@ -47,6 +47,9 @@ pub struct Behaviour {
     pub models: Vec<String>,
     /// 400 for requests whose last user message contains this text.
     pub reject_marker: Option<String>,
+    /// 400 naming `response_format` for any request that has one, as a server without
+    /// structured outputs answers (synth then asks in the text protocol).
+    pub refuse_structured: bool,
     /// A 429 storm on some requests: those whose last user message contains this text
     /// are refused (429, Retry-After) until this many refusals have been sent.
     pub storm: Option<(String, u64)>,
@@ -78,6 +81,7 @@ impl Default for Behaviour {
             api_key: None,
             models: Vec::new(),
             reject_marker: None,
+            refuse_structured: false,
             storm: None,
             responder: Arc::new(default_answer),
             embedding_dim: 8,
@@ -298,6 +302,15 @@ async fn answer(
             &format!("The model `{model}` does not exist"),
             "invalid_request_error",
             Some("model_not_found"),
+        );
+    }
+    if s.b.refuse_structured && json.get("response_format").is_some() {
+        c.s400.fetch_add(1, Ordering::SeqCst);
+        return error(
+            StatusCode::BAD_REQUEST,
+            "response_format is not supported by this server",
+            "invalid_request_error",
+            Some("unsupported_parameter"),
         );
     }
     if let Some(marker) = &s.b.reject_marker

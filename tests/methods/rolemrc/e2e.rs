@@ -448,6 +448,8 @@ fn demo_profile_runs_against_an_openai_compatible_server() {
         api_key: Some(KEY.into()),
         models: vec!["demo-model".into()],
         responder: std::sync::Arc::new(responder),
+        // It plays the model in the text protocol: a server without structured outputs.
+        refuse_structured: true,
         ..Default::default()
     });
     let p = Project::new();
@@ -465,6 +467,17 @@ fn demo_profile_runs_against_an_openai_compatible_server() {
     assert!(served >= 500, "requests served: {served}");
     let card = std::fs::read_to_string(out.join("README.md")).unwrap();
     assert!(card.contains("demo-model") && !card.contains("Not training data"), "{card}");
+    // The server has no structured outputs: each schema stage fell back to text, and says
+    // why (the first stage with the server's words, later ones pointing back to it).
+    let m = support::manifest(&out);
+    assert!(
+        m["stages"]["profiles_llm"]["report"]["info"]["structured_fallback"].to_string().contains("response_format")
+    );
+    for stage in ["profiles_llm", "free_chats", "onscene_chats", "stylized", "rewritten"] {
+        let info = &m["stages"][stage]["report"]["info"];
+        assert_eq!(info["structured"], "text", "{stage}: {info}");
+        assert!(info["structured_fallback"].as_str().is_some_and(|s| !s.is_empty()), "{stage}: {info}");
+    }
     // The key is nowhere in what the run left behind.
     let mut stack = vec![out.clone()];
     let mut checked = 0;

@@ -93,6 +93,8 @@ fn a_model_that_repeats_the_answer_is_reasked_then_replaced_by_a_spare() {
         api_key: Some(KEY.into()),
         models: vec!["copycat".into()],
         responder: Arc::new(responder),
+        // It plays the model in the text protocol: a server without structured outputs.
+        refuse_structured: true,
         ..Default::default()
     });
     let p = Project::new();

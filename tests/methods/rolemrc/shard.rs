@@ -53,6 +53,9 @@ fn responder(body: &Value) -> String {
 
 const KEY: &str = "sk-shard-kill-5e1f0c2b9a";
 const IDENTITY: &str = "providers.gpt4o.cache_identity=\"openai:demo-model\"";
+/// The server plays a model without structured outputs, and the provider says so: no
+/// refused first asks, which a restarted process would send again (unpaid, but counted here).
+const TEXT: &str = "providers.gpt4o.structured_output=\"none\"";
 
 fn server(latency_ms: u64) -> openai_server::Server {
     openai_server::start(Behaviour {
@@ -60,6 +63,8 @@ fn server(latency_ms: u64) -> openai_server::Server {
         models: vec!["demo-model".into()],
         latency: Duration::from_millis(latency_ms),
         responder: std::sync::Arc::new(responder),
+        // It plays the model in the text protocol: a server without structured outputs.
+        refuse_structured: true,
         ..Default::default()
     })
 }
@@ -155,7 +160,19 @@ fn ten_sigkills_of_shard_processes_then_reruns_give_the_same_bytes_and_pay_nothi
     // The same model behind another URL: `cache_identity` stands for the URL in keys and
     // fingerprints, so both runs have the same fingerprints (and footers, card).
     p.synth_env(
-        &["run", &pipeline(), "--profile", "demo", "--set", IDENTITY, "--out", reference.to_str().unwrap(), "-q"],
+        &[
+            "run",
+            &pipeline(),
+            "--profile",
+            "demo",
+            "--set",
+            IDENTITY,
+            "--set",
+            TEXT,
+            "--out",
+            reference.to_str().unwrap(),
+            "-q",
+        ],
         &e,
     )
     .ok();
@@ -166,13 +183,24 @@ fn ten_sigkills_of_shard_processes_then_reruns_give_the_same_bytes_and_pay_nothi
     let e = env(&server);
     let command = |log: &str| {
         let mut cmd = std::process::Command::new(support::synth_bin());
-        cmd.args(["run", &pipeline(), "--profile", "demo", "--set", IDENTITY, "--out", out.to_str().unwrap()])
-            .args(["--shards", "3", "--executor", "local"])
-            .current_dir(p.path())
-            .env("CI", "1")
-            .env_remove("SYNTH_LOG")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(p.path().join(log)).unwrap());
+        cmd.args([
+            "run",
+            &pipeline(),
+            "--profile",
+            "demo",
+            "--set",
+            IDENTITY,
+            "--set",
+            TEXT,
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .args(["--shards", "3", "--executor", "local"])
+        .current_dir(p.path())
+        .env("CI", "1")
+        .env_remove("SYNTH_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(p.path().join(log)).unwrap());
         for (k, v) in &e {
             cmd.env(k, v);
         }
