@@ -315,3 +315,137 @@ fn the_same_config_twice_gives_the_same_bytes_and_the_model_is_in_the_key() {
     let m = support::manifest(&a.path().join("out"));
     assert_eq!(m["stages"]["answers"]["report"]["cache_hits"], 6, "{}", r.stderr);
 }
+
+/// `synth run <pipeline> --profile local` (as a user runs it, the repository as root) into
+/// a fresh directory, with `sets` as `--set` options; the output directory.
+fn run_local_profile(p: &Project, pipeline: &str, out: &str, sets: &[&str]) -> PathBuf {
+    let file = support::repo().join(pipeline).display().to_string();
+    let dir = p.path().join(out);
+    let mut args = vec!["run", file.as_str(), "--profile", "local", "--out", dir.to_str().unwrap()];
+    for s in sets {
+        args.extend_from_slice(&["--set", s]);
+    }
+    p.synth(&args).ok();
+    dir
+}
+
+/// Records in, answers accepted first time, after a re-ask and never, of an LLM stage.
+fn answers(out: &std::path::Path, stage: &str) -> (f64, f64, f64, f64) {
+    let m = support::manifest(out);
+    let r = &m["stages"][stage]["report"];
+    let metric = |k: &str| r["metrics"][k].as_f64().unwrap_or(0.0);
+    (
+        r["rows_in"].as_f64().unwrap(),
+        metric("answers.first_attempt"),
+        metric("answers.after_reask"),
+        metric("answers.failed"),
+    )
+}
+
+fn rows(out: &std::path::Path, stage: &str) -> usize {
+    parquet_rows(&out.join(format!("{stage}.parquet"))).len()
+}
+
+/// RoleMRC's local profile with CI-sized counts (3 profiles; an on-scene chat, a stylized answer
+/// and a nested rewrite for training; no test split): everything the profile runs, on the model.
+#[test]
+fn rolemrc_local_profile_fills_its_counts_from_first_try_profiles_and_repeats_its_bytes() {
+    let _one = one_at_a_time();
+    let p = Project::new();
+    let small = [
+        "stages.personas.n=3",
+        "stages.plan.counts={free_chat=0,onscene_chat=1,answer=1,no_answer=0,refusal=0,attempt=0,multi_turn=0,nested=1,prioritized=0}",
+        "stages.plan.test={per_task=0,nested_content=[0,0],nested_format=[0,0],prioritized=[0,0]}",
+    ];
+    let a = run_local_profile(&p, "pipelines/rolemrc.toml", "a", &small);
+    let (n, first, _, _) = answers(&a, "profiles_llm");
+    assert_eq!(n, 3.0);
+    assert!(first >= 0.9 * n, "profiles parsed first time: {first} of {n}");
+    let card = std::fs::read_to_string(a.join("README.md")).unwrap();
+    assert!(card.contains("every sample group has its planned count"), "{card}");
+    assert!(card.contains("SmolLM2-135M-Instruct"), "the card names the model: {card}");
+    let sft = std::fs::read_to_string(a.join("sft.jsonl")).unwrap();
+    assert!(sft.lines().count() >= 2, "{sft}");
+    // Real model text, not the stand-in's.
+    let samples = parquet_rows(&a.join("samples.parquet"));
+    assert!(samples.iter().all(|s| s["models"] == "SmolLM2-135M-Instruct.Q4_1.gguf"), "{:?}", samples[0]["models"]);
+    let profiles = parquet_rows(&a.join("profiles_llm.parquet"));
+    assert!(profiles.iter().all(|r| r["role_name"].as_str().is_some_and(|s| !s.is_empty())), "{profiles:?}");
+    // The same config again from nothing, with another number of sequences decoded together:
+    // the same profiles, byte for byte (the whole pipeline twice would double CI's time; the
+    // small pipeline's test above repeats every byte of a run).
+    let mut again = small.to_vec();
+    again.push("providers.gpt4o.parallel=3");
+    let file = support::repo().join("pipelines/rolemrc.toml").display().to_string();
+    let b = p.path().join("b");
+    let mut cmd =
+        vec!["run", file.as_str(), "--profile", "local", "--out", b.to_str().unwrap(), "--until", "profiles_llm"];
+    for s in &again {
+        cmd.extend_from_slice(&["--set", s]);
+    }
+    p.synth(&cmd).ok();
+    assert!(
+        std::fs::read(a.join("profiles_llm.parquet")).unwrap()
+            == std::fs::read(b.join("profiles_llm.parquet")).unwrap(),
+        "profiles_llm.parquet differs between the two runs"
+    );
+}
+
+#[test]
+fn roleeval_local_profile_answers_by_chat_and_by_likelihood() {
+    let _one = one_at_a_time();
+    let p = Project::new();
+    let out = run_local_profile(&p, "pipelines/roleeval.toml", "out", &["stages.asked.n_per_stratum=4"]);
+    assert_eq!(rows(&out, "asked"), 8);
+    // The likelihood path: one of A-D for every question, with four log-likelihoods.
+    let open = parquet_rows(&out.join("open.parquet"));
+    assert_eq!(open.len(), 8);
+    for r in &open {
+        assert!(["A", "B", "C", "D"].contains(&r["pred"].as_str().unwrap_or_default()), "{r:?}");
+        assert!(r["ll_A"].as_f64().is_some_and(|v| v < 0.0), "{r:?}");
+    }
+    // The chat path: every question answered with a letter (the schema holds it to one).
+    let (zero, first, _, failed) = answers(&out, "chat_zero");
+    assert_eq!((zero, first, failed), (4.0, 4.0, 0.0));
+    let chat = parquet_rows(&out.join("chat.parquet"));
+    assert_eq!(chat.len(), 8);
+    assert!(out.join("report.md").is_file());
+}
+
+#[test]
+fn characterbench_local_profile_replies_and_judges() {
+    let _one = one_at_a_time();
+    let p = Project::new();
+    let out = run_local_profile(&p, "pipelines/characterbench.toml", "out", &[]);
+    let (n, first, after, failed) = answers(&out, "replies");
+    assert_eq!(n, 12.0);
+    assert_eq!(first + after + failed, n);
+    assert!(first + after >= 11.0, "replies parsed: {first} + {after} of {n}");
+    let judged = parquet_rows(&out.join("bench_judged.parquet"));
+    assert!(judged.len() as f64 >= first + after - 1.0, "{}", judged.len());
+    for r in &judged {
+        let s = r["score"].as_f64().unwrap();
+        assert!((r["scale_min"].as_f64().unwrap()..=r["scale_max"].as_f64().unwrap()).contains(&s), "{r:?}");
+    }
+    assert_eq!(rows(&out, "shipped_judged"), 12);
+}
+
+#[test]
+fn sharp_local_profile_answers_in_role_and_reads_the_stances() {
+    if support::shared("data/conceptnet", "assertions.csv").is_none() {
+        return;
+    }
+    let _one = one_at_a_time();
+    let p = Project::new();
+    let out = run_local_profile(&p, "pipelines/sharp.toml", "out", &["stages.claims.sample=3"]);
+    let turns = rows(&out, "turns");
+    assert!(turns >= 3, "{turns}");
+    assert_eq!(rows(&out, "answers"), turns);
+    let (n, first, after, _) = answers(&out, "stances");
+    assert_eq!(n as usize, turns);
+    assert!(first + after >= 0.8 * n, "stances read: {first} + {after} of {n}");
+    for r in parquet_rows(&out.join("stances.parquet")) {
+        assert!(["FAVOR", "AGAINST", "NEUTRAL"].contains(&r["stance"].as_str().unwrap_or_default()), "{r:?}");
+    }
+    assert!(out.join("card.md").is_file());
+}

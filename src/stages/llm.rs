@@ -466,15 +466,15 @@ pub(crate) fn report_local(ctx: &mut RunCtx, provider: &Provider, before: Option
     let (Some(local), Some(before)) = (&provider.local, before) else { return };
     let now = local.stats();
     let m = &mut ctx.report.metrics;
-    m.insert("local.decode_calls".into(), (now.decode_calls - before.decode_calls) as f64);
+    m.insert("local_engine.decode_calls".into(), (now.decode_calls - before.decode_calls) as f64);
     let seconds = now.decode_seconds - before.decode_seconds;
-    m.insert("local.decode_seconds".into(), seconds);
-    m.insert("local.sample_seconds".into(), now.sample_seconds - before.sample_seconds);
-    m.insert("local.prompt_tokens".into(), (now.prompt_tokens - before.prompt_tokens) as f64);
+    m.insert("local_engine.decode_seconds".into(), seconds);
+    m.insert("local_engine.sample_seconds".into(), now.sample_seconds - before.sample_seconds);
+    m.insert("local_engine.prompt_tokens".into(), (now.prompt_tokens - before.prompt_tokens) as f64);
     let generated = now.generated_tokens - before.generated_tokens;
-    m.insert("local.generated_tokens".into(), generated as f64);
+    m.insert("local_engine.generated_tokens".into(), generated as f64);
     if seconds > 0.0 {
-        m.insert("local.generated_tokens_per_decode_second".into(), generated as f64 / seconds);
+        m.insert("local_engine.generated_tokens_per_decode_second".into(), generated as f64 / seconds);
     }
     if now.load_seconds > 0.0 {
         ctx.report.info.insert("local_load_seconds".into(), format!("{:.2}", now.load_seconds));

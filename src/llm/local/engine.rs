@@ -45,6 +45,8 @@ pub struct Settings {
     pub threads: i32,
     /// Strings of a schema without a `maxLength` get this one in the grammar.
     pub max_string_chars: Option<u32>,
+    /// Arrays of a schema get at most this many items in the grammar.
+    pub max_items: Option<u32>,
     /// A q8_0 attention cache (else f16).
     pub kv_q8: bool,
     /// Flash attention on / off (`None`: llama.cpp decides).
@@ -219,7 +221,11 @@ fn run(settings: Settings, rx: mpsc::Receiver<Job>, stats: Arc<Mutex<Stats>>) {
         queue: VecDeque::new(),
         context,
         batch_tokens: settings.batch_tokens as usize,
-        grammars: Grammars { max_string_chars: settings.max_string_chars, ..Default::default() },
+        grammars: Grammars {
+            max_string_chars: settings.max_string_chars,
+            max_items: settings.max_items,
+            ..Default::default()
+        },
         template: super::template::ChatTemplate::from_model(&model),
         stats,
         provider: settings.provider.clone(),
@@ -278,6 +284,7 @@ struct Grammars {
     factory: Option<llguidance::ParserFactory>,
     compiled: HashMap<String, Result<llguidance::Matcher, String>>,
     max_string_chars: Option<u32>,
+    max_items: Option<u32>,
 }
 
 /// A schema with `maxLength = cap` on every string that has no bound, no enum and no const.
@@ -303,6 +310,31 @@ pub fn cap_strings(schema: &mut serde_json::Value, cap: u32) {
     }
 }
 
+/// A schema whose arrays allow at most `cap` items (at least their `minItems`).
+pub fn cap_items(schema: &mut serde_json::Value, cap: u32) {
+    match schema {
+        serde_json::Value::Object(obj) => {
+            let is_array = match obj.get("type") {
+                Some(serde_json::Value::String(t)) => t == "array",
+                Some(serde_json::Value::Array(ts)) => ts.iter().any(|t| t == "array"),
+                _ => false,
+            };
+            if is_array {
+                let min = obj.get("minItems").and_then(serde_json::Value::as_u64).unwrap_or(0);
+                let max = obj.get("maxItems").and_then(serde_json::Value::as_u64).unwrap_or(u64::MAX);
+                obj.insert("maxItems".into(), max.min(u64::from(cap)).max(min).into());
+            }
+            for (k, v) in obj.iter_mut() {
+                if !matches!(k.as_str(), "enum" | "const" | "default" | "examples") {
+                    cap_items(v, cap);
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(|v| cap_items(v, cap)),
+        _ => {}
+    }
+}
+
 impl Grammars {
     fn matcher(&mut self, model: &LlamaModel, schema: &serde_json::Value) -> Result<llguidance::Matcher, String> {
         if self.factory.is_none() {
@@ -319,6 +351,9 @@ impl Grammars {
             let mut schema = schema.clone();
             if let Some(cap) = self.max_string_chars {
                 cap_strings(&mut schema, cap);
+            }
+            if let Some(cap) = self.max_items {
+                cap_items(&mut schema, cap);
             }
             if let Some(obj) = schema.as_object_mut() {
                 obj.insert(
@@ -676,6 +711,18 @@ mod tests {
         assert_eq!((p["a"]["maxLength"].as_u64(), p["b"]["maxLength"].as_u64()), (Some(100), Some(5)));
         assert!(p["c"].get("maxLength").is_none());
         assert_eq!(p["d"]["items"]["maxLength"], 100);
+    }
+
+    #[test]
+    fn arrays_get_a_cap_above_their_minimum() {
+        let mut s = serde_json::json!({"type": "object", "properties": {
+            "a": {"type": "array", "items": {"type": "array", "items": {"type": "string"}}},
+            "b": {"type": "array", "maxItems": 2}, "c": {"type": "array", "minItems": 5}}});
+        cap_items(&mut s, 3);
+        let p = &s["properties"];
+        assert_eq!((p["a"]["maxItems"].as_u64(), p["a"]["items"]["maxItems"].as_u64()), (Some(3), Some(3)));
+        assert_eq!((p["b"]["maxItems"].as_u64(), p["c"]["maxItems"].as_u64()), (Some(2), Some(5)));
+        assert!(s.get("maxItems").is_none());
     }
 
     #[test]

@@ -53,6 +53,11 @@ pub const OPTIONS: &[OptionSpec] = &[
         POSITIVE,
         "structured answers: every string of the schema without a maxLength is decoded with this one (a small model otherwise can repeat itself inside a string until max_tokens); answers are still validated against the stage's schema as written",
     ),
+    OptionSpec::optional(
+        "max_items",
+        POSITIVE,
+        "structured answers: every array of the schema is decoded with at most this many items (at least its minItems), so an answer fits max_tokens; answers are still validated against the stage's schema as written",
+    ),
     OptionSpec::default("parallel", POSITIVE, "8", "sequences decoded together (continuous batching)").runtime_only(),
     OptionSpec::default("batch_tokens", POSITIVE, "512", "tokens per decode call").runtime_only(),
     OptionSpec::optional("threads", POSITIVE, "CPU threads of llama.cpp (default: the machine's cores)").runtime_only(),
@@ -90,6 +95,8 @@ pub struct LocalOptions {
     pub flash_attention: String,
     #[serde(default)]
     pub max_string_chars: Option<u32>,
+    #[serde(default)]
+    pub max_items: Option<u32>,
     pub parallel: usize,
     pub batch_tokens: u32,
     #[serde(default)]
@@ -238,6 +245,9 @@ pub fn identity(o: &LocalOptions, root: &Path) -> Value {
     if let Some(n) = o.max_string_chars {
         id["max_string_chars"] = n.into();
     }
+    if let Some(n) = o.max_items {
+        id["max_items"] = n.into();
+    }
     id
 }
 
@@ -261,6 +271,7 @@ impl LocalChat {
                 batch_tokens: o.batch_tokens.max(16),
                 kv_q8: o.kv_cache == "q8_0",
                 max_string_chars: o.max_string_chars,
+                max_items: o.max_items,
                 flash_attention: match (o.flash_attention.as_str(), o.kv_cache.as_str()) {
                     ("on", _) | ("auto", "q8_0") => Some(true),
                     ("off", _) => Some(false),
