@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . benches/llama_server.sh
-PERSONAS=${1:-6}
+PERSONAS=${1:-4}
 W=$(mktemp -d /tmp/rolemrc-real-XXXX)
 MODEL=.tools/models/SmolLM2-135M-Instruct.Q4_1.gguf
 .ci/setup-model
@@ -19,16 +19,27 @@ cargo build --release --quiet
 trap llama_server_stop EXIT
 llama_server_start "$MODEL" 8765 2 8192
 export OPENAI_BASE_URL=http://127.0.0.1:8765/v1 OPENAI_API_KEY=none SYNTH_MODEL=smollm2-135m
-COUNTS='stages.plan.counts={free_chat=2,onscene_chat=2,answer=2,no_answer=2,refusal=2,attempt=2,multi_turn=2,nested=2,prioritized=2}'
+COUNTS='stages.plan.counts={free_chat=1,onscene_chat=1,answer=1,no_answer=1,refusal=1,attempt=1,multi_turn=1,nested=1,prioritized=1}'
 TEST='stages.plan.test={per_task=1,nested_content=[1,1],nested_format=[1,1],prioritized=[1,1]}'
 OFF=()
 for s in profiles_llm free_chats onscene_chats stylized rewritten; do OFF+=(--set "stages.$s.structured=\"off\""); done
+# With the schema on, the grammar-decoder schemas and failure allowances of the local profile
+# (llama.cpp's server turns a schema into a grammar too): alternating non-empty dialogue turns,
+# non-empty answers, spares for failed samples.
+ON=(--set 'stages.free_chats.schema="pipelines/prompts/rolemrc/dialogue.local.schema.json"'
+    --set 'stages.onscene_chats.schema="pipelines/prompts/rolemrc/dialogue.local.schema.json"'
+    --set 'stages.stylized.schema="pipelines/prompts/rolemrc/stylized.local.schema.json"'
+    --set 'stages.rewritten.schema="pipelines/prompts/rolemrc/stylized.local.schema.json"')
+ALLOW=(--set 'stages.free_chats.max_attempts=5' --set 'stages.free_chats.max_failure_ratio=0.6'
+       --set 'stages.onscene_chats.max_attempts=5' --set 'stages.onscene_chats.max_failure_ratio=0.6'
+       --set 'stages.samples.max_failure_ratio=0.5')
 for mode in on off; do
-  extra=()
-  [ "$mode" = off ] && extra=("${OFF[@]}")
+  extra=("${ALLOW[@]}")
+  [ "$mode" = on ] && extra+=("${ON[@]}")
+  [ "$mode" = off ] && extra+=("${OFF[@]}")
   /usr/bin/time -f "%e" -o "$W/time" target/release/synth run pipelines/rolemrc.toml --profile demo \
     --out "$W/$mode" --set "stages.personas.n=$PERSONAS" --set "$COUNTS" --set "$TEST" \
-    --set 'providers.gpt4o.max_tokens=1024' --set 'providers.gpt4o.max_concurrency=1' \
+    --set 'providers.gpt4o.max_tokens=1280' --set 'providers.gpt4o.max_concurrency=1' \
     --set 'providers.gpt4o.timeout_seconds=600' "${extra[@]}" > "$W/$mode.log" 2>&1 || true
   echo "== schema $mode: $(cat "$W/time") s wall ($W/$mode)"
   python3 - "$W/$mode/manifest.json" <<'PY'
