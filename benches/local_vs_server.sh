@@ -22,8 +22,8 @@ topics = ["a lighthouse", "bread", "winter", "a cat", "trains", "the moon", "rai
 with open(f"{w}/records.jsonl", "w") as f:
     for i in range(n):
         f.write(json.dumps({"topic": f"{topics[i % len(topics)]} (story {i})"}) + "\n")
-schema = {"type": "object", "properties": {"title": {"type": "string"}, "story": {"type": "string"}},
-          "required": ["title", "story"], "additionalProperties": False}
+schema = {"type": "object", "properties": {"title": {"type": "string"}, "text": {"type": "string"}},
+          "required": ["title", "text"], "additionalProperties": False}
 json.dump(schema, open(f"{w}/story.schema.json", "w"))
 open(f"{w}/prompt.j2", "w").write("Write a short story about {{ topic }}.\n")
 PY
