@@ -182,9 +182,10 @@ impl HubSpec {
         }
         // Remember which commit the configured revision pointed to, for offline re-runs.
         if how.pin.is_none() {
-            let _ = cache
-                .repo(Repo::with_revision(self.repo.clone(), self.repo_type(), self.revision.clone()))
-                .create_ref(&info.sha);
+            let repo_dir = cache
+                .path()
+                .join(Repo::with_revision(self.repo.clone(), self.repo_type(), self.revision.clone()).folder_name());
+            let _ = write_ref(&repo_dir.join("refs").join(&self.revision), &info.sha);
         }
         Ok(HubFiles { commit: info.sha, files })
     }
@@ -275,6 +276,22 @@ impl HubSpec {
     }
 }
 
+/// Point a cache ref at `commit`, never leaving it empty or half written: a shard's dry run
+/// reads it without the cache's lock while another shard re-resolves the same revision
+/// (hf-hub's own `create_ref` truncates then writes, and such a reader saw an empty ref). An
+/// unchanged ref is not written at all.
+fn write_ref(path: &Path, commit: &str) -> std::io::Result<()> {
+    if std::fs::read_to_string(path).is_ok_and(|old| old.trim() == commit) {
+        return Ok(());
+    }
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp =
+        dir.join(format!(".{}.{}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("ref"), std::process::id()));
+    std::fs::write(&tmp, commit)?;
+    std::fs::rename(&tmp, path)
+}
+
 fn is_commit(rev: &str) -> bool {
     rev.len() == 40 && rev.chars().all(|c| c.is_ascii_hexdigit())
 }
@@ -303,6 +320,23 @@ async fn lock_cache(path: &Path) -> Result<std::fs::File> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refs_are_replaced_whole_and_left_alone_when_unchanged() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("refs/pr/1");
+        write_ref(&path, "a".repeat(40).as_str()).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "a".repeat(40));
+        let before = std::fs::metadata(&path).unwrap().modified().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        write_ref(&path, &"a".repeat(40)).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().modified().unwrap(), before, "an unchanged ref is not rewritten");
+        write_ref(&path, &"b".repeat(40)).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "b".repeat(40));
+        let names: Vec<_> =
+            std::fs::read_dir(path.parent().unwrap()).unwrap().flatten().map(|e| e.file_name()).collect();
+        assert_eq!(names.len(), 1, "no temporary file is left: {names:?}");
+    }
 
     fn spec(files: Option<Vec<&str>>, config: Option<&str>, split: Option<&str>) -> HubSpec {
         HubSpec {

@@ -26,16 +26,62 @@ pub fn model() -> PathBuf {
 }
 
 fn chat(parallel: usize) -> LocalChat {
-    let o: LocalOptions = serde_json::from_value(json!({
+    chat_with(parallel, json!({}))
+}
+
+/// An engine of `parallel` sequences with `extra` provider options.
+fn chat_with(parallel: usize, extra: Value) -> LocalChat {
+    let mut o = json!({
         "model": model().display().to_string(),
         "context": 1024,
         "parallel": parallel,
         "batch_tokens": 256,
         "threads": 2,
         "max_concurrency": 16,
-    }))
-    .unwrap();
+    });
+    o.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    let o: LocalOptions = serde_json::from_value(o).unwrap();
     LocalChat::new(&o, model(), "test")
+}
+
+/// The answers to `requests` decoded one at a time on a one-sequence engine, and all at once on
+/// a sixteen-sequence one (both with `extra` options); and the two engines.
+fn alone_and_together(
+    requests: &[(ChatRequest, GenParams)],
+    extra: Value,
+) -> (Vec<String>, Vec<String>, [LocalChat; 2]) {
+    let rt = runtime();
+    let alone = chat_with(1, extra.clone());
+    let one_by_one: Vec<String> = rt.block_on(async {
+        let mut out = Vec::new();
+        for (r, p) in requests {
+            out.push(alone.chat_once(r, p).await.unwrap().text);
+        }
+        out
+    });
+    let together = Arc::new(chat_with(16, extra));
+    let at_once: Vec<String> = rt.block_on(async {
+        let futures = requests.iter().map(|(r, p)| {
+            let together = together.clone();
+            async move { together.chat_once(r, p).await.unwrap().text }
+        });
+        futures::future::join_all(futures).await
+    });
+    let together = Arc::into_inner(together).expect("no request holds the engine");
+    (one_by_one, at_once, [alone, together])
+}
+
+/// Two prompts of over 512 tokens (a lone sequence's attention then spans 512+ cached cells:
+/// llama.cpp's flash attention splits those across threads and sums in another order).
+fn long_requests() -> Vec<(ChatRequest, GenParams)> {
+    let story = "The keeper climbed the stairs of the old lighthouse every evening, counted the steps, \
+                 trimmed the wick and watched the ships pass the rocks in the fading light. "
+        .repeat(18);
+    ["the keeper", "the ships"]
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (request(&format!("{story}\nWrite two sentences about {t}."), i as u32), params(0.8, 40)))
+        .collect()
 }
 
 fn request(prompt: &str, sample: u32) -> ChatRequest {
@@ -95,31 +141,26 @@ fn answers_do_not_depend_on_what_else_is_decoded() {
             (r, params(0.8, 40))
         })
         .collect();
-    let rt = runtime();
-    // One at a time, on an engine that decodes one sequence.
-    let alone = chat(1);
-    let one_by_one: Vec<String> = rt.block_on(async {
-        let mut out = Vec::new();
-        for (r, p) in &requests {
-            out.push(alone.chat_once(r, p).await.unwrap().text);
-        }
-        out
-    });
-    // All at once, sixteen sequences in every decode.
-    let together = Arc::new(chat(16));
-    let at_once: Vec<String> = rt.block_on(async {
-        let futures = requests.iter().map(|(r, p)| {
-            let together = together.clone();
-            async move { together.chat_once(r, p).await.unwrap().text }
-        });
-        futures::future::join_all(futures).await
-    });
+    // The long prompts first in the list: admitted first, they decode beside the others.
+    let requests: Vec<(ChatRequest, GenParams)> = long_requests().into_iter().chain(requests).collect();
+    let (one_by_one, at_once, [alone, together]) = alone_and_together(&requests, json!({}));
     assert_eq!(one_by_one, at_once, "the same requests alone and batched");
     assert!(one_by_one.iter().all(|t| !t.trim().is_empty()));
     let distinct: std::collections::BTreeSet<&String> = one_by_one.iter().collect();
     assert!(distinct.len() > 10, "the answers differ by prompt: {one_by_one:?}");
     let stats = together.stats();
     assert!(stats.decode_calls < alone.stats().decode_calls, "batched decoding takes fewer calls: {stats:?}");
+}
+
+/// A q8_0 cache turns flash attention on ("auto"), and llama.cpp never splits a q8_0 cache's
+/// attention: long prompts decoded alone and beside others still give the same bytes.
+#[test]
+fn a_q8_cache_with_flash_attention_stays_repeatable() {
+    let _one = one_at_a_time();
+    let mut requests = long_requests();
+    requests.push((request("Write two sentences about rain.", 0), params(0.8, 40)));
+    let (one_by_one, at_once, _) = alone_and_together(&requests, json!({"kv_cache": "q8_0"}));
+    assert_eq!(one_by_one, at_once, "the same requests alone and batched, q8_0 cache");
 }
 
 #[test]
@@ -371,24 +412,27 @@ fn rolemrc_local_profile_fills_its_counts_from_first_try_profiles_and_repeats_it
     assert!(samples.iter().all(|s| s["models"] == "SmolLM2-135M-Instruct.Q4_1.gguf"), "{:?}", samples[0]["models"]);
     let profiles = parquet_rows(&a.join("profiles_llm.parquet"));
     assert!(profiles.iter().all(|r| r["role_name"].as_str().is_some_and(|s| !s.is_empty())), "{profiles:?}");
-    // The same config again from nothing, with another number of sequences decoded together:
-    // the same profiles, byte for byte (the whole pipeline twice would double CI's time; the
-    // small pipeline's test above repeats every byte of a run).
+    // The same config again from nothing, with another number of sequences decoded together
+    // and the dialogues left out (`--until rewritten`: the whole pipeline twice would double
+    // CI's time): every file the second run writes is byte for byte the first run's, where the
+    // stylized answers were decoded beside the dialogues' long sequences and here without them.
     let mut again = small.to_vec();
     again.push("providers.gpt4o.parallel=3");
     let file = support::repo().join("pipelines/rolemrc.toml").display().to_string();
     let b = p.path().join("b");
     let mut cmd =
-        vec!["run", file.as_str(), "--profile", "local", "--out", b.to_str().unwrap(), "--until", "profiles_llm"];
+        vec!["run", file.as_str(), "--profile", "local", "--out", b.to_str().unwrap(), "--until", "rewritten"];
     for s in &again {
         cmd.extend_from_slice(&["--set", s]);
     }
     p.synth(&cmd).ok();
-    assert!(
-        std::fs::read(a.join("profiles_llm.parquet")).unwrap()
-            == std::fs::read(b.join("profiles_llm.parquet")).unwrap(),
-        "profiles_llm.parquet differs between the two runs"
-    );
+    let (first_run, second_run) = (support::output_files(&a), support::output_files(&b));
+    for stage in ["profiles_llm", "stylized", "rewritten"] {
+        assert!(second_run.contains_key(&format!("{stage}.parquet")), "{stage}: {:?}", second_run.keys());
+    }
+    for (name, bytes) in &second_run {
+        assert!(first_run.get(name) == Some(bytes), "{name} differs between the two runs");
+    }
 }
 
 #[test]

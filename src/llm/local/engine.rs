@@ -11,7 +11,10 @@
 //! never a mix (llama.cpp computes a token's attention in another order when many tokens of
 //! its sequence share the call); and llama.cpp is built without the llamafile kernels
 //! (`.cargo/config.toml`), whose many-token products sum in another order than the one-token
-//! path. With a per-request sampler seeded by the request, the same request gives the same
+//! path; and flash attention is off unless the cache is q8_0 (with an f16 cache, llama.cpp's
+//! flash attention splits the cache of a sequence decoded alone across threads once it holds
+//! 512 tokens, and merges the parts in another order than when it decodes beside others; a
+//! q8_0 cache never takes that path). With a per-request sampler seeded by the request, the same request gives the same
 //! bytes however requests interleave (`tests/local.rs` compares answers decoded alone and
 //! sixteen at a time).
 

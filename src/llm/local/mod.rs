@@ -46,7 +46,7 @@ pub const OPTIONS: &[OptionSpec] = &[
         "flash_attention",
         Ty::Enum(&["auto", "on", "off"]),
         "\"auto\"",
-        "llama.cpp's flash attention (q8_0 caches need it: \"auto\" turns it on for them)",
+        "llama.cpp's flash attention: \"auto\" turns it on for q8_0 caches (they need it) and off for f16 ones; \"on\" with an f16 cache can be faster on long prompts but makes answers depend on what else is decoded (llama.cpp splits a lone sequence's attention over 512+ cached tokens across threads and sums in another order), so the same config no longer repeats its bytes",
     ),
     OptionSpec::optional(
         "max_string_chars",
@@ -272,11 +272,11 @@ impl LocalChat {
                 kv_q8: o.kv_cache == "q8_0",
                 max_string_chars: o.max_string_chars,
                 max_items: o.max_items,
-                flash_attention: match (o.flash_attention.as_str(), o.kv_cache.as_str()) {
-                    ("on", _) | ("auto", "q8_0") => Some(true),
-                    ("off", _) => Some(false),
-                    _ => None,
-                },
+                // Never llama.cpp's own "auto" (on, for a CPU): see the option's text.
+                flash_attention: Some(matches!(
+                    (o.flash_attention.as_str(), o.kv_cache.as_str()),
+                    ("on", _) | ("auto", "q8_0")
+                )),
                 threads: threads as i32,
                 provider: provider.to_string(),
             },
