@@ -397,6 +397,8 @@ fn rolemrc_local_profile_fills_its_counts_from_first_try_profiles_and_repeats_it
         "stages.personas.n=3",
         "stages.plan.counts={free_chat=0,onscene_chat=1,answer=1,no_answer=0,refusal=0,attempt=0,multi_turn=0,nested=1,prioritized=0}",
         "stages.plan.test={per_task=0,nested_content=[0,0],nested_format=[0,0],prioritized=[0,0]}",
+        // Two tries per dialogue, not the profile's five (CI's time: a spare fills a failure).
+        "stages.onscene_chats.max_attempts=2",
     ];
     let a = run_local_profile(&p, "pipelines/rolemrc.toml", "a", &small);
     let (n, first, _, _) = answers(&a, "profiles_llm");
