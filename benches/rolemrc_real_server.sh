@@ -7,6 +7,7 @@
 # (the paper's text protocol). Prints, per LLM stage, the records and the answers accepted
 # first time / after a re-ask / never, from each run's manifest.
 #   benches/rolemrc_real_server.sh [PERSONAS]
+# COUNTS / TEST in the environment replace the plan's counts and test split (the --set values).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . benches/llama_server.sh
@@ -19,8 +20,8 @@ cargo build --release --quiet
 trap llama_server_stop EXIT
 llama_server_start "$MODEL" 8765 2 8192
 export OPENAI_BASE_URL=http://127.0.0.1:8765/v1 OPENAI_API_KEY=none SYNTH_MODEL=smollm2-135m
-COUNTS='stages.plan.counts={free_chat=1,onscene_chat=1,answer=1,no_answer=1,refusal=1,attempt=1,multi_turn=1,nested=1,prioritized=1}'
-TEST='stages.plan.test={per_task=1,nested_content=[1,1],nested_format=[1,1],prioritized=[1,1]}'
+COUNTS=${COUNTS:-'stages.plan.counts={free_chat=1,onscene_chat=1,answer=1,no_answer=1,refusal=1,attempt=1,multi_turn=1,nested=1,prioritized=1}'}
+TEST=${TEST:-'stages.plan.test={per_task=1,nested_content=[1,1],nested_format=[1,1],prioritized=[1,1]}'}
 OFF=()
 for s in profiles_llm free_chats onscene_chats stylized rewritten; do OFF+=(--set "stages.$s.structured=\"off\""); done
 # With the schema on, the grammar-decoder schemas and failure allowances of the local profile

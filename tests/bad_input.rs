@@ -324,3 +324,31 @@ fn duplicate_ids_from_an_id_column_are_an_error_naming_the_id() {
     assert!(!p.path().join("out/src.parquet").exists());
     assert_no_partial_files(&p.path().join("out"));
 }
+
+/// A profile that redefines a stage keeps the base's options it does not set: RoleMRC's
+/// `types = { persona = "string" }` refuses a Parquet file of integer personas under
+/// `--offline`, `--profile demo` and `--profile local` as it does without a profile.
+#[test]
+fn a_profile_redefining_a_stage_keeps_the_base_types() {
+    let p = Project::new();
+    let schema = Arc::new(Schema::new(vec![Field::new("persona", DataType::Int64, true)]));
+    let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(vec![1, 2, 3]))]).unwrap();
+    write_parquet(&p.path().join("ints.parquet"), schema, batch);
+    let file = support::repo().join("pipelines/rolemrc.toml").display().to_string();
+    let path = format!("stages.personas_raw.path=\"{}\"", p.path().join("ints.parquet").display());
+    for profile in [&["--offline"][..], &["--profile", "demo"], &["--profile", "local"], &[]] {
+        let out = p.path().join("out").display().to_string();
+        let mut args = vec!["run", file.as_str(), "--out", &out, "--until", "personas_raw", "--set", &path];
+        args.extend_from_slice(profile);
+        let run = p.synth(&args).code(78);
+        assert!(
+            run.stderr.contains("ints.parquet: column \"persona\" holds int64 values, but \"types\" declares string"),
+            "{profile:?}: {}",
+            run.stderr
+        );
+    }
+    // `synth validate --profile` shows the resolved stage tables: the base's types are there.
+    let shown = p.synth(&["validate", &file, "--offline"]).ok().stdout;
+    let line = shown.lines().find(|l| l.starts_with("stages.personas_raw = ")).unwrap_or_else(|| panic!("{shown}"));
+    assert!(line.contains("types = { persona = \"string\" }") && line.contains("rolemrc-demo"), "{line}");
+}

@@ -358,13 +358,19 @@ fn the_same_config_twice_gives_the_same_bytes_and_the_model_is_in_the_key() {
 }
 
 /// `synth run <pipeline> --profile local` (as a user runs it, the repository as root) into
-/// a fresh directory, with `sets` as `--set` options; the output directory.
+/// a fresh directory, with `sets` as `--set` options (or as they are when they start with
+/// `--`); the output directory.
 fn run_local_profile(p: &Project, pipeline: &str, out: &str, sets: &[&str]) -> PathBuf {
     let file = support::repo().join(pipeline).display().to_string();
     let dir = p.path().join(out);
     let mut args = vec!["run", file.as_str(), "--profile", "local", "--out", dir.to_str().unwrap()];
     for s in sets {
-        args.extend_from_slice(&["--set", s]);
+        // `--flag=value` goes as it is; anything else is a `--set`.
+        if s.starts_with("--") {
+            args.push(s);
+        } else {
+            args.extend_from_slice(&["--set", s]);
+        }
     }
     p.synth(&args).ok();
     dir
@@ -387,14 +393,14 @@ fn rows(out: &std::path::Path, stage: &str) -> usize {
     parquet_rows(&out.join(format!("{stage}.parquet"))).len()
 }
 
-/// RoleMRC's local profile with CI-sized counts (3 profiles; an on-scene chat, a stylized answer
+/// RoleMRC's local profile with CI-sized counts (2 profiles; an on-scene chat, a stylized answer
 /// and a nested rewrite for training; no test split): everything the profile runs, on the model.
 #[test]
 fn rolemrc_local_profile_fills_its_counts_from_first_try_profiles_and_repeats_its_bytes() {
     let _one = one_at_a_time();
     let p = Project::new();
     let small = [
-        "stages.personas.n=3",
+        "stages.personas.n=2",
         "stages.plan.counts={free_chat=0,onscene_chat=1,answer=1,no_answer=0,refusal=0,attempt=0,multi_turn=0,nested=1,prioritized=0}",
         "stages.plan.test={per_task=0,nested_content=[0,0],nested_format=[0,0],prioritized=[0,0]}",
         // Two tries per dialogue, not the profile's five (CI's time: a spare fills a failure).
@@ -402,7 +408,7 @@ fn rolemrc_local_profile_fills_its_counts_from_first_try_profiles_and_repeats_it
     ];
     let a = run_local_profile(&p, "pipelines/rolemrc.toml", "a", &small);
     let (n, first, _, _) = answers(&a, "profiles_llm");
-    assert_eq!(n, 3.0);
+    assert_eq!(n, 2.0);
     assert!(first >= 0.9 * n, "profiles parsed first time: {first} of {n}");
     let card = std::fs::read_to_string(a.join("README.md")).unwrap();
     assert!(card.contains("every sample group has its planned count"), "{card}");
@@ -415,21 +421,20 @@ fn rolemrc_local_profile_fills_its_counts_from_first_try_profiles_and_repeats_it
     let profiles = parquet_rows(&a.join("profiles_llm.parquet"));
     assert!(profiles.iter().all(|r| r["role_name"].as_str().is_some_and(|s| !s.is_empty())), "{profiles:?}");
     // The same config again from nothing, with another number of sequences decoded together
-    // and the dialogues left out (`--until rewritten`: the whole pipeline twice would double
+    // and the dialogues left out (`--until stylized`: the whole pipeline twice would double
     // CI's time): every file the second run writes is byte for byte the first run's, where the
     // stylized answers were decoded beside the dialogues' long sequences and here without them.
     let mut again = small.to_vec();
     again.push("providers.gpt4o.parallel=3");
     let file = support::repo().join("pipelines/rolemrc.toml").display().to_string();
     let b = p.path().join("b");
-    let mut cmd =
-        vec!["run", file.as_str(), "--profile", "local", "--out", b.to_str().unwrap(), "--until", "rewritten"];
+    let mut cmd = vec!["run", file.as_str(), "--profile", "local", "--out", b.to_str().unwrap(), "--until", "stylized"];
     for s in &again {
         cmd.extend_from_slice(&["--set", s]);
     }
     p.synth(&cmd).ok();
     let (first_run, second_run) = (support::output_files(&a), support::output_files(&b));
-    for stage in ["profiles_llm", "stylized", "rewritten"] {
+    for stage in ["profiles_llm", "stylized"] {
         assert!(second_run.contains_key(&format!("{stage}.parquet")), "{stage}: {:?}", second_run.keys());
     }
     for (name, bytes) in &second_run {
@@ -441,20 +446,20 @@ fn rolemrc_local_profile_fills_its_counts_from_first_try_profiles_and_repeats_it
 fn roleeval_local_profile_answers_by_chat_and_by_likelihood() {
     let _one = one_at_a_time();
     let p = Project::new();
-    let out = run_local_profile(&p, "pipelines/roleeval.toml", "out", &["stages.asked.n_per_stratum=4"]);
-    assert_eq!(rows(&out, "asked"), 8);
+    let out = run_local_profile(&p, "pipelines/roleeval.toml", "out", &["stages.asked.n_per_stratum=2"]);
+    assert_eq!(rows(&out, "asked"), 4);
     // The likelihood path: one of A-D for every question, with four log-likelihoods.
     let open = parquet_rows(&out.join("open.parquet"));
-    assert_eq!(open.len(), 8);
+    assert_eq!(open.len(), 4);
     for r in &open {
         assert!(["A", "B", "C", "D"].contains(&r["pred"].as_str().unwrap_or_default()), "{r:?}");
         assert!(r["ll_A"].as_f64().is_some_and(|v| v < 0.0), "{r:?}");
     }
     // The chat path: every question answered with a letter (the schema holds it to one).
     let (zero, first, _, failed) = answers(&out, "chat_zero");
-    assert_eq!((zero, first, failed), (4.0, 4.0, 0.0));
+    assert_eq!((zero, first, failed), (2.0, 2.0, 0.0));
     let chat = parquet_rows(&out.join("chat.parquet"));
-    assert_eq!(chat.len(), 8);
+    assert_eq!(chat.len(), 4);
     assert!(out.join("report.md").is_file());
 }
 
@@ -462,18 +467,19 @@ fn roleeval_local_profile_answers_by_chat_and_by_likelihood() {
 fn characterbench_local_profile_replies_and_judges() {
     let _one = one_at_a_time();
     let p = Project::new();
-    let out = run_local_profile(&p, "pipelines/characterbench.toml", "out", &[]);
+    // Six of the demo's twelve scripts (`--limit`: CI's time).
+    let out = run_local_profile(&p, "pipelines/characterbench.toml", "out", &["--limit=6"]);
     let (n, first, after, failed) = answers(&out, "replies");
-    assert_eq!(n, 12.0);
+    assert_eq!(n, 6.0);
     assert_eq!(first + after + failed, n);
-    assert!(first + after >= 11.0, "replies parsed: {first} + {after} of {n}");
+    assert!(first + after >= 5.0, "replies parsed: {first} + {after} of {n}");
     let judged = parquet_rows(&out.join("bench_judged.parquet"));
     assert!(judged.len() as f64 >= first + after - 1.0, "{}", judged.len());
     for r in &judged {
         let s = r["score"].as_f64().unwrap();
         assert!((r["scale_min"].as_f64().unwrap()..=r["scale_max"].as_f64().unwrap()).contains(&s), "{r:?}");
     }
-    assert_eq!(rows(&out, "shipped_judged"), 12);
+    assert_eq!(rows(&out, "shipped_judged"), 6);
 }
 
 #[test]

@@ -505,6 +505,24 @@ fn steps_and_shards_run_one_by_one_and_status_names_the_retry_set() {
     assert_same_outputs(&reference, &p.path().join("out"));
 }
 
+/// Shard logs keep every attempt: a second run's shards append below the first run's
+/// lines, each attempt under its own header (a killed run's log is its evidence).
+#[test]
+fn shard_logs_keep_every_attempt() {
+    let p = project(60);
+    let run = || p.synth(&["run", "p.toml", "--out", "out", "--shards", "2", "--executor", "local", "-q"]).ok();
+    run();
+    let first = p.read("out/_synth/logs/w1-s00001.log");
+    p.write("prompt.j2", "Write two lines for {{ name }} of {{ city }}.\n");
+    run();
+    for i in 0..2 {
+        let log = p.read(&format!("out/_synth/logs/w1-s{i:05}.log"));
+        let headers = log.lines().filter(|l| l.starts_with("==== synth shard ")).count();
+        assert_eq!(headers, 2, "shard {i}:\n{log}");
+    }
+    assert!(p.read("out/_synth/logs/w1-s00001.log").starts_with(&first));
+}
+
 #[test]
 fn a_shard_with_another_configuration_than_its_plan_stops() {
     let p = project(100);

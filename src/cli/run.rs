@@ -230,7 +230,8 @@ fn part(args: &RunArgs, work: std::path::PathBuf) -> Result<Part, String> {
 }
 
 /// The command line of one shard of the local executor: this program with the same
-/// pipeline arguments, quiet, its log in `_synth/logs/` of the state (or work) folder.
+/// pipeline arguments, quiet, its log in `_synth/logs/` of the state (or work) folder
+/// (`wK-sI.log`, every attempt appended under a header line).
 fn launcher(
     args: &RunArgs,
     sh: &Sharding,
@@ -287,8 +288,14 @@ fn launcher(
         let mut cmd = tokio::process::Command::new(&exe);
         cmd.args(&base).args(["--wave", &k.to_string(), "--shard", &i.to_string(), "-q"]);
         let _ = std::fs::create_dir_all(&logs);
-        match std::fs::File::create(logs.join(format!("w{k}-s{i:05}.log"))) {
-            Ok(f) => {
+        // Appended, never truncated: a re-run (or a shard started again after a failure)
+        // adds its attempt below the earlier ones, which are the evidence of why they ended.
+        let path = logs.join(format!("w{k}-s{i:05}.log"));
+        match std::fs::OpenOptions::new().create(true).append(true).open(&path) {
+            Ok(mut f) => {
+                use std::io::Write;
+                let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
+                let _ = writeln!(f, "==== synth shard {i} of wave {k}: attempt started {now} ====");
                 cmd.stderr(f);
             }
             Err(_) => {

@@ -1,5 +1,6 @@
 //! `synth validate`: check the pipeline (and each of its profiles) without network
-//! or side effects and print every problem as `path:line:col: stage "x": message`.
+//! or side effects and print every problem as `path:line:col: stage "x": message`;
+//! with a profile, print the stage tables as that profile resolves them.
 
 use std::collections::BTreeSet;
 
@@ -50,6 +51,13 @@ pub fn run(args: &ValidateArgs) -> i32 {
                 diags.n_warnings(),
                 p.output_dir.display()
             );
+            // With a profile: the stage, provider and embedder tables as resolved (the
+            // profile merged over the base, `--set` applied), one line each.
+            if opts.profile.is_some() {
+                for line in resolved_lines(&p.resolved) {
+                    println!("{line}");
+                }
+            }
             EXIT_OK
         }
         None => EXIT_CONFIG,
@@ -69,4 +77,21 @@ fn profile_names(path: &std::path::Path) -> Vec<String> {
         .find(|(k, _)| k.get_ref() == "profiles")
         .and_then(|(_, v)| v.get_ref().as_table().map(|t| t.keys().map(|k| k.get_ref().to_string()).collect()))
         .unwrap_or_default()
+}
+
+/// `section.name = { ... }` (inline TOML) for every stage, provider and embedder of a
+/// resolved document, in the document's order.
+fn resolved_lines(resolved: &serde_json::Value) -> Vec<String> {
+    let mut lines = Vec::new();
+    for section in ["providers", "embedders", "stages"] {
+        let Some(entries) = resolved.get(section).and_then(|s| s.as_object()) else { continue };
+        for (name, table) in entries {
+            let text = match toml::Value::try_from(table) {
+                Ok(v) => v.to_string(),
+                Err(_) => table.to_string(),
+            };
+            lines.push(format!("{section}.{name} = {text}"));
+        }
+    }
+    lines
 }

@@ -90,21 +90,30 @@ pub struct OptionSpec {
     /// False for options that cannot change the output (concurrency, progress...):
     /// they are left out of the stage fingerprint.
     pub affects_output: bool,
+    /// Options this one stands in for (`path` instead of `hf` or `url`): a profile that
+    /// sets it drops them from the base's table it merges over.
+    pub instead_of: &'static [&'static str],
 }
 
 impl OptionSpec {
     pub const fn required(name: &'static str, ty: Ty, doc: &'static str) -> OptionSpec {
-        OptionSpec { name, ty, need: Need::Required, doc, affects_output: true }
+        OptionSpec { name, ty, need: Need::Required, doc, affects_output: true, instead_of: &[] }
     }
     pub const fn optional(name: &'static str, ty: Ty, doc: &'static str) -> OptionSpec {
-        OptionSpec { name, ty, need: Need::Optional, doc, affects_output: true }
+        OptionSpec { name, ty, need: Need::Optional, doc, affects_output: true, instead_of: &[] }
     }
     pub const fn default(name: &'static str, ty: Ty, default: &'static str, doc: &'static str) -> OptionSpec {
-        OptionSpec { name, ty, need: Need::Default(default), doc, affects_output: true }
+        OptionSpec { name, ty, need: Need::Default(default), doc, affects_output: true, instead_of: &[] }
     }
     /// Mark an option as not affecting the output (left out of fingerprints).
     pub const fn runtime_only(mut self) -> OptionSpec {
         self.affects_output = false;
+        self
+    }
+    /// Mark the options this one replaces when a profile sets it (one of several ways
+    /// to say the same thing, e.g. where the records come from).
+    pub const fn instead_of(mut self, others: &'static [&'static str]) -> OptionSpec {
+        self.instead_of = others;
         self
     }
 

@@ -207,15 +207,16 @@ pub fn load(path: &Path, opts: &LoadOptions) -> (Option<Pipeline>, Diagnostics) 
     {
         diags.error(&profiles.node.span, None, "\"profiles\" must be a table of [profiles.NAME] tables");
     }
+    let registry = Arc::new(Registry::builtin().with_kinds(&opts.extra_kinds));
     // `--profile a,b` applies a then b; a profile's `include = [...]` applies those first.
     for name in opts.profile.iter().flat_map(|p| p.split(',')).map(str::trim) {
-        apply_profile(&mut root, profiles.as_ref(), &file, name, &mut Vec::new(), &mut diags);
+        let mut chain = Vec::new();
+        apply_profile(&mut root, profiles.as_ref(), &file, name, &registry, &mut chain, &mut diags);
     }
     for set in &opts.sets {
-        apply_set(&mut root, set, &mut diags);
+        apply_set(&mut root, set, &registry, &mut diags);
     }
 
-    let registry = Arc::new(Registry::builtin().with_kinds(&opts.extra_kinds));
     for dup in registry.duplicates() {
         let message = format!("{dup} is registered twice (a method or an extra kind reuses the name)");
         diags.error(&Span::file(&file, 0..0), None, message);
@@ -233,6 +234,7 @@ fn apply_profile(
     profiles: Option<&node::Entry>,
     file: &Arc<SourceFile>,
     name: &str,
+    registry: &Registry,
     chain: &mut Vec<String>,
     diags: &mut Diagnostics,
 ) {
@@ -265,7 +267,7 @@ fn apply_profile(
                         Some(names) => {
                             chain.push(name.to_string());
                             for n in names {
-                                apply_profile(root, profiles, file, n, chain, diags);
+                                apply_profile(root, profiles, file, n, registry, chain, diags);
                             }
                             chain.pop();
                         }
@@ -276,7 +278,7 @@ fn apply_profile(
                         ),
                     }
                 }
-                replace_redefined(root, &overlay);
+                resolve_redefined(root, &mut overlay, name, registry, diags);
                 root.merge(overlay)
             }
             other => diags.error(
@@ -301,22 +303,102 @@ fn apply_profile(
     }
 }
 
-/// A profile entry under `stages`, `providers` or `embedders` that sets `kind`
-/// redefines that entry: it replaces the base table instead of merging into it
-/// (so a profile can swap an hf source for a local one, or openai for offline).
-fn replace_redefined(root: &mut Table, overlay: &Table) {
+/// How a profile's table for a stage, provider or embedder meets the base's table:
+/// - it merges over it key by key (the base's `types`, `parallel`, ... stay unless the
+///   profile sets them), also when it repeats the base's `kind`; a stage option that
+///   stands in for others (`path` for a source's `hf` or `url`: `OptionSpec::instead_of`)
+///   drops those from the base;
+/// - `replace = true` in the profile's table replaces the base's table as a whole;
+/// - a profile's table with another `kind` than the base's replaces it too (the base's
+///   options belong to another kind), with a warning naming every option of the base
+///   it drops and where it was defined, unless the table says `replace = true`.
+fn resolve_redefined(
+    root: &mut Table,
+    overlay: &mut Table,
+    profile: &str,
+    registry: &Registry,
+    diags: &mut Diagnostics,
+) {
     for section in ["stages", "providers", "embedders"] {
-        let Some(over) = overlay.get(section).and_then(|e| e.node.as_table()) else { continue };
-        let Some(Value::Table(base)) = root.get_mut(section).map(|e| &mut e.node.value) else { continue };
-        for e in &over.entries {
-            if e.node.as_table().is_some_and(|t| t.get("kind").is_some()) {
+        let what = match section {
+            "stages" => "stage",
+            "providers" => "provider",
+            _ => "embedder",
+        };
+        let Some(Value::Table(over)) = overlay.get_mut(section).map(|e| &mut e.node.value) else { continue };
+        let base = match root.get_mut(section).map(|e| &mut e.node.value) {
+            Some(Value::Table(base)) => Some(base),
+            _ => None,
+        };
+        let mut base = base;
+        for e in over.entries.iter_mut() {
+            let Value::Table(t) = &mut e.node.value else { continue };
+            let replace = match t.remove("replace") {
+                None => None,
+                Some(r) => match r.node.value {
+                    Value::Bool(b) => Some(b),
+                    ref other => {
+                        let message = format!(
+                            "profile \"{profile}\": {what} \"{}\": replace must be true or false, found {}",
+                            e.key,
+                            other.type_name()
+                        );
+                        diags.error(&r.node.span, None, message);
+                        None
+                    }
+                },
+            };
+            let Some(base) = base.as_deref_mut() else { continue };
+            let Some(old) = base.get(&e.key) else { continue };
+            let Value::Table(old_table) = &old.node.value else { continue };
+            let kind_of = |t: &Table| match t.get("kind").map(|k| &k.node.value) {
+                Some(Value::Str(k)) => Some(k.clone()),
+                _ => None,
+            };
+            let (old_kind, new_kind) = (kind_of(old_table), kind_of(t));
+            let other_kind = new_kind.is_some() && old_kind.is_some() && new_kind != old_kind;
+            if replace == Some(true) || (other_kind && replace != Some(false)) {
+                if other_kind && replace.is_none() {
+                    let dropped: Vec<String> = old_table
+                        .entries
+                        .iter()
+                        .filter(|o| o.key != "kind" && t.get(&o.key).is_none())
+                        .map(|o| format!("{} ({})", o.key, o.key_span))
+                        .collect();
+                    if !dropped.is_empty() {
+                        let message = format!(
+                            "profile \"{profile}\" redefines {what} \"{}\" as kind \"{}\" (the base's is \"{}\", {}) and drops the base's {}: {}; write `replace = true` in the profile's table to say so, or set them there",
+                            e.key,
+                            new_kind.as_deref().unwrap_or_default(),
+                            old_kind.as_deref().unwrap_or_default(),
+                            old.key_span,
+                            if dropped.len() == 1 { "option" } else { "options" },
+                            dropped.join(", ")
+                        );
+                        diags.warning(&e.key_span, None, message);
+                    }
+                }
                 base.remove(&e.key);
+            } else if section == "stages"
+                && let Some(info) = new_kind.or(old_kind).and_then(|k| registry.kind(&k))
+            {
+                let gone: Vec<&str> = info
+                    .options
+                    .iter()
+                    .filter(|o| t.get(o.name).is_some())
+                    .flat_map(|o| o.instead_of.iter().copied())
+                    .collect();
+                if let Some(Value::Table(old_table)) = base.get_mut(&e.key).map(|o| &mut o.node.value) {
+                    for key in gone {
+                        old_table.remove(key);
+                    }
+                }
             }
         }
     }
 }
 
-fn apply_set(root: &mut Table, set: &str, diags: &mut Diagnostics) {
+fn apply_set(root: &mut Table, set: &str, registry: &Registry, diags: &mut Diagnostics) {
     let arg: Arc<str> = Arc::from(set);
     let span = Span { origin: node::Origin::Arg(arg.clone()), start: 0, end: 0 };
     let Some((key, value)) = set.split_once('=') else {
@@ -331,6 +413,22 @@ fn apply_set(root: &mut Table, set: &str, diags: &mut Diagnostics) {
     let node = node::parse_arg_value(&arg, value.trim());
     if let Err(e) = root.set_path(&path, node, &span) {
         diags.error(&span, None, format!("cannot set \"{key}\": {e}"));
+        return;
+    }
+    // `--set stages.x.path=...` over a source reading `hf`: the path stands in for it.
+    if let [section, stage, option] = path.as_slice()
+        && section == "stages"
+        && let Some(Value::Table(stages)) = root.get_mut(section).map(|e| &mut e.node.value)
+        && let Some(Value::Table(table)) = stages.get_mut(stage).map(|e| &mut e.node.value)
+    {
+        let kind = match table.get("kind").map(|k| &k.node.value) {
+            Some(Value::Str(k)) => registry.kind(k),
+            _ => None,
+        };
+        let spec = kind.and_then(|k| k.options.iter().find(|o| o.name == option.as_str()));
+        for other in spec.map(|s| s.instead_of).unwrap_or_default() {
+            table.remove(other);
+        }
     }
 }
 

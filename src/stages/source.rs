@@ -57,13 +57,15 @@ pub const HF_OPTIONS: &[OptionSpec] = &[
 const FORMATS: &[&str] = &["auto", "jsonl", "json", "csv", "tsv", "parquet"];
 
 const OPTIONS: &[OptionSpec] = &[
-    OptionSpec::optional("path", Ty::Files, "local file(s): a path or glob, or a list of them"),
-    OptionSpec::optional("hf", Ty::Struct(HF_OPTIONS), "a Hugging Face Hub dataset instead of local files"),
+    OptionSpec::optional("path", Ty::Files, "local file(s): a path or glob, or a list of them").instead_of(&["hf", "url"]),
+    OptionSpec::optional("hf", Ty::Struct(HF_OPTIONS), "a Hugging Face Hub dataset instead of local files")
+        .instead_of(&["path", "url"]),
     OptionSpec::optional(
         "url",
         Ty::StrList,
         "http(s) URL(s) of files instead of local files (cached in the output directory; re-read with a conditional request)",
-    ),
+    )
+    .instead_of(&["path", "hf"]),
     OptionSpec::default("format", Ty::Enum(FORMATS), "\"auto\"", "file format (auto: by extension)"),
     OptionSpec::optional("id_column", Ty::Str, "column holding the record id (default: \"id\" if present)"),
     OptionSpec::optional(

@@ -34,12 +34,14 @@ const SUBSETS: &[&str] = &["general", "role_specific"];
 const DESC: &str = "profiles-eng/desc.json";
 
 const OPTIONS: &[OptionSpec] = &[
-    OptionSpec::optional("path", Ty::Str, "local copy of the dataset's root (holding rolebench-eng/ and profiles-eng/)"),
+    OptionSpec::optional("path", Ty::Str, "local copy of the dataset's root (holding rolebench-eng/ and profiles-eng/)")
+        .instead_of(&["hf"]),
     OptionSpec::optional(
         "hf",
         Ty::Struct(crate::stages::source::HF_OPTIONS),
         "the hub repository instead of `path`, e.g. { repo = \"ZenMoore/RoleBench\" } (files default to the selected ones)",
-    ),
+    )
+    .instead_of(&["path"]),
     OptionSpec::default(
         "sets",
         Ty::StrList,
