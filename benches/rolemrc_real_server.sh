@@ -48,12 +48,15 @@ import json, sys
 m = json.load(open(sys.argv[1]))
 print(f"{'stage':<15}{'records':>8}{'first':>7}{'re-asked':>9}{'failed':>7}  structured")
 for name, st in m["stages"].items():
-    r = st.get("report", {})
-    met = r.get("metrics", {})
+    if st.get("status") == "failed":
+        print(f"{name:<15} failed, the run stopped: {(st.get('error') or '')[:160]}")
+        continue
+    r = st.get("report") or {}
+    met = r.get("metrics") or {}
     if "answers.first_attempt" not in met:
         continue
     info = r.get("info", {})
     print(f"{name:<15}{r.get('rows_in', 0):>8}{met['answers.first_attempt']:>7.0f}{met['answers.after_reask']:>9.0f}"
-          f"{met['answers.failed']:>7.0f}  {info.get('structured', '-')}")
+          f"{met['answers.failed']:>7.0f}  {info.get('structured', '-')}  {r.get('requests', 0)} requests, {r.get('wall_seconds', 0):.0f} s")
 PY
 done

@@ -501,3 +501,41 @@ fn sharp_local_profile_answers_in_role_and_reads_the_stances() {
     }
     assert!(out.join("card.md").is_file());
 }
+
+/// A model read through the hub (the real hf-hub client against a loopback hub with real
+/// revisions): `synth lock` records the commit of its file, `synth run --locked` reads that
+/// commit's file after `main` moved on, and an unlocked run follows `main`.
+#[test]
+fn a_hub_model_is_pinned_in_synth_lock() {
+    use crate::support::fake_hub::{self, FakeHub};
+    let _one = one_at_a_time();
+    let hub = FakeHub::new("token");
+    let weights = std::fs::read(model()).unwrap();
+    let first = hub.push("org/tiny-gguf", &[("m.gguf", &weights)]);
+    let (url, _stop) = fake_hub::serve(hub.clone());
+    let p = pipeline(
+        &format!("hub = {{ repo = \"org/tiny-gguf\", file = \"m.gguf\", endpoint = \"{url}\", cache_dir = \"hub\" }}"),
+        &["bread"],
+    );
+    p.write("p.toml", p.read("p.toml").replace(&format!("model = \"{}\"\n", model().display()), ""));
+    p.synth(&["lock", "p.toml"]).ok();
+    let lock = p.read("synth.lock");
+    assert!(lock.contains(&first) && lock.contains("org/tiny-gguf") && lock.contains("m.gguf"), "{lock}");
+    assert!(hub.downloads.lock().unwrap().is_empty(), "locking downloads nothing");
+    // `main` moves to a file that is not a model.
+    let second = hub.push("org/tiny-gguf", &[("m.gguf", b"not weights any more")]);
+    let r = p.synth(&["run", "p.toml", "--locked"]).ok();
+    let rows = parquet_rows(&p.path().join("out/answers.parquet"));
+    assert_eq!(rows.len(), 1, "{}", r.stderr);
+    let downloads = hub.downloads.lock().unwrap().clone();
+    assert!(downloads.iter().all(|d| d.ends_with(&first)), "{downloads:?}");
+    // Without the lock, the run follows `main` and stops at the file that is not GGUF.
+    let r = p.synth(&["run", "p.toml", "--force"]);
+    assert_ne!(r.code, 0);
+    assert!(r.stderr.contains("not a GGUF file"), "{}", r.stderr);
+    assert!(hub.downloads.lock().unwrap().iter().any(|d| d.ends_with(&second)));
+    // A lock without the model's commit: `--locked` names it.
+    p.write("synth.lock", lock.replace("org/tiny-gguf", "org/other"));
+    let r = p.synth(&["run", "p.toml", "--locked"]).code(78);
+    assert!(r.stderr.contains("org/tiny-gguf/m.gguf@main is not in synth.lock"), "{}", r.stderr);
+}

@@ -1,15 +1,51 @@
 //! `synth list`: every stage kind with its options and defaults — the engine's kinds,
 //! then each method's — plus the options common to all stages, those of the
-//! `[pipeline]` table, and the provider, embedder and parser kinds.
+//! `[pipeline]` table, and the provider, embedder and parser kinds; as text, or as the
+//! Markdown page `docs/reference.md`.
 
 use super::EXIT_OK;
 use crate::config::options::describe_specs;
 use crate::registry::Registry;
 use crate::stages::{Arity, COMMON_OPTIONS, KindInfo, Role};
 
-pub fn run() -> i32 {
-    print!("{}", render());
+pub fn run(markdown: bool) -> i32 {
+    print!("{}", if markdown { render_markdown() } else { render() });
     EXIT_OK
+}
+
+/// `render()` as a Markdown page: each section a `##` heading, each kind a `###` heading
+/// with its summary, its options as a preformatted block (they are aligned text).
+pub fn render_markdown() -> String {
+    let mut out = String::from(
+        "# Pipeline reference\n\nEvery stage, provider, embedder and parser kind synth checks pipelines against, with\n\
+         its options and defaults. Generated from the registry by `synth list --markdown >\n\
+         docs/reference.md`; a test fails when this page is stale.\n",
+    );
+    let mut in_options = false;
+    for line in render().lines() {
+        let options = line.starts_with("    ");
+        if in_options && !options {
+            out.push_str("```\n");
+            in_options = false;
+        }
+        if options {
+            if !in_options {
+                out.push_str("\n```text\n");
+                in_options = true;
+            }
+            out.push_str(&line[4..]);
+            out.push('\n');
+        } else if let Some(kind) = line.strip_prefix("  ") {
+            let name = kind.split([' ', ':']).next().unwrap_or(kind);
+            out.push_str(&format!("\n### `{name}`\n\n{kind}\n"));
+        } else if !line.is_empty() {
+            out.push_str(&format!("\n## {}\n", line.trim_end_matches(':')));
+        }
+    }
+    if in_options {
+        out.push_str("```\n");
+    }
+    out
 }
 
 pub fn render() -> String {

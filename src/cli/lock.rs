@@ -1,5 +1,5 @@
 //! `synth lock`: resolve every upstream of a pipeline (hub revisions to commits, local
-//! files to hashes; nothing is downloaded) and write its entry of `synth.lock`, with the
+//! files to hashes, `local` providers' hub models to commits; nothing is downloaded) and write its entry of `synth.lock`, with the
 //! models the providers served in the last run of its output directory. Without
 //! `--update` what is locked stays (new stages are added, drift is reported); `--update`
 //! takes everything as it is now.
@@ -52,6 +52,10 @@ pub fn run(args: &LockArgs) -> i32 {
         && manifest.pipeline.name == p.name
     {
         regen::lock::record_served(&mut fresh, &manifest);
+    }
+    if let Err(e) = runtime.block_on(regen::lock::record_models(&mut fresh, &p)) {
+        eprintln!("error: {e:#}");
+        return EXIT_RUNTIME;
     }
     match &existing {
         Some(old) => {

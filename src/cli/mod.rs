@@ -59,7 +59,11 @@ pub enum Command {
     /// Show the stage graph.
     Graph(GraphArgs),
     /// List stage kinds with their options and defaults.
-    List,
+    List {
+        /// As the Markdown page docs/reference.md (`synth list --markdown > docs/reference.md`).
+        #[arg(long)]
+        markdown: bool,
+    },
     /// Run a pipeline (incrementally: up-to-date stages are skipped).
     Run(RunArgs),
     /// Pin every upstream (hub commits, file hashes, served models) in synth.lock.
@@ -694,7 +698,7 @@ pub fn main() -> i32 {
     match cli.command {
         Command::Validate(a) => validate::run(&a),
         Command::Graph(a) => graph::run(&a),
-        Command::List => list::run(),
+        Command::List { markdown } => list::run(markdown),
         Command::Run(a) => run::run(&a, cli.quiet, cli.log_format),
         Command::Lock(a) => lock::run(&a),
         Command::Regenerate(a) => regenerate::run(&a, cli.quiet),

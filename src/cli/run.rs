@@ -22,8 +22,8 @@ enum Part {
 }
 
 pub fn run(args: &RunArgs, quiet: bool, log_format: super::LogFormat) -> i32 {
-    let p = match super::load_or_report(&args.pipeline) {
-        Ok(p) => Arc::new(p),
+    let mut p = match super::load_or_report(&args.pipeline) {
+        Ok(p) => p,
         Err(code) => return code,
     };
     let out_dir = args.out.clone().unwrap_or_else(|| p.output_dir.clone());
@@ -40,6 +40,14 @@ pub fn run(args: &RunArgs, quiet: bool, log_format: super::LogFormat) -> i32 {
             }
         }
     };
+    // `local` models read through the hub come from the locked commit.
+    if let Some(lock) = &lock
+        && let Err(e) = crate::regen::lock::pin_models(&mut p, lock)
+    {
+        eprintln!("error: {e}");
+        return EXIT_CONFIG;
+    }
+    let p = Arc::new(p);
     let (state, work) = match &args.state {
         None => (None, out_dir.clone()),
         Some(url) => {

@@ -105,6 +105,10 @@ pub struct ProviderLock {
     pub served: BTreeSet<String>,
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub system_fingerprint: BTreeSet<String>,
+    /// An in-process (`local`) provider's model file on the hub: the commit its revision
+    /// resolved to (`synth run --locked` downloads that commit's file).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub upstream: Vec<Upstream>,
 }
 
 /// The lock of one pipeline file under one profile.
@@ -261,6 +265,18 @@ pub fn changes(old: &PipelineLock, new: &PipelineLock) -> LockChanges {
     }
     for (name, n) in &new.providers {
         let Some(o) = old.providers.get(name) else { continue };
+        for up in &n.upstream {
+            match o.upstream.iter().find(|u| u.key() == up.key()) {
+                Some(prev) if prev.version() != up.version() => out.upstream.push(format!(
+                    "provider {name}: {} {} → {}",
+                    up.key().trim_start_matches("hub:"),
+                    short(prev.version()),
+                    short(up.version())
+                )),
+                Some(_) => {}
+                None => out.upstream.push(format!("provider {name}: new upstream {}", up.describe())),
+            }
+        }
         if o.model != n.model {
             out.models.push(format!("provider {name}: model {} → {}", o.model, n.model));
         } else if !o.served.is_empty() && !n.served.is_empty() && o.served != n.served {

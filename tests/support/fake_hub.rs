@@ -1,5 +1,5 @@
 //! A fake Hugging Face Hub on 127.0.0.1 (bounded in time) with real revisions: every
-//! repository has commits, branches and tags; datasets are read through the same
+//! repository has commits, branches and tags; datasets and models are read through the same
 //! endpoints hf-hub uses (revision info, ranged `resolve` downloads), and the write
 //! path checks what the real Hub checks: a Bearer token, the preupload call, the Git
 //! LFS batch API (basic and multipart uploads, SHA-256 and size verified), the NDJSON
@@ -227,6 +227,14 @@ async fn resolve(
         body,
     )
         .into_response()
+}
+
+async fn resolve_model(
+    state: State<Arc<FakeHub>>,
+    Path((org, name, rev, path)): Path<(String, String, String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    resolve(state, Path(("models".to_string(), org, name, rev, path)), headers).await
 }
 
 async fn preupload(
@@ -479,6 +487,8 @@ pub fn serve(hub: Arc<FakeHub>) -> (String, tokio::sync::oneshot::Sender<()>) {
         .route("/api/{kind}/{org}/{name}/commit/{rev}", post(commit))
         .route("/api/{kind}/{org}/{name}/tag/{rev}", post(tag))
         .route("/{kind}/{org}/{name}/resolve/{rev}/{*path}", get(resolve))
+        // A model repository's files have no kind in their URL: /{org}/{name}/resolve/...
+        .route("/{kind}/{org}/resolve/{rev}/{*path}", get(resolve_model))
         .route("/{kind}/{org}/{name}/info/lfs/objects/batch", post(lfs_batch))
         .route("/lfs/upload/{oid}", put(lfs_upload))
         .route("/lfs/part/{oid}/{n}", put(lfs_part))

@@ -133,7 +133,8 @@ fn auto() -> String {
 }
 
 impl HubModel {
-    fn spec(&self) -> crate::hub::HubSpec {
+    /// The model repository as the hub code resolves it (one file, `repo_type = "model"`).
+    pub fn spec(&self) -> crate::hub::HubSpec {
         crate::hub::HubSpec {
             repo: self.repo.clone(),
             revision: self.revision.clone(),
@@ -221,6 +222,9 @@ pub fn model_file(o: &LocalOptions, root: &Path, offline: bool) -> Result<(PathB
     })
     .with_context(|| format!("the model {} of {}", hub.file, hub.repo))?;
     let (_, path) = files.files.into_iter().next().context("the hub returned no file")?;
+    if !is_gguf(&path).with_context(|| format!("reading the model {}", path.display()))? {
+        bail!("{}/{}@{} ({}) is not a GGUF file", hub.repo, hub.file, files.commit, path.display());
+    }
     Ok((path, Some(files.commit)))
 }
 
