@@ -17,9 +17,11 @@ pub const ENDPOINT_OPTIONS: [OptionSpec; 5] = [
         Ty::Str,
         "\"OPENAI_BASE_URL\"",
         "environment variable read when base_url is not set",
-    ),
+    )
+    .instead_of(&["base_url"]),
     OptionSpec::optional("model", Ty::Str, "model name"),
-    OptionSpec::optional("model_env", Ty::Str, "environment variable holding the model name (when model is not set)"),
+    OptionSpec::optional("model_env", Ty::Str, "environment variable holding the model name (when model is not set)")
+        .instead_of(&["model"]),
     OptionSpec::default("api_key_env", Ty::Str, "\"OPENAI_API_KEY\"", "environment variable holding the API key")
         .runtime_only(),
 ];

@@ -167,7 +167,8 @@ const ANTHROPIC_OPTIONS: &[OptionSpec] = &[
         Ty::Str,
         "\"ANTHROPIC_BASE_URL\"",
         "environment variable read when base_url is not set",
-    ),
+    )
+    .instead_of(&["base_url"]),
     ENDPOINT_OPTIONS[2],
     ENDPOINT_OPTIONS[3],
     OptionSpec::default("api_key_env", Ty::Str, "\"ANTHROPIC_API_KEY\"", "environment variable holding the API key")

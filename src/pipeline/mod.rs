@@ -305,9 +305,9 @@ fn apply_profile(
 
 /// How a profile's table for a stage, provider or embedder meets the base's table:
 /// - it merges over it key by key (the base's `types`, `parallel`, ... stay unless the
-///   profile sets them), also when it repeats the base's `kind`; a stage option that
-///   stands in for others (`path` for a source's `hf` or `url`: `OptionSpec::instead_of`)
-///   drops those from the base;
+///   profile sets them), also when it repeats the base's `kind`; an option that stands
+///   in for others (a source's `path` for `hf` or `url`, a provider's `model_env` for
+///   `model`: `OptionSpec::instead_of`) drops those from the base;
 /// - `replace = true` in the profile's table replaces the base's table as a whole;
 /// - a profile's table with another `kind` than the base's replaces it too (the base's
 ///   options belong to another kind), with a warning naming every option of the base
@@ -379,11 +379,8 @@ fn resolve_redefined(
                     }
                 }
                 base.remove(&e.key);
-            } else if section == "stages"
-                && let Some(info) = new_kind.or(old_kind).and_then(|k| registry.kind(&k))
-            {
-                let gone: Vec<&str> = info
-                    .options
+            } else if let Some(specs) = new_kind.or(old_kind).and_then(|k| option_specs(registry, section, &k)) {
+                let gone: Vec<&str> = specs
                     .iter()
                     .filter(|o| t.get(o.name).is_some())
                     .flat_map(|o| o.instead_of.iter().copied())
@@ -395,6 +392,16 @@ fn resolve_redefined(
                 }
             }
         }
+    }
+}
+
+/// The options of a stage, provider or embedder kind (`section` is the table it is under).
+fn option_specs(registry: &Registry, section: &str, kind: &str) -> Option<&'static [OptionSpec]> {
+    match section {
+        "stages" => registry.kind(kind).map(|k| k.options),
+        "providers" => crate::llm::provider::PROVIDER_KINDS.iter().find(|k| k.name == kind).map(|k| k.options),
+        "embedders" => crate::embed::EMBEDDER_KINDS.iter().find(|k| k.name == kind).map(|k| k.options),
+        _ => None,
     }
 }
 
@@ -417,15 +424,14 @@ fn apply_set(root: &mut Table, set: &str, registry: &Registry, diags: &mut Diagn
     }
     // `--set stages.x.path=...` over a source reading `hf`: the path stands in for it.
     if let [section, stage, option] = path.as_slice()
-        && section == "stages"
         && let Some(Value::Table(stages)) = root.get_mut(section).map(|e| &mut e.node.value)
         && let Some(Value::Table(table)) = stages.get_mut(stage).map(|e| &mut e.node.value)
     {
-        let kind = match table.get("kind").map(|k| &k.node.value) {
-            Some(Value::Str(k)) => registry.kind(k),
+        let specs = match table.get("kind").map(|k| &k.node.value) {
+            Some(Value::Str(k)) => option_specs(registry, section, k),
             _ => None,
         };
-        let spec = kind.and_then(|k| k.options.iter().find(|o| o.name == option.as_str()));
+        let spec = specs.and_then(|s| s.iter().find(|o| o.name == option.as_str()));
         for other in spec.map(|s| s.instead_of).unwrap_or_default() {
             table.remove(other);
         }
