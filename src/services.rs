@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use anyhow::{Result, anyhow};
+use anyhow::{Context, Result, anyhow};
 
 use crate::config::decl::Decl;
 use crate::llm::batch::{Deferred, Route};
@@ -188,6 +188,35 @@ impl Services {
         let decl = self.provider_decl(name)?.clone();
         let provider = Arc::new(Provider::build(&decl, &self.root, &self.rates, &self.shapes)?);
         self.built.lock().expect("built").insert(name.to_string(), provider.clone());
+        Ok(provider)
+    }
+
+    /// A `local` provider with another model file: a checkpoint a stage upstream exported
+    /// (`generate`'s `checkpoint`). Its identity, cache keys included, is that file's content
+    /// hash; built once per file and run.
+    pub fn provider_with_model(&self, name: &str, model: &std::path::Path) -> Result<Arc<Provider>> {
+        let key = format!("{name}\u{0}{}", model.display());
+        if let Some(p) = self.built.lock().expect("built").get(&key) {
+            return Ok(p.clone());
+        }
+        let mut decl = self.provider_decl(name)?.clone();
+        if decl.kind != "local" {
+            anyhow::bail!(
+                "provider \"{name}\" is of kind \"{}\": a checkpoint's model runs on a \"local\" provider",
+                decl.kind
+            );
+        }
+        if let Some(o) = decl.options.as_object_mut() {
+            o.insert("model".into(), model.display().to_string().into());
+            // The checkpoint is this file, not the hub's, and has its own hash.
+            o.remove("hub");
+            o.remove("sha256");
+        }
+        let provider = Arc::new(
+            Provider::build(&decl, &self.root, &self.rates, &self.shapes)
+                .with_context(|| format!("loading the checkpoint {} on provider \"{name}\"", model.display()))?,
+        );
+        self.built.lock().expect("built").insert(key, provider.clone());
         Ok(provider)
     }
 

@@ -297,6 +297,53 @@ fn a_prompt_longer_than_the_context_fails_its_record_and_the_run_goes_on() {
     assert_eq!(failed[0]["id"], "records-1");
 }
 
+/// A GGUF file with no tensors whose architecture is "no-such-arch".
+fn odd_gguf() -> Vec<u8> {
+    let mut gguf = Vec::new();
+    gguf.extend_from_slice(b"GGUF");
+    gguf.extend_from_slice(&3u32.to_le_bytes());
+    gguf.extend_from_slice(&0u64.to_le_bytes()); // tensors
+    gguf.extend_from_slice(&1u64.to_le_bytes()); // key-value pairs
+    let key = b"general.architecture";
+    gguf.extend_from_slice(&(key.len() as u64).to_le_bytes());
+    gguf.extend_from_slice(key);
+    gguf.extend_from_slice(&8u32.to_le_bytes()); // string
+    let value = b"no-such-arch";
+    gguf.extend_from_slice(&(value.len() as u64).to_le_bytes());
+    gguf.extend_from_slice(value);
+    gguf
+}
+
+/// The export of a trained checkpoint to GGUF (`pipelines/trainers/export_gguf.py`) names
+/// what is wrong: a checkpoint folder without weights, a template of an architecture it
+/// does not map.
+#[test]
+fn the_gguf_export_names_a_folder_without_weights_and_an_unknown_architecture() {
+    let Some(py) = support::torch_python() else { return };
+    let p = Project::new();
+    p.write("empty/config.json", "{}");
+    p.write("odd.gguf", odd_gguf());
+    let script = support::repo().join("pipelines/trainers/export_gguf.py");
+    let export = |template: &std::path::Path, checkpoint: &str| {
+        let out = std::process::Command::new(&py)
+            .arg(&script)
+            .arg("--template")
+            .arg(template)
+            .args(["--checkpoint", checkpoint, "--out", "x.gguf"])
+            .current_dir(p.path())
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).to_string())
+    };
+    let (code, err) = export(&model(), "empty");
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("empty: no weights") && err.contains("found config.json"), "{err}");
+    let (code, err) = export(&p.path().join("odd.gguf"), "empty");
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("odd.gguf: architecture 'no-such-arch' is not supported"), "{err}");
+    assert!(!p.path().join("x.gguf").exists());
+}
+
 #[test]
 fn bad_model_files_are_errors_naming_them() {
     let _one = one_at_a_time();
@@ -312,19 +359,7 @@ fn bad_model_files_are_errors_naming_them() {
     let r = p.synth(&["validate", "p.toml"]).code(78);
     assert!(r.stderr.contains("notes.gguf") && r.stderr.contains("not a GGUF file"), "{}", r.stderr);
     // A GGUF file of an architecture llama.cpp does not know: the run stops naming it.
-    let mut gguf = Vec::new();
-    gguf.extend_from_slice(b"GGUF");
-    gguf.extend_from_slice(&3u32.to_le_bytes());
-    gguf.extend_from_slice(&0u64.to_le_bytes()); // tensors
-    gguf.extend_from_slice(&1u64.to_le_bytes()); // key-value pairs
-    let key = b"general.architecture";
-    gguf.extend_from_slice(&(key.len() as u64).to_le_bytes());
-    gguf.extend_from_slice(key);
-    gguf.extend_from_slice(&8u32.to_le_bytes()); // string
-    let value = b"no-such-arch";
-    gguf.extend_from_slice(&(value.len() as u64).to_le_bytes());
-    gguf.extend_from_slice(value);
-    p.write("odd.gguf", gguf);
+    p.write("odd.gguf", odd_gguf());
     p.write("p.toml", text.replace(&model().display().to_string(), "odd.gguf"));
     p.synth(&["validate", "p.toml"]).ok();
     let r = p.synth(&["run", "p.toml"]);
@@ -402,7 +437,8 @@ fn rolemrc_local_profile_fills_its_counts_from_first_try_profiles_and_repeats_it
     let small = [
         "stages.personas.n=2",
         "stages.plan.counts={free_chat=0,onscene_chat=1,answer=1,no_answer=0,refusal=0,attempt=0,multi_turn=0,nested=1,prioritized=0}",
-        "stages.plan.test={per_task=0,nested_content=[0,0],nested_format=[0,0],prioritized=[0,0]}",
+        // Two test questions, for the whole loop (`whole_loop_on`).
+        "stages.plan.test={per_task=0,nested_content=[1,1],nested_format=[0,0],prioritized=[0,0]}",
         // Two tries per dialogue, not the profile's five (CI's time: a spare fills a failure).
         "stages.onscene_chats.max_attempts=2",
     ];
@@ -440,6 +476,72 @@ fn rolemrc_local_profile_fills_its_counts_from_first_try_profiles_and_repeats_it
     for (name, bytes) in &second_run {
         assert!(first_run.get(name) == Some(bytes), "{name} differs between the two runs");
     }
+    whole_loop_on(&p, &a);
+}
+
+/// The whole loop on real weights, on the data the run in `data` synthesized
+/// (`pipelines/rolemrc-train-eval.toml --profile local` at CI size: a few steps per phase):
+/// the reference TRL trainer fine-tunes the GGUF model (SFT, then DPO), exports base / SFT /
+/// DPO back to GGUF, the three answer the test split on the local provider, are scored and
+/// judged, and one report holds the three rows, the neuron analysis and the loss curves.
+fn whole_loop_on(p: &Project, data: &std::path::Path) {
+    let Some(_) = support::torch_python() else { return };
+    let source = |split: &str| format!("stages.{split}.path=\"{}\"", data.join(format!("{split}.parquet")).display());
+    let small = [
+        source("sft"),
+        source("dpo"),
+        source("test"),
+        // The smallest that still trains: 2 steps a phase, one sequence a step, no warmup (a
+        // warmup step has learning rate 0).
+        "stages.train.hyperparameters={sft_lr=1e-5,dpo_lr=2e-5,beta=0.1,batch_size=1,grad_acc=1,epochs=1,warmup_ratio=0.0,scheduler=\"cosine\",bf16=false,max_steps=2}".to_string(),
+        // Short answers (CI's time; the profile's are RoleMRC's 256 tokens).
+        "providers.candidate.max_tokens=48".to_string(),
+    ];
+    let sets: Vec<&str> = small.iter().map(String::as_str).collect();
+    let out = run_local_profile(p, "pipelines/rolemrc-train-eval.toml", "loop", &sets);
+    // Three rows in the Table 3 layout and in the judge's table.
+    let report = parquet_rows(&out.join("report.parquet"));
+    for table in ["metrics", "judge"] {
+        let labels: std::collections::BTreeSet<&str> = report
+            .iter()
+            .filter(|r| r["table"] == table && r["group"] == "overall")
+            .filter_map(|r| r["label"].as_str())
+            .collect();
+        assert_eq!(labels, ["DPO", "SFT", "base"].into_iter().collect(), "{table}: {report:?}");
+    }
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("| base |") && md.contains("| SFT |") && md.contains("| DPO |"), "{md}");
+    // The loss curve: a line per phase.
+    let svg = std::fs::read_to_string(out.join("training.svg")).unwrap();
+    assert!(svg.matches("<polyline").count() >= 2, "{svg}");
+    assert!(md.contains("(training.svg)"), "{md}");
+    // The trained models differ from the base, and from each other, by their weights.
+    let hash = |f: &str| blake3::hash(&std::fs::read(out.join("train").join(f)).unwrap());
+    let (base, sft, dpo) = (hash("base.gguf"), hash("sft.gguf"), hash("dpo.gguf"));
+    assert!(base != sft && sft != dpo && base != dpo, "the exported checkpoints are not all different");
+    let weights = |d: &str| blake3::hash(&std::fs::read(out.join("train").join(d).join("model.safetensors")).unwrap());
+    assert_ne!(weights("base"), weights("sft"));
+    assert_ne!(weights("sft"), weights("dpo"));
+    // Each chain answered with its own model.
+    for (stage, file) in [("answered_base", "base.gguf"), ("answered_sft", "sft.gguf"), ("answered", "dpo.gguf")] {
+        let rows = parquet_rows(&out.join(format!("{stage}.parquet")));
+        assert!(!rows.is_empty() && rows.iter().all(|r| r["model"] == file), "{stage}: {rows:?}");
+    }
+    let m = support::manifest(&out);
+    let train = &m["stages"]["train"]["report"];
+    let margin = train["metrics"]["dpo.reward_margin"].as_f64().expect("a DPO reward margin");
+    assert!(margin.is_finite(), "{margin}");
+    assert_eq!(m["stages"]["neurons"]["status"], "ran");
+    // A re-run resumes: the trainer finds every phase finished (same data, same settings).
+    let file = support::repo().join("pipelines/rolemrc-train-eval.toml").display().to_string();
+    let mut args =
+        vec!["run", file.as_str(), "--profile", "local", "--out", out.to_str().unwrap(), "--force", "--until", "train"];
+    for s in &sets {
+        args.extend_from_slice(&["--set", s]);
+    }
+    let again = p.synth(&args).ok();
+    assert!(again.stderr.contains("dpo: finished earlier with the same data and settings"), "{}", again.stderr);
+    assert_eq!(hash("dpo.gguf"), dpo);
 }
 
 #[test]

@@ -15,7 +15,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 python=$(command -v python3 || command -v python)
 
-PACKAGES="torch==2.15.0 transformers==5.24.0 trl==1.16.0 datasets==5.2.0 accelerate==1.15.0 numpy==2.4.6 matplotlib==3.11.2"
+# gguf (gguf-py): transformers loads a GGUF base model with it, and pipelines/trainers/export_gguf.py
+# writes trained checkpoints back to GGUF for the local provider.
+PACKAGES="torch==2.15.0 transformers==5.24.0 trl==1.16.0 datasets==5.2.0 accelerate==1.15.0 numpy==2.4.6 matplotlib==3.11.2 gguf==0.19.0"
 UV="uv==0.13.9"
 venv=.tools/torchvenv
 if [ "$(cat .tools/torchpy.packages 2>/dev/null)" = "$PACKAGES" ] && [ -x .tools/torchpy ]; then
@@ -23,12 +25,16 @@ if [ "$(cat .tools/torchpy.packages 2>/dev/null)" = "$PACKAGES" ] && [ -x .tools
 fi
 echo "installing PyTorch for the CPU path ($PACKAGES) into $venv"
 mkdir -p .tools
-rm -rf "$venv" .tools/torchpy .tools/torchpy.packages
-"$python" -m venv "$venv"
-"$venv/bin/python" -m pip install --quiet "$UV"
+rm -f .tools/torchpy .tools/torchpy.packages
+# A venv from an earlier list is kept: uv installs only what changed (torch is 1.7 GB).
+if ! "$venv/bin/python" -c "" 2>/dev/null || [ ! -x "$venv/bin/uv" ]; then
+  rm -rf "$venv"
+  "$python" -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet "$UV"
+fi
 # One download, no cache left behind (the venv is the only copy).
 "$venv/bin/uv" pip install --quiet --no-cache --python "$venv/bin/python" $PACKAGES
 printf '#!/bin/sh\nexec "%s/%s/bin/python" "$@"\n' "$PWD" "$venv" > .tools/torchpy
 chmod +x .tools/torchpy
-.tools/torchpy -c "import torch, transformers, trl, matplotlib; print('torch', torch.__version__, 'transformers', transformers.__version__, 'trl', trl.__version__)"
+.tools/torchpy -c "import torch, transformers, trl, matplotlib, gguf; print('torch', torch.__version__, 'transformers', transformers.__version__, 'trl', trl.__version__)"
 echo "$PACKAGES" > .tools/torchpy.packages

@@ -96,6 +96,18 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--phases", default="sft,dpo", help="which phases to run, in order")
     p.add_argument(
+        "--export-gguf",
+        default="",
+        choices=["", "same", "f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"],
+        help="with a GGUF --base-model: also write <output-dir>/{base,sft,dpo}.gguf (export_gguf.py; the base through the same round trip, checked tensor by tensor) for synth's local provider",
+    )
+    p.add_argument(
+        "--full-determinism",
+        type=as_bool,
+        default=True,
+        help="transformers' enable_full_determinism (deterministic torch algorithms): same config, same weights on the same machine",
+    )
+    p.add_argument(
         "--tiny-random-llama",
         action="store_true",
         help="smoke test: a tiny random Llama and a word-level tokenizer from the data instead of --base-model",
@@ -211,20 +223,40 @@ def build_tiny_llama(args, directory):
     return directory
 
 
+def gguf_args(model_path):
+    """from_pretrained arguments of a model path: a `.gguf` file is loaded (dequantized to
+    float32) by transformers from its folder with `gguf_file`."""
+    if model_path.endswith(".gguf"):
+        if not os.path.isfile(model_path):
+            sys.exit(f"trl_train: {model_path}: no such GGUF file")
+        return os.path.dirname(os.path.abspath(model_path)), {"gguf_file": os.path.basename(model_path)}
+    return model_path, {}
+
+
 def load(model_path):
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    where, extra = gguf_args(model_path)
+    if extra:
+        extra["dtype"] = torch.float32
+    tokenizer = AutoTokenizer.from_pretrained(where, **{k: v for k, v in extra.items() if k == "gguf_file"})
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     if tokenizer.chat_template is None:
         # Base models ship without one; TRL needs it for conversational data.
         tokenizer.chat_template = CHAT_TEMPLATE
         tokenizer.add_special_tokens({"additional_special_tokens": ROLE_TOKENS})
-    model = AutoModelForCausalLM.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(where, **extra)
     if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
         model.resize_token_embeddings(len(tokenizer))
     return model, tokenizer
+
+
+LAST_LOGGED = {}
+# phase → every SYNTH_PROGRESS payload (kept in the phase's marker: a resumed run reports
+# the same loss curve again).
+PROGRESS = {}
 
 
 def synth_callback(phase):
@@ -240,9 +272,12 @@ def synth_callback(phase):
             payload = {"phase": phase, "step": state.global_step, "total": state.max_steps}
             for key in ("loss", "learning_rate", "grad_norm", "rewards/accuracies", "rewards/margins", "epoch"):
                 value = logs.get(key)
-                if isinstance(value, (int, float)) and math.isfinite(value):
-                    payload[key] = value
+                if isinstance(value, (int, float)):
+                    # A non-finite loss or margin is reported as such (as a string), not dropped.
+                    payload[key] = value if math.isfinite(value) else str(value)
+                    LAST_LOGGED.setdefault(phase, {})[key] = payload[key]
             emit("SYNTH_PROGRESS", payload)
+            PROGRESS.setdefault(phase, []).append(payload)
 
         def on_save(self, args, state, control, **kwargs):
             if state.is_world_process_zero:
@@ -290,18 +325,110 @@ def common_config(args, phase, lr):
         report_to="none",
         disable_tqdm=True,  # progress goes to synth as SYNTH_PROGRESS
         seed=args.seed,
+        data_seed=args.seed,
+        full_determinism=args.full_determinism,
     )
 
 
 def finish(trainer, tokenizer, phase, result):
+    """Save the phase's model; its checkpoint line and metrics (emitted by `complete`)."""
     out = trainer.args.output_dir
     trainer.save_model(out)
     if trainer.is_world_process_zero():
         tokenizer.save_pretrained(out)  # with the chat template, so vLLM can serve the checkpoint
-    emit("SYNTH_CHECKPOINT", {"phase": phase, "path": out, "step": trainer.state.global_step, "final": True})
     metrics = {k: v for k, v in result.metrics.items() if isinstance(v, (int, float, str))}
     metrics["global_step"] = trainer.state.global_step
-    emit("SYNTH_METRICS", {"phase": phase, **metrics})
+    import torch
+
+    if torch.cuda.is_available():
+        metrics["peak_gpu_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    last = LAST_LOGGED.get(phase, {})
+    if phase == "dpo":
+        # The last logged reward margin and accuracy (chosen vs rejected) of the DPO phase.
+        for key, name in (("rewards/margins", "reward_margin"), ("rewards/accuracies", "reward_accuracy")):
+            if key in last:
+                metrics[name] = last[key]
+    return out, trainer.state.global_step, metrics
+
+
+# --- Resuming a chain: a phase that finished (its model saved, exported when asked) leaves a
+# marker naming what it was trained from; a re-run with the same inputs reports it again
+# instead of training it again.
+
+
+def file_digest(path):
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def phase_key(args, phase, start):
+    """What a phase's result depends on: its data, the model it starts from, the settings."""
+    import hashlib
+
+    data = args.sft if phase == "sft" else args.dpo
+    settings = {k: v for k, v in vars(args).items() if k not in ("output_dir", "check", "phases")}
+    doc = json.dumps({"phase": phase, "data": file_digest(data), "start": start, "settings": settings}, sort_keys=True, default=str)
+    return hashlib.sha256(doc.encode()).hexdigest()
+
+
+def marker_path(args, phase):
+    return os.path.join(args.output_dir, f"{phase}.done.json")
+
+
+def finished(args, phase, key):
+    """The marker of a phase finished earlier with this key, if its files are all there."""
+    try:
+        with open(marker_path(args, phase), encoding="utf-8") as f:
+            m = json.load(f)
+    except (OSError, ValueError):
+        return None
+    files = [m.get("path")] + ([m["gguf"]] if m.get("gguf") else [])
+    if m.get("key") != key or not all(p and os.path.exists(p) for p in files):
+        return None
+    return m
+
+
+def complete(args, phase, key, path, step, metrics, gguf=None, progress=None):
+    """Report a finished phase to synth and leave its marker (written last: atomically).
+    `progress`: the logged steps of a phase finished earlier, reported again."""
+    for payload in progress or []:
+        emit("SYNTH_PROGRESS", payload)
+    progress = progress if progress is not None else PROGRESS.get(phase, [])
+    line = {"phase": phase, "path": path, "step": step, "final": True}
+    if gguf:
+        line["gguf"] = gguf
+    emit("SYNTH_CHECKPOINT", line)
+    if metrics:
+        emit("SYNTH_METRICS", {"phase": phase, **metrics})
+    if main_process():
+        marker = {"key": key, "path": path, "step": step, "metrics": metrics, "gguf": gguf, "progress": progress}
+        tmp = marker_path(args, phase) + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(marker, f, sort_keys=True)
+        os.replace(tmp, marker_path(args, phase))
+
+
+def export_gguf(args, phase, checkpoint=None, state=None):
+    """`<output-dir>/<phase>.gguf` from a checkpoint folder (or, for the base, the loaded
+    weights, checked against the template)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import export_gguf as exporter
+
+    out = os.path.join(args.output_dir, f"{phase}.gguf")
+    try:
+        if state is None:
+            state = exporter.load_checkpoint(checkpoint)
+        n = exporter.export(
+            args.base_model, state, out, args.export_gguf, verify=phase == "base", source=checkpoint or args.base_model
+        )
+    except exporter.ExportError as e:
+        sys.exit(f"trl_train: exporting {phase} to GGUF: {e}")
+    log(f"{phase}: exported {n} tensors as {args.export_gguf} to {out}")
     return out
 
 
@@ -363,12 +490,50 @@ def main(argv=None):
     model_path = args.base_model
     if args.tiny_random_llama:
         model_path = build_tiny_llama(args, os.path.join(args.output_dir, "tiny-random-llama"))
+    if args.export_gguf and (args.tiny_random_llama or not args.base_model.endswith(".gguf")):
+        sys.exit("trl_train: --export-gguf needs a GGUF --base-model (the export's template: metadata, tokenizer, tensor list)")
     log(f"base model {model_path}; phases {phases}")
-    for phase in phases:
-        if phase == "sft":
-            model_path = train_sft(args, model_path)
+    start = model_path
+    if model_path.endswith(".gguf"):
+        # Trainers refuse a model loaded from GGUF (transformers marks it quantized): the base
+        # is dequantized once into a plain checkpoint, <output-dir>/base, and trained from there.
+        import hashlib
+
+        digest = file_digest(args.base_model)
+        key = hashlib.sha256(json.dumps({"base": digest, "export": args.export_gguf}).encode()).hexdigest()
+        hf_base = os.path.join(args.output_dir, "base")
+        m = finished(args, "base", key)
+        if m:
+            log(f"base: dequantized earlier into {hf_base}")
+            complete(args, "base", key, m["path"], None, None, m.get("gguf"))
         else:
-            model_path = train_dpo(args, model_path)
+            model, tokenizer = load(args.base_model)
+            # Dequantized already: a plain float32 model from here on.
+            model.hf_quantizer = None
+            model.is_quantized = False
+            model.config.__dict__.pop("quantization_config", None)
+            model.save_pretrained(hf_base)
+            tokenizer.save_pretrained(hf_base)
+            del model
+            log(f"base: {args.base_model} dequantized into {hf_base}")
+            # The base through the same round trip as the trained models (dequantized, then
+            # stored as --export-gguf), so the three compare at one precision.
+            gguf = export_gguf(args, "base", checkpoint=hf_base) if args.export_gguf else None
+            complete(args, "base", key, hf_base, None, None, gguf)
+        model_path, start = hf_base, key
+    for phase in phases:
+        key = phase_key(args, phase, start)
+        m = finished(args, phase, key)
+        if m:
+            log(f"{phase}: finished earlier with the same data and settings ({marker_path(args, phase)}), not trained again")
+            complete(args, phase, key, m["path"], m["step"], m["metrics"], m.get("gguf"), m.get("progress") or [])
+            model_path = m["path"]
+        else:
+            trained = train_sft(args, model_path) if phase == "sft" else train_dpo(args, model_path)
+            model_path, step, metrics = trained
+            gguf = export_gguf(args, phase, checkpoint=model_path) if args.export_gguf else None
+            complete(args, phase, key, model_path, step, metrics, gguf)
+        start = key
     log(f"done: final model in {model_path}")
 
 

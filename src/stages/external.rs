@@ -179,7 +179,8 @@ fn progress(ctx: &RunCtx, phase: &str, v: &Value) {
 }
 
 /// Run the program to its end, following its output. `on_protocol(tag, phase, object)`
-/// gets every protocol line but `SYNTH_PROGRESS` and returns whether it knows the tag.
+/// gets every protocol line and returns whether it knows the tag (`SYNTH_PROGRESS` also
+/// goes to the stage's progress, known or not).
 /// Errors: a non-zero exit or the time limit (with the last lines of output), or
 /// [`Cancelled`].
 pub async fn run(
@@ -235,6 +236,8 @@ pub async fn run(
                     Some(Some((tag, phase, v))) => {
                         if tag == "SYNTH_PROGRESS" {
                             progress(ctx, &phase, &v);
+                            // Also to the caller (e.g. the loss curve); knowing it is optional.
+                            on_protocol(tag, phase, v);
                         } else if !on_protocol(tag, phase, v) {
                             tracing::warn!(stage = %ctx.name, "{what}: unknown protocol line {tag}");
                         }

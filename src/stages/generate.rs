@@ -4,6 +4,9 @@
 //! set (a method's pipelines pin their own values), the answer kept as the model wrote it
 //! (column `response`), cached and rate-limited like every LLM stage. One stage per
 //! candidate model; a `report` compares them. This is the `llm` kind with those presets.
+//! With `checkpoint = "PHASE"` and a `train` stage as second input, the model is that
+//! phase's checkpoint as the trainer exported it to GGUF, run on the (`local`) provider
+//! in place of its own model file: base, SFT and DPO answer the same questions.
 
 use serde::Deserialize;
 use serde_json::json;
@@ -27,6 +30,11 @@ const OPTIONS: &[OptionSpec] = &[
     llm::BATCH,
     llm::BATCH_FALLBACK,
     llm::MAX_COST_USD,
+    OptionSpec::optional(
+        "checkpoint",
+        Ty::Str,
+        "answer with this phase's checkpoint (e.g. \"sft\"), the GGUF a `train` stage given as second input exported, on the provider (kind \"local\") in place of its model",
+    ),
 ];
 
 pub static KIND: KindInfo = KindInfo {
@@ -34,7 +42,8 @@ pub static KIND: KindInfo = KindInfo {
     version: 1,
     about: "answer each row's conversation with a model (temperature 0, 256 tokens): column `response`",
     role: Role::Transform,
-    arity: Arity::Exactly(1),
+    // A second input only with `checkpoint` (checked at plan time).
+    arity: Arity::AtLeast(1),
     options: OPTIONS,
     uses_seed: false,
     summary: false,
@@ -57,6 +66,7 @@ struct Options {
     batch: Option<bool>,
     batch_fallback: Option<String>,
     max_cost_usd: Option<f64>,
+    checkpoint: Option<String>,
 }
 
 fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> {
@@ -87,6 +97,7 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
         batch: o.batch,
         batch_fallback: o.batch_fallback,
         max_cost_usd: o.max_cost_usd,
+        checkpoint: o.checkpoint,
     };
     build_with(opts, ctx, diags)
 }

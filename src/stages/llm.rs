@@ -161,6 +161,10 @@ pub(super) struct Options {
     pub(super) batch: Option<bool>,
     pub(super) batch_fallback: Option<String>,
     pub(super) max_cost_usd: Option<f64>,
+    /// `generate` only: answer with this phase's exported checkpoint (the second input's
+    /// `gguf`) on the `local` provider instead of the provider's own model.
+    #[serde(default)]
+    pub(super) checkpoint: Option<String>,
 }
 
 fn structured_auto() -> String {
@@ -404,6 +408,27 @@ impl Stage for Llm {
         if let Some(s) = &self.opts.schema {
             ctx.files.push(ctx.root.join(s));
         }
+        match (&self.opts.checkpoint, ctx.inputs.len()) {
+            (Some(_), 2) => {
+                ctx.require_columns("checkpoint", 1, ["phase", "gguf"]);
+                let kind = ctx.providers.get(&self.opts.provider).map(|d| d.kind.clone());
+                if let Some(kind) = kind.filter(|k| k != "local") {
+                    ctx.error(
+                        "checkpoint",
+                        format!(
+                            "provider \"{}\" is of kind \"{kind}\": a checkpoint's GGUF runs on a \"local\" provider",
+                            self.opts.provider
+                        ),
+                    );
+                }
+            }
+            (Some(_), n) => ctx.error(
+                "checkpoint",
+                format!("checkpoint needs a second input, the train stage that exported it (inputs = [\"test\", \"train\"]); found {n}"),
+            ),
+            (None, 1) => {}
+            (None, n) => ctx.error("inputs", format!("one input (a second only with `checkpoint`); found {n}")),
+        }
         let input = ctx.input_schema(0)?;
         match self.output_schema(&input) {
             Ok(s) => Some(s),
@@ -423,8 +448,17 @@ impl Stage for Llm {
     }
 
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
-        let (provider, call, concurrency) =
-            start_provider(ctx, &self.opts.provider, self.opts.concurrency, self.opts.max_cost_usd)?;
+        let model = match &self.opts.checkpoint {
+            Some(phase) => Some(checkpoint_gguf(ctx, phase)?),
+            None => None,
+        };
+        let (provider, call, concurrency) = start_provider_with(
+            ctx,
+            &self.opts.provider,
+            model.as_deref(),
+            self.opts.concurrency,
+            self.opts.max_cost_usd,
+        )?;
         let schema = self.output_schema(&ctx.inputs[0].schema).map_err(|m| anyhow!(m))?;
         let rate = provider.rate.clone();
         let services = ctx.services.clone();
@@ -819,7 +853,54 @@ pub(crate) fn start_provider(
     concurrency: Option<usize>,
     max_cost_usd: Option<f64>,
 ) -> Result<(Arc<Provider>, CallCtx, usize)> {
-    let p = ctx.services.provider(provider).with_context(|| format!("provider \"{provider}\""))?;
+    start_provider_with(ctx, provider, None, concurrency, max_cost_usd)
+}
+
+/// The GGUF file the second input (a `train` stage's checkpoints) exported for `phase`.
+fn checkpoint_gguf(ctx: &RunCtx, phase: &str) -> Result<std::path::PathBuf> {
+    let input = ctx.inputs.get(1).ok_or_else(|| anyhow!("checkpoint needs a second input (a train stage)"))?;
+    let (_, batches) = crate::store::parquet::read_all(&input.path)?;
+    let mut found = None;
+    let mut phases = Vec::new();
+    for b in &batches {
+        for i in 0..b.num_rows() {
+            let r = data::row_json(b, i);
+            let p = r.get("phase").and_then(Value::as_str).unwrap_or_default().to_string();
+            if let Some(g) = r.get("gguf").and_then(Value::as_str) {
+                if p == phase {
+                    // The last one of the phase is its result.
+                    found = Some(g.to_string());
+                }
+                phases.push(p);
+            }
+        }
+    }
+    let rel = found.ok_or_else(|| {
+        anyhow!(
+            "no GGUF checkpoint of phase \"{phase}\" in input \"{}\" (exported phases: {}; the trainer writes them with --export-gguf)",
+            input.name,
+            if phases.is_empty() { "none".to_string() } else { phases.join(", ") }
+        )
+    })?;
+    let path = ctx.out_dir.join(&rel);
+    if !path.is_file() {
+        anyhow::bail!("the {phase} checkpoint {} (input \"{}\") is missing", path.display(), input.name);
+    }
+    Ok(path)
+}
+
+/// [`start_provider`], with `model` in place of a `local` provider's own model file.
+pub(crate) fn start_provider_with(
+    ctx: &mut RunCtx,
+    provider: &str,
+    model: Option<&std::path::Path>,
+    concurrency: Option<usize>,
+    max_cost_usd: Option<f64>,
+) -> Result<(Arc<Provider>, CallCtx, usize)> {
+    let p = match model {
+        Some(m) => ctx.services.provider_with_model(provider, m)?,
+        None => ctx.services.provider(provider).with_context(|| format!("provider \"{provider}\""))?,
+    };
     ctx.report.info.insert("provider".into(), p.name.clone());
     ctx.report.info.insert("model".into(), p.model.clone());
     ctx.report.info.insert("provider_kind".into(), p.kind.into());

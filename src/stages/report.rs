@@ -4,7 +4,8 @@
 //! first-seen order, headed by its `title`): models × metrics, metric columns in
 //! first-seen order with their headings, the `overall` group; a breakdown table per
 //! other group when there is one. An SVG radar chart per table named in `charts`
-//! (values clamped to 0..1), and the same numbers as Parquet. The report knows no
+//! (values clamped to 0..1), an SVG line chart per table named in `lines` (its groups
+//! are the x axis, e.g. a trainer's steps: a loss curve), and the same numbers as Parquet. The report knows no
 //! method or metric: what it shows is what the summaries say (a table's title is the
 //! first one its rows carry).
 
@@ -34,6 +35,12 @@ const OPTIONS: &[OptionSpec] = &[
     ),
     OptionSpec::default("charts", Ty::StrList, "[\"judge\"]", "summary tables drawn as radar charts"),
     OptionSpec::default(
+        "lines",
+        Ty::StrList,
+        "[\"training\"]",
+        "summary tables whose groups are numbers (a trainer's steps) drawn as line charts, <table>.svg, one panel per metric and a line per label; their per-group rows stay out of the Markdown (they are in the Parquet)",
+    ),
+    OptionSpec::default(
         "table",
         Ty::OutPath,
         "\"report.parquet\"",
@@ -54,7 +61,8 @@ pub static KIND: KindInfo = KindInfo {
     // 2: driven by the summary protocol (any table; report.parquet gains group and n).
     // 3: a label with no overall value gets no row in the overall table (a matrix-like table
     // shows only its breakdown).
-    version: 3,
+    // 4: line charts (`lines`, default the `training` table of a train stage).
+    version: 4,
     about: "evaluation report from the inputs' summaries: one Markdown table per summary table, SVG radar charts, Parquet",
     role: Role::Sink,
     arity: Arity::AtLeast(1),
@@ -70,6 +78,7 @@ struct Options {
     path: String,
     chart: String,
     charts: Vec<String>,
+    lines: Vec<String>,
     table: String,
     title: String,
     decimals: usize,
@@ -138,6 +147,112 @@ fn radar_svg(axes: &[(String, String)], labels: &[String], value: impl Fn(&str, 
     }
     s.push_str("</svg>\n");
     s
+}
+
+/// Line charts, one panel per metric with points (its own y range), one line per label over x.
+fn line_svg(metrics: &[(String, String)], labels: &[String], points: impl Fn(&str, &str) -> Vec<(f64, f64)>) -> String {
+    let metrics: Vec<(String, String)> =
+        metrics.iter().filter(|(m, _)| labels.iter().any(|l| !points(l, m).is_empty())).cloned().collect();
+    const W: f64 = 640.0;
+    const PANEL: f64 = 220.0;
+    let (left, right, top) = (70.0, 20.0, 40.0);
+    let colors = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
+    let height = top + PANEL * metrics.len().max(1) as f64 + 22.0 * labels.len() as f64 + 20.0;
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{height}\" viewBox=\"0 0 {W} {height}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    );
+    for (k, (metric, heading)) in metrics.iter().enumerate() {
+        let y0 = top + PANEL * k as f64;
+        let metric = metric.as_str();
+        let (plot_top, plot_bottom) = (y0 + 20.0, y0 + PANEL - 40.0);
+        let series: Vec<Vec<(f64, f64)>> = labels.iter().map(|l| points(l, metric)).collect();
+        let all = series.iter().flatten().filter(|(x, y)| x.is_finite() && y.is_finite());
+        let (mut x_lo, mut x_hi, mut y_lo, mut y_hi) =
+            (f64::INFINITY, f64::NEG_INFINITY, f64::INFINITY, f64::NEG_INFINITY);
+        for (x, y) in all {
+            (x_lo, x_hi, y_lo, y_hi) = (x_lo.min(*x), x_hi.max(*x), y_lo.min(*y), y_hi.max(*y));
+        }
+        let _ = writeln!(
+            s,
+            "<text x=\"{left}\" y=\"{:.1}\" font-weight=\"bold\">{}</text>",
+            y0 + 12.0,
+            xml_escape(heading)
+        );
+        let _ = writeln!(
+            s,
+            "<rect x=\"{left}\" y=\"{plot_top:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"none\" stroke=\"#ccc\"/>",
+            W - left - right,
+            plot_bottom - plot_top
+        );
+        if !x_lo.is_finite() {
+            continue;
+        }
+        if x_hi == x_lo {
+            x_hi = x_lo + 1.0;
+        }
+        if y_hi == y_lo {
+            (y_lo, y_hi) = (y_lo - 0.5, y_hi + 0.5);
+        }
+        let px = |x: f64| left + (x - x_lo) / (x_hi - x_lo) * (W - left - right);
+        let py = |y: f64| plot_bottom - (y - y_lo) / (y_hi - y_lo) * (plot_bottom - plot_top);
+        for (v, y) in [(y_hi, plot_top), (y_lo, plot_bottom)] {
+            let _ = writeln!(
+                s,
+                "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
+                left - 6.0,
+                y + 4.0,
+                short(v)
+            );
+        }
+        for (v, anchor) in [(x_lo, "start"), (x_hi, "end")] {
+            let _ = writeln!(
+                s,
+                "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"{anchor}\">{}</text>",
+                px(v),
+                plot_bottom + 16.0,
+                short(v)
+            );
+        }
+        let _ = writeln!(
+            s,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">step</text>",
+            (left + W - right) / 2.0,
+            plot_bottom + 16.0
+        );
+        for (i, pts) in series.iter().enumerate() {
+            let pts: Vec<String> = pts
+                .iter()
+                .filter(|(x, y)| x.is_finite() && y.is_finite())
+                .map(|(x, y)| format!("{:.1},{:.1}", px(*x), py(*y)))
+                .collect();
+            if pts.is_empty() {
+                continue;
+            }
+            let c = colors[i % colors.len()];
+            let _ =
+                writeln!(s, "<polyline points=\"{}\" fill=\"none\" stroke=\"{c}\" stroke-width=\"2\"/>", pts.join(" "));
+            if pts.len() == 1 {
+                let (x, y) = pts[0].split_once(',').unwrap_or(("0", "0"));
+                let _ = writeln!(s, "<circle cx=\"{x}\" cy=\"{y}\" r=\"3\" fill=\"{c}\"/>");
+            }
+        }
+    }
+    let legend_top = top + PANEL * metrics.len().max(1) as f64;
+    for (i, label) in labels.iter().enumerate() {
+        let y = legend_top + 22.0 * i as f64;
+        let c = colors[i % colors.len()];
+        let _ = writeln!(s, "<rect x=\"{left}\" y=\"{:.1}\" width=\"14\" height=\"4\" fill=\"{c}\"/>", y - 4.0);
+        let _ = writeln!(s, "<text x=\"{:.1}\" y=\"{y:.1}\">{}</text>", left + 20.0, xml_escape(label));
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// A chart tick: at most four significant digits.
+fn short(v: f64) -> String {
+    let t = format!("{v:.4}");
+    let t = t.trim_end_matches('0').trim_end_matches('.');
+    if t.is_empty() || t == "-" { "0".into() } else { t.to_string() }
 }
 
 fn xml_escape(t: &str) -> String {
@@ -252,18 +367,43 @@ impl Stage for Report {
                 .filter(|(_, cells)| cells.iter().any(|c| c != "–"))
                 .collect();
             if !overall.is_empty() || t.groups.is_empty() {
+                // A line chart's table: only the metrics with an overall value (the curve's
+                // metrics are in the chart).
+                let is_line = self.opts.lines.iter().any(|l| l == name);
+                let shown: Vec<usize> = (0..t.metrics.len())
+                    .filter(|&k| !is_line || overall.iter().any(|(_, cells)| cells[k] != "–"))
+                    .collect();
                 writeln!(
                     md,
                     "| Model | {} |",
-                    t.metrics.iter().map(|(_, h)| h.as_str()).collect::<Vec<_>>().join(" | ")
+                    shown.iter().map(|&k| t.metrics[k].1.as_str()).collect::<Vec<_>>().join(" | ")
                 )?;
-                writeln!(md, "|---|{}", "---:|".repeat(t.metrics.len()))?;
+                writeln!(md, "|---|{}", "---:|".repeat(shown.len()))?;
                 for (label, cells) in &overall {
+                    let cells: Vec<&str> = shown.iter().map(|&k| cells[k].as_str()).collect();
                     writeln!(md, "| {label} | {} |", cells.join(" | "))?;
                 }
                 writeln!(md)?;
             }
-            if !t.groups.is_empty() {
+            let is_line = self.opts.lines.iter().any(|l| l == name);
+            if is_line && !t.groups.is_empty() {
+                let file = format!("{name}.svg");
+                writeln!(md, "![{}]({file})\n", t.title)?;
+                let svg = line_svg(&t.metrics, &t.labels, |label, m| {
+                    t.groups
+                        .iter()
+                        .filter_map(|g| {
+                            let x = g.parse::<f64>().ok()?;
+                            t.values.get(&(label.to_string(), g.clone(), m.to_string())).map(|v| (x, v.0))
+                        })
+                        .collect()
+                });
+                let (mut f, pending) = create_tmp(&ctx.out_dir.join(&file))?;
+                std::io::Write::write_all(&mut f, svg.as_bytes())?;
+                finish_file(f, &pending)?;
+                ctx.add_artifact(pending, None);
+            }
+            if !t.groups.is_empty() && !is_line {
                 writeln!(md, "### {} by group\n", t.title)?;
                 writeln!(
                     md,

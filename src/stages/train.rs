@@ -18,7 +18,11 @@
 //! The stage directory `<out>/<stage>/` is the trainer's working directory for data and
 //! checkpoints (written by the trainer, so not committed by the engine); the stage's
 //! materialized output is the small table of checkpoints (`phase`, `path`, `step`,
-//! `metrics` as JSON text) that downstream stages depend on.
+//! `metrics` as JSON text, `gguf`: the checkpoint exported for the `local` provider when
+//! the trainer reported one, checked to be a GGUF file) that downstream stages depend on
+//! (`generate`'s `checkpoint`, `neurons`' `checkpoint:PHASE`). Its summary (table
+//! `training`) holds the loss curve: every step the trainer logged, per phase (the
+//! `report` draws it as a line chart), and each phase's final metrics.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -38,6 +42,7 @@ use crate::config::options::{OptionSpec, POSITIVE, RATIO, Ty};
 use crate::data::chat;
 use crate::store::failures::FailureKind;
 use crate::store::state::relative_to;
+use crate::store::summary::{self, OVERALL, SummaryRow};
 use crate::template::Templates;
 
 /// Training hyperparameters and their defaults (a method's pipelines pin their own).
@@ -77,13 +82,14 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "train",
-    version: 1,
+    // 2: the `gguf` column and the summary (loss per step, final metrics).
+    version: 2,
     about: "write SFT/DPO splits in TRL's format, run an external trainer, record its checkpoints and metrics",
     role: Role::Transform,
     arity: Arity::Exactly(2),
     options: OPTIONS,
     uses_seed: false,
-    summary: false,
+    summary: true,
     example: "base_model = \"base\"",
     build,
 };
@@ -200,6 +206,7 @@ fn output_schema() -> SchemaRef {
         Field::new("path", DataType::Utf8, false),
         Field::new("step", DataType::Int64, true),
         Field::new("metrics", DataType::Utf8, true),
+        Field::new("gguf", DataType::Utf8, true),
     ])
 }
 
@@ -272,6 +279,8 @@ struct Checkpoint {
     phase: String,
     path: String,
     step: Option<i64>,
+    /// The checkpoint as GGUF (relative to the output directory), when exported.
+    gguf: Option<String>,
 }
 
 /// What the trainer reported through the protocol lines.
@@ -280,6 +289,77 @@ struct Reported {
     checkpoints: Vec<Checkpoint>,
     /// phase → final metrics (without `phase`).
     metrics: BTreeMap<String, serde_json::Map<String, Value>>,
+    /// phase → step → logged numbers (loss, reward margin, ...), in first-logged order.
+    curves: Vec<(String, i64, Vec<(String, f64)>)>,
+}
+
+/// Logged numbers drawn as the loss curve: (protocol key, summary metric, heading).
+const CURVE: &[(&str, &str, &str)] = &[
+    ("loss", "loss", "Loss"),
+    ("rewards/margins", "reward_margin", "Reward margin"),
+    ("rewards/accuracies", "reward_accuracy", "Reward accuracy"),
+];
+
+/// Final metrics of a phase in the summary's overall rows: (metric, heading).
+const FINAL: &[(&str, &str)] = &[
+    ("train_loss", "Train loss"),
+    ("reward_margin", "Reward margin"),
+    ("reward_accuracy", "Reward accuracy"),
+    ("global_step", "Steps"),
+    ("train_runtime", "Seconds"),
+];
+
+const TRAINING_TABLE: &str = "training";
+const TRAINING_TITLE: &str = "Training (loss per logged step; final values per phase)";
+
+impl Reported {
+    /// The summary rows: the curve (group = the step) and each phase's final metrics (overall).
+    fn summary(&self) -> Vec<SummaryRow> {
+        let row = |label: &str, group: String, metric: &str, heading: &str, value: f64| SummaryRow {
+            label: label.to_string(),
+            table: TRAINING_TABLE.into(),
+            title: TRAINING_TITLE.into(),
+            group,
+            metric: metric.to_string(),
+            heading: heading.to_string(),
+            n: 1,
+            value,
+            std: None,
+            invalid: 0,
+        };
+        let mut rows = Vec::new();
+        // Phases in the order the trainer reported them (sft before dpo).
+        let mut phases: Vec<&String> = Vec::new();
+        for p in self.checkpoints.iter().map(|c| &c.phase).chain(self.metrics.keys()) {
+            if !phases.contains(&p) {
+                phases.push(p);
+            }
+        }
+        // The curves first: the report's chart panels and labels follow first-seen order.
+        for (phase, step, values) in &self.curves {
+            for (metric, v) in values {
+                let heading = CURVE.iter().find(|c| c.1 == metric).map_or(metric.as_str(), |c| c.2);
+                rows.push(row(phase, step.to_string(), metric, heading, *v));
+            }
+        }
+        for (phase, m) in phases.into_iter().filter_map(|p| self.metrics.get(p).map(|m| (p, m))) {
+            for (metric, heading) in FINAL {
+                if let Some(v) = m.get(*metric).and_then(number) {
+                    rows.push(row(phase, OVERALL.into(), metric, heading, v));
+                }
+            }
+        }
+        rows
+    }
+}
+
+/// A logged number: a JSON number, or a non-finite one the trainer wrote as text ("nan").
+fn number(v: &Value) -> Option<f64> {
+    match v {
+        Value::Number(n) => n.as_f64(),
+        Value::String(s) => s.parse::<f64>().ok(),
+        _ => None,
+    }
 }
 
 impl Train {
@@ -315,6 +395,18 @@ impl Train {
         out_dir: &Path,
     ) -> bool {
         match tag {
+            "SYNTH_PROGRESS" => {
+                let Some(step) = parsed.get("step").and_then(Value::as_i64) else { return true };
+                let values: Vec<(String, f64)> = CURVE
+                    .iter()
+                    .filter_map(|(key, metric, _)| parsed.get(*key).and_then(number).map(|v| (metric.to_string(), v)))
+                    .collect();
+                if !values.is_empty() {
+                    reported.curves.retain(|(p, s, _)| !(p == &phase && *s == step));
+                    reported.curves.push((phase, step, values));
+                }
+                true
+            }
             "SYNTH_CHECKPOINT" => {
                 let Some(path) = parsed.get("path").and_then(Value::as_str) else {
                     tracing::warn!(stage = %ctx.name, "trainer: SYNTH_CHECKPOINT without \"path\"");
@@ -324,8 +416,12 @@ impl Train {
                 let stored = relative_to(&absolute(out_dir), &full);
                 tracing::info!(stage = %ctx.name, "checkpoint ({phase}): {stored}");
                 let step = parsed.get("step").and_then(Value::as_i64);
+                let gguf = parsed
+                    .get("gguf")
+                    .and_then(Value::as_str)
+                    .map(|g| relative_to(&absolute(out_dir), &absolute(&ctx.root.join(g))));
                 reported.checkpoints.retain(|c| c.path != stored);
-                reported.checkpoints.push(Checkpoint { phase, path: stored, step });
+                reported.checkpoints.push(Checkpoint { phase, path: stored, step, gguf });
                 true
             }
             "SYNTH_METRICS" => {
@@ -408,6 +504,16 @@ impl Stage for Train {
             );
         }
 
+        // An exported checkpoint the local provider is to load: a GGUF file, or an error naming it.
+        for c in reported.checkpoints.iter().filter(|c| c.gguf.is_some()) {
+            let file = out_dir.join(c.gguf.as_deref().unwrap_or_default());
+            match crate::llm::local::is_gguf(&file) {
+                Ok(true) => {}
+                Ok(false) => bail!("the trainer's {} checkpoint {} is not a GGUF file", c.phase, file.display()),
+                Err(e) => bail!("the trainer's {} checkpoint {} cannot be read: {e}", c.phase, file.display()),
+            }
+        }
+
         // 4. Record the artifacts.
         ctx.report.info.insert("base_model".into(), self.opts.base_model.clone());
         ctx.report.info.insert("train_data.sft".into(), relative_to(&out_dir, &sft_path));
@@ -417,6 +523,9 @@ impl Stage for Train {
         for c in &reported.checkpoints {
             // The last checkpoint of each phase is the phase's result.
             ctx.report.info.insert(format!("checkpoint.{}", c.phase), c.path.clone());
+            if let Some(g) = &c.gguf {
+                ctx.report.info.insert(format!("gguf.{}", c.phase), g.clone());
+            }
         }
         for (phase, m) in &reported.metrics {
             for (k, v) in m {
@@ -443,8 +552,10 @@ impl Stage for Train {
                 Arc::new(StringArray::from_iter_values(cps.iter().map(|c| c.path.as_str()))),
                 Arc::new(Int64Array::from_iter(cps.iter().map(|c| c.step))),
                 Arc::new(StringArray::from_iter(cps.iter().map(|c| metrics_text(&c.phase)))),
+                Arc::new(StringArray::from_iter(cps.iter().map(|c| c.gguf.as_deref()))),
             ],
         )?;
+        ctx.write_side_parquet(&summary::file_name(&ctx.name), &summary::to_batch(&reported.summary())?)?;
         let mut w = ctx.create_output(output_schema())?;
         w.write(&batch)?;
         ctx.set_output(w)?;

@@ -30,6 +30,23 @@ pub fn shared(folder: &str, probe: &str) -> Option<PathBuf> {
 }
 
 /// `../shared/models/all-MiniLM-L6-v2` (the real ONNX model), or `None` after saying why.
+/// `.tools/torchpy` when it can import torch and transformers, else `None` after saying why.
+pub fn torch_python() -> Option<PathBuf> {
+    let py = repo().join(".tools/torchpy");
+    let ok = py.exists()
+        && std::process::Command::new(&py)
+            .args(["-c", "import torch, transformers, numpy, matplotlib"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!(
+            "SKIPPED: {} cannot import torch/transformers (run pipelines/tools/setup_torch.sh; .ci/setup does)",
+            py.display()
+        );
+    }
+    ok.then_some(py)
+}
+
 pub fn minilm_dir() -> Option<PathBuf> {
     shared("models/all-MiniLM-L6-v2", "model.onnx")
 }

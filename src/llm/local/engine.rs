@@ -24,6 +24,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::time::Instant;
 
+/// Held around every `decode` call of every engine of the process (see its use).
+static DECODE_TURN: Mutex<()> = Mutex::new(());
+
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::context::params::LlamaContextParams;
 use llama_cpp_2::llama_backend::LlamaBackend;
@@ -419,7 +422,13 @@ impl Loop<'_> {
                 continue;
             }
             let t = Instant::now();
-            let decoded = self.ctx.decode(&mut batch);
+            let decoded = {
+                // One decode call at a time in the process: engines of several models (a base
+                // and its fine-tuned checkpoints answering side by side) each use every core,
+                // and interleaving their calls beats their threads fighting over the cores.
+                let _turn = DECODE_TURN.lock().unwrap_or_else(|e| e.into_inner());
+                self.ctx.decode(&mut batch)
+            };
             let elapsed = t.elapsed().as_secs_f64();
             tracing::debug!(
                 tokens = batch.n_tokens(),

@@ -12,24 +12,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use support::{Project, parquet_rows, repo};
-
-/// `.tools/torchpy` when it can import torch and transformers, else `None` after saying why.
-fn torch_python() -> Option<PathBuf> {
-    let py = repo().join(".tools/torchpy");
-    let ok = py.exists()
-        && std::process::Command::new(&py)
-            .args(["-c", "import torch, transformers, numpy, matplotlib"])
-            .output()
-            .is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!(
-            "SKIPPED: {} cannot import torch/transformers (run pipelines/tools/setup_torch.sh; .ci/setup does)",
-            py.display()
-        );
-    }
-    ok.then_some(py)
-}
+use support::{Project, parquet_rows, repo, torch_python};
 
 fn offline_test_split(p: &Project) -> PathBuf {
     let out = p.path().join("rolemrc-offline");
