@@ -6,8 +6,9 @@
 # then carry .tools/gpu to a GPU machine with PyTorch, transformers and accelerate (no network,
 # no Rust, no TRL or gguf) and run pipelines/tools/gpu_loop.sh there (docs/methods/rolemrc.md).
 #
-# - model/: the base model (the trainer's dequantized SmolLM2-135M-Instruct, train/base) as
-#   3-bit weights (pipelines/tools/compact_model.py: no GGUF of this model fits 64 MiB);
+# - model/ (MODEL=packed): the base model (the trainer's dequantized SmolLM2-135M-Instruct,
+#   train/base) as 3-bit weights (pipelines/tools/compact_model.py: no GGUF of this model fits
+#   64 MiB, and 3 bits cost perplexity ×37: the path at the model's size, not a usable model);
 # - data/: the train stage's SFT / DPO files in TRL's layout and the test split;
 # - wheels/: TRL, datasets and the pure-Python packages they need that such a machine lacks
 #   (pyarrow, pandas and the like must be there: they do not fit).

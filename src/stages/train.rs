@@ -289,8 +289,16 @@ struct Reported {
     checkpoints: Vec<Checkpoint>,
     /// phase → final metrics (without `phase`).
     metrics: BTreeMap<String, serde_json::Map<String, Value>>,
-    /// phase → step → logged numbers (loss, reward margin, ...), in first-logged order.
-    curves: Vec<(String, i64, Vec<(String, f64)>)>,
+    /// Every logged step, in first-logged order.
+    curves: Vec<Logged>,
+}
+
+/// The numbers a trainer logged at one step of one phase (loss, reward margin, ...).
+#[derive(Debug)]
+struct Logged {
+    phase: String,
+    step: i64,
+    values: Vec<(String, f64)>,
 }
 
 /// Logged numbers drawn as the loss curve: (protocol key, summary metric, heading).
@@ -336,7 +344,7 @@ impl Reported {
             }
         }
         // The curves first: the report's chart panels and labels follow first-seen order.
-        for (phase, step, values) in &self.curves {
+        for Logged { phase, step, values } in &self.curves {
             for (metric, v) in values {
                 let heading = CURVE.iter().find(|c| c.1 == metric).map_or(metric.as_str(), |c| c.2);
                 rows.push(row(phase, step.to_string(), metric, heading, *v));
@@ -402,8 +410,8 @@ impl Train {
                     .filter_map(|(key, metric, _)| parsed.get(*key).and_then(number).map(|v| (metric.to_string(), v)))
                     .collect();
                 if !values.is_empty() {
-                    reported.curves.retain(|(p, s, _)| !(p == &phase && *s == step));
-                    reported.curves.push((phase, step, values));
+                    reported.curves.retain(|l| !(l.phase == phase && l.step == step));
+                    reported.curves.push(Logged { phase, step, values });
                 }
                 true
             }
