@@ -507,6 +507,17 @@ fn shipped_schemas_are_valid_meet_strict_mode_and_match_their_parsers() {
                     );
                     continue;
                 }
+                // A pipeline that reads another pipeline's outputs (rolemrc-train-eval reads
+                // outputs/rolemrc-*/): validated where those exist; its schemas are shared
+                // with pipelines that validate on their own.
+                let errors: Vec<&str> = r.stderr.lines().filter(|l| l.contains(": stage \"")).collect();
+                if r.code != 0
+                    && !errors.is_empty()
+                    && errors.iter().all(|l| l.contains("no file matches") && l.contains("/outputs/"))
+                {
+                    eprintln!("SKIPPED: {} --profile {profile} reads another pipeline's outputs", path.display());
+                    continue;
+                }
                 assert_eq!(r.code, 0, "{} --profile {profile}: {}", path.display(), r.stderr);
             }
         }
