@@ -60,7 +60,7 @@ pub const OPTIONS: &[OptionSpec] = &[
     ),
     OptionSpec::default("parallel", POSITIVE, "8", "sequences decoded together (continuous batching)").runtime_only(),
     OptionSpec::default("batch_tokens", POSITIVE, "512", "tokens per decode call").runtime_only(),
-    OptionSpec::optional("threads", POSITIVE, "CPU threads of llama.cpp (default: the machine's cores)").runtime_only(),
+    OptionSpec::optional("threads", POSITIVE, "CPU threads of llama.cpp (default: the machine's cores). On a machine busy with other work, set the cores left free: llama.cpp's threads spin at every barrier, so one that waits for a thread the OS has put aside loses its time slice (beside two compilers on 2 cores, 2 threads decoded 4.5 tokens/s and 1 thread 35; BENCHMARKS.md)").runtime_only(),
     OptionSpec::optional("temperature", Ty::Float(0.0, 2.0), "sampling temperature (default 0.8; 0: greedy)"),
     OptionSpec::optional("top_p", crate::config::options::RATIO, "nucleus sampling"),
     OptionSpec::optional("max_tokens", POSITIVE, "most tokens per answer (default 1024)"),
