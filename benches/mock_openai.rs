@@ -4,7 +4,8 @@
 //!     target/release/synth bench llm --base-url http://127.0.0.1:18080/v1 --model m --requests 2000 --rpm 3000
 //!
 //! Options: --port P, --latency-ms L, --rpm R (server-side limit, answered with 429 +
-//! Retry-After), --advertise (with --rpm: x-ratelimit-* headers on every answer and an exact
+//! Retry-After; with --window-s W a strict sliding window: at most R * W / 60 requests in
+//! any W seconds), --advertise (with --rpm: x-ratelimit-* headers on every answer and an exact
 //! retry-after-ms), --p-500 X, --p-429 X, --p-malformed X, --seconds S (lifetime, default 900).
 //! It binds 127.0.0.1 only and stops by itself after its lifetime.
 
@@ -22,6 +23,7 @@ fn main() {
     let behaviour = openai_server::Behaviour {
         latency: Duration::from_millis(num("--latency-ms", 0.0) as u64),
         rpm: get("--rpm").and_then(|v| v.parse().ok()),
+        strict_window: get("--window-s").and_then(|v| v.parse::<f64>().ok()).map(Duration::from_secs_f64),
         advertise_limits: args.iter().any(|a| a == "--advertise"),
         p_500: num("--p-500", 0.0),
         p_429: num("--p-429", 0.0),

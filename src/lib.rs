@@ -45,3 +45,4 @@ pub mod services;
 pub mod stages;
 pub mod store;
 pub mod template;
+pub mod view;

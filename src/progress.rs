@@ -1,6 +1,8 @@
 //! Progress reporting: stages only bump atomic counters; a ticker renders them as
 //! one indicatif bar per running stage on a terminal, or as periodic plain log
-//! lines otherwise (CI, pipes), or not at all with `-q`.
+//! lines otherwise (CI, pipes), or not at all with `-q`; and, in every mode, as a small
+//! JSON file a viewer can poll (`live.json` in the run's internal directory, replaced
+//! once a second while the run goes on).
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -105,6 +107,25 @@ impl StageProgress {
         self.served.lock().expect("served").1.clone()
     }
 
+    /// The counters as JSON (the live file's entry for this stage).
+    pub fn live_json(&self) -> serde_json::Value {
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        serde_json::json!({
+            "name": self.name,
+            "done": r(&self.done),
+            "total": self.total(),
+            "failed": r(&self.failed),
+            "requests": r(&self.requests),
+            "cache_hits": r(&self.cache_hits),
+            "tokens_in": r(&self.tokens_in),
+            "tokens_out": r(&self.tokens_out),
+            "cost_usd": self.cost_usd(),
+            "retries": r(&self.retries),
+            "elapsed_seconds": self.elapsed().as_secs_f64(),
+            "note": self.note(),
+        })
+    }
+
     /// "12 req/s · 3.4k tok/s · $0.0123" when the stage made requests, else "".
     fn llm_summary(&self) -> String {
         let req = self.requests.load(Ordering::Relaxed);
@@ -155,7 +176,12 @@ pub struct ProgressHub {
     /// Stages that finished (well or not): what they asked and spent still counts.
     done: Mutex<Vec<Arc<StageProgress>>>,
     line_interval: Duration,
+    /// Where the live counters are written (set once the run knows its directory).
+    live: Mutex<Option<std::path::PathBuf>>,
 }
+
+/// The file under a run's internal directory that holds its live counters.
+pub const LIVE_FILE: &str = "live.json";
 
 /// What a run's provider calls came to, failed stages included.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -177,6 +203,7 @@ impl ProgressHub {
             stages: Mutex::new(Vec::new()),
             done: Mutex::new(Vec::new()),
             line_interval: Duration::from_secs(10),
+            live: Mutex::new(None),
         })
     }
 
@@ -242,20 +269,54 @@ impl ProgressHub {
         u
     }
 
-    /// Render until `stop` is cancelled.
-    pub async fn tick(self: Arc<Self>, stop: tokio_util::sync::CancellationToken) {
-        if self.mode == Mode::Quiet {
-            return;
+    /// Write the live counters to `path` from now on (see [`LIVE_FILE`]).
+    pub fn write_live_to(&self, path: std::path::PathBuf) {
+        *self.live.lock().expect("progress") = Some(path);
+        self.write_live(true);
+    }
+
+    /// The live counters as JSON: each running stage's counters and the names of the
+    /// stages that finished in this run.
+    pub fn live(&self, running: bool) -> serde_json::Value {
+        let stages: Vec<serde_json::Value> =
+            self.stages.lock().expect("progress").iter().map(|(p, _)| p.live_json()).collect();
+        let done: Vec<String> = self.done.lock().expect("progress").iter().map(|p| p.name.clone()).collect();
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        serde_json::json!({
+            "running": running,
+            "pid": std::process::id(),
+            "updated_unix_ms": now.as_millis() as u64,
+            "stages": stages,
+            "finished": done,
+        })
+    }
+
+    fn write_live(&self, running: bool) {
+        let Some(path) = self.live.lock().expect("progress").clone() else { return };
+        let body = serde_json::to_vec_pretty(&self.live(running)).expect("json");
+        // Replaced whole (a reader never sees half a file); a failure only costs the view.
+        let tmp = path.with_extension("json.tmp");
+        if std::fs::write(&tmp, body).is_ok() {
+            let _ = std::fs::rename(&tmp, &path);
         }
+    }
+
+    /// Render until `stop` is cancelled (and keep the live file, in every mode).
+    pub async fn tick(self: Arc<Self>, stop: tokio_util::sync::CancellationToken) {
+        let render = self.mode != Mode::Quiet;
         let period = if self.mode == Mode::Bars { Duration::from_millis(150) } else { self.line_interval };
         let mut interval = tokio::time::interval(period);
+        let mut live = tokio::time::interval(Duration::from_secs(1));
         interval.tick().await;
+        live.tick().await;
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,
-                _ = interval.tick() => self.render(),
+                _ = interval.tick(), if render => self.render(),
+                _ = live.tick() => self.write_live(true),
             }
         }
+        self.write_live(false);
     }
 
     fn render(&self) {

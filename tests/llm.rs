@@ -210,6 +210,28 @@ fn a_429_storm_slows_the_client_down_without_losing_items() {
     assert!(report["requests"].as_u64().unwrap() > 30);
 }
 
+/// A server that counts requests per sliding 10 s window and refuses the first one
+/// over its limit: the configured rate holds in every window, from the first request on
+/// (a client that starts with a full bucket overruns the first window), and the client
+/// still uses nearly all of it.
+#[test]
+fn the_configured_rate_holds_in_every_window_of_a_strict_server() {
+    let window = Duration::from_secs(10);
+    let server = openai_server::start(Behaviour { rpm: Some(6000), strict_window: Some(window), ..Default::default() });
+    let n = 1100;
+    let p = project(&server, n, "requests_per_minute = 6000\nmax_concurrency = 16\ninitial_concurrency = 16", "");
+    run(&p, &[]).ok();
+    assert_eq!(parquet_rows(&p.path().join("out/answers.parquet")).len(), n);
+    let c = &server.counters;
+    assert_eq!(c.s429.load(Ordering::SeqCst), 0, "the client went over 1,000 requests in some 10 s window");
+    assert_eq!(c.ok.load(Ordering::SeqCst), n as u64);
+    assert!(c.max_in_window.load(Ordering::SeqCst) >= 980, "the window was not filled: {:?}", c.max_in_window);
+    // 1,100 requests at 100/s: about 11 s, not much more.
+    let log = c.log.lock().unwrap();
+    let span = (log.last().unwrap().0 - log.first().unwrap().0).as_secs_f64();
+    assert!((10.9..13.0).contains(&span), "{n} requests took {span:.2} s at 100/s");
+}
+
 #[test]
 fn limits_the_server_advertises_pace_the_client() {
     // 1,200 requests per minute (20/s, burst 20), advertised on every answer; no limit

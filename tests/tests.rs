@@ -25,3 +25,4 @@ mod shard;
 mod structured;
 mod tidy;
 mod train;
+mod view;

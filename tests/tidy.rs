@@ -33,7 +33,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("L3 stage API", &["stages::api"]),
     ("L4 kinds", &["stages::kinds", "methods"]),
     ("L5 compile and run", &["pipeline", "dag", "registry", "regen"]),
-    ("L6 front ends", &["cli", "bench", "lib", "main"]),
+    ("L6 front ends", &["cli", "bench", "view", "lib", "main"]),
 ];
 
 /// What each unit may import (`crate::<unit>`), besides itself.

@@ -18,8 +18,9 @@ mod run;
 mod score;
 mod snapshot;
 mod stats;
-mod status;
+pub(crate) mod status;
 mod validate;
+mod view;
 
 pub const EXIT_OK: i32 = 0;
 pub const EXIT_RUNTIME: i32 = 2;
@@ -88,6 +89,10 @@ pub enum Command {
     /// Where a run stands: its last outcome and, for sharded runs, each wave's shards
     /// done and missing, with the retry set.
     Status(StatusArgs),
+    /// A local web page over a run: its stages (live while a run writes there), any
+    /// stage's output as a table with chats rendered, failures by reason, reports and
+    /// snapshots. Serves 127.0.0.1 only unless --host says otherwise.
+    View(ViewArgs),
     /// Print a ready recipe for another system: a schedule for `synth regenerate`
     /// (systemd, cron, Kubernetes CronJob), or what a scheduler needs to run a sharded
     /// pipeline (Kubernetes Jobs, a Slurm script).
@@ -110,6 +115,25 @@ pub struct StatusArgs {
     pub shards: Option<u32>,
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ViewArgs {
+    /// An output directory, or a pipeline file (its output_dir and snapshots).
+    #[arg(default_value = ".")]
+    pub target: PathBuf,
+    /// Port to listen on (0: any free port; the URL is printed).
+    #[arg(long, default_value_t = 8765)]
+    pub port: u16,
+    /// Address to listen on. Anything but a loopback address shows the data to the
+    /// network: a warning is printed.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: std::net::IpAddr,
+    /// With a pipeline file: its profile (changes the output directory of some pipelines).
+    #[arg(long, value_name = "NAME[,NAME]")]
+    pub profile: Option<String>,
+    #[arg(long)]
+    pub offline: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -709,6 +733,7 @@ pub fn main() -> i32 {
         Command::Bench(b) => bench(b),
         Command::Cache(c) => cache::run(c),
         Command::Status(a) => status::run(&a),
+        Command::View(a) => view::run(&a),
         Command::Emit(e) => emit::run(&e),
         Command::Batch(c) => batch::run(c),
     }

@@ -128,6 +128,15 @@ async fn report(store: &StateStore, shards: Option<usize>) -> anyhow::Result<Rep
     Ok(Report { state: store.display(), run, waves })
 }
 
+/// The waves of a local output directory as JSON (what `synth view` shows; `[]` when
+/// the run was not sharded or its state cannot be read).
+pub(crate) async fn waves_json(dir: &std::path::Path) -> serde_json::Value {
+    match report(&StateStore::local(dir), None).await {
+        Ok(r) => serde_json::to_value(&r.waves).unwrap_or_default(),
+        Err(_) => serde_json::json!([]),
+    }
+}
+
 fn render(r: &Report) -> String {
     use std::fmt::Write;
     let mut out = String::new();

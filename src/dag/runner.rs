@@ -259,6 +259,9 @@ pub async fn run(
     // Output directory: create, lock, clear debris of interrupted runs; on an object
     // store, take the coordinator's lease and bring the state records into the mirror.
     let _lock = if opts.dry_run { None } else { Some(prepare_out_dir(&out_dir)?) };
+    if !opts.dry_run && opts.state.is_none() {
+        hub.write_live_to(out_dir.join(INTERNAL_DIR).join(crate::progress::LIVE_FILE));
+    }
     let lease = match (&opts.role, store.is_remote() && !opts.dry_run) {
         (None, true) => Some(
             Lease::acquire(&store, COORDINATOR_LEASE, opts.lease_ttl.unwrap_or(LEASE_TTL), "coordinator of this run")

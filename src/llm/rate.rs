@@ -75,6 +75,18 @@ pub const PROBE_WAIT: Duration = Duration::from_secs(5);
 /// reach the server with jitter, so pacing at exactly the limit would draw some 429s.
 pub const ADVERTISED_SHARE: f64 = 0.985;
 
+/// The share of a requests-per-minute limit the client paces at: a request leaves on
+/// its tick but reaches the server up to a few milliseconds later or earlier than its
+/// neighbours, so pacing at exactly the limit would put one request too many into some
+/// windows a strict server counts (at 50/s, 0.5 % is 50 ms of slack per 10 s window).
+pub const STRICT_SHARE: f64 = 0.995;
+
+/// How far behind its schedule the request pacer may catch up: a timer wakes a
+/// millisecond or so late, and without catching up every late wake-up is lost (at 100
+/// requests/s, 10 % of the rate). Part of `STRICT_SHARE`'s slack (50 ms per 10 s
+/// window): 30 ms for catching up, 20 ms for the network's jitter.
+pub const CATCH_UP: Duration = Duration::from_millis(30);
+
 /// What one answer's `x-ratelimit-*` headers say (OpenAI's names, also sent by Azure,
 /// LiteLLM, vLLM behind gateways, Together, Groq, ...), or Anthropic's
 /// `anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}` (the reset an RFC 3339
@@ -296,11 +308,14 @@ pub struct RateControl {
 }
 
 fn per_second_quota(per_minute: u32) -> Quota {
-    let per_minute = NonZeroU32::new(per_minute.max(1)).expect("nonzero");
-    // Replenish evenly; allow at most one second's worth at once, so a full bucket at
-    // start cannot overrun a server that enforces the same limit per second.
-    let burst = NonZeroU32::new((per_minute.get() / 60).max(1)).expect("nonzero");
-    Quota::per_minute(per_minute).allow_burst(burst)
+    let per_minute = f64::from(per_minute.max(1)) * STRICT_SHARE;
+    // Evenly spaced, with a burst only as large as `CATCH_UP`: GCRA then sends at most
+    // ceil(W * rate) + burst - 1 requests in any window of W seconds, so the configured
+    // limit holds in every 10 s window a server may count over (a burst of a second's
+    // worth would put that many more into the first window, or any after a pause).
+    let period = Duration::from_secs_f64(60.0 / per_minute);
+    let burst = 1 + (CATCH_UP.as_secs_f64() / period.as_secs_f64()).floor() as u32;
+    Quota::with_period(period).expect("a positive period").allow_burst(NonZeroU32::new(burst).expect("nonzero"))
 }
 
 impl RateControl {

@@ -31,6 +31,10 @@ pub struct Behaviour {
     pub latency: Duration,
     /// Token bucket: this many requests per minute, burst of one second's worth.
     pub rpm: Option<u32>,
+    /// With `rpm`: a strict limiter instead of the bucket, counting the requests it
+    /// accepted in the last `window` (a sliding log): one more than `rpm` allows in any
+    /// such window is answered 429, as servers that count per window do.
+    pub strict_window: Option<Duration>,
     /// Seconds sent in Retry-After with a 429.
     pub retry_after_secs: u64,
     /// With `rpm`: send OpenAI's `x-ratelimit-{limit,remaining,reset}-requests` on every
@@ -71,6 +75,7 @@ impl Default for Behaviour {
         Behaviour {
             latency: Duration::ZERO,
             rpm: None,
+            strict_window: None,
             retry_after_secs: 1,
             advertise_limits: false,
             p_429: 0.0,
@@ -116,6 +121,8 @@ pub struct Counters {
     pub total: AtomicU64,
     pub ok: AtomicU64,
     pub s429: AtomicU64,
+    /// The most requests the strict limiter held in one window.
+    pub max_in_window: AtomicU64,
     pub s500: AtomicU64,
     pub hangs: AtomicU64,
     pub malformed: AtomicU64,
@@ -141,6 +148,8 @@ struct Shared {
     b: Behaviour,
     c: Arc<Counters>,
     bucket: Mutex<(f64, Instant)>,
+    /// Times of the requests the strict limiter accepted within its window.
+    accepted: Mutex<std::collections::VecDeque<Instant>>,
     rng: Mutex<u64>,
     started: Instant,
 }
@@ -328,8 +337,31 @@ async fn answer(
         r.headers_mut().insert("retry-after", "0".parse().unwrap());
         return r;
     }
-    // Rate limit: token bucket refilled at rpm/60 per second, burst rpm/60.
-    if let Some(rpm) = s.b.rpm {
+    // Strict rate limit: at most rpm * window / 60 accepted in any window.
+    if let (Some(rpm), Some(window)) = (s.b.rpm, s.b.strict_window) {
+        let allowed = (rpm as f64 * window.as_secs_f64() / 60.0).floor() as usize;
+        let mut log = s.accepted.lock().unwrap();
+        let now = Instant::now();
+        while log.front().is_some_and(|t| now.duration_since(*t) >= window) {
+            log.pop_front();
+        }
+        if log.len() >= allowed {
+            let wait = log.front().map(|t| window.saturating_sub(now.duration_since(*t))).unwrap_or_default();
+            drop(log);
+            c.s429.fetch_add(1, Ordering::SeqCst);
+            let mut r = error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "Rate limit reached for requests",
+                "requests",
+                Some("rate_limit_exceeded"),
+            );
+            r.headers_mut().insert("retry-after-ms", wait.as_millis().to_string().parse().unwrap());
+            return r;
+        }
+        log.push_back(now);
+        c.max_in_window.fetch_max(log.len() as u64, Ordering::SeqCst);
+    } else if let Some(rpm) = s.b.rpm {
+        // Rate limit: token bucket refilled at rpm/60 per second, burst rpm/60.
         let per_sec = rpm as f64 / 60.0;
         let mut bucket = s.bucket.lock().unwrap();
         let now = Instant::now();
@@ -439,6 +471,7 @@ pub fn start_on(port: u16, b: Behaviour) -> Server {
     let counters = Arc::new(Counters::default());
     let shared = Arc::new(Shared {
         bucket: Mutex::new((b.rpm.map(|r| (r as f64 / 60.0).max(1.0)).unwrap_or(0.0), Instant::now())),
+        accepted: Mutex::new(Default::default()),
         rng: Mutex::new(b.seed.max(1)),
         started: Instant::now(),
         c: counters.clone(),

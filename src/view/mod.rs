@@ -1,0 +1,639 @@
+//! `synth view`: a local web page over one output directory — the run (stage graph,
+//! counters, live while a run writes there), any stage's output as a paged table,
+//! failures grouped by reason, the reports and the snapshots. It only reads what the run
+//! writes (Parquet footers and row groups, state files, `live.json`), never takes the
+//! run's lock, serves nothing outside the directory, and scrubs secrets from every answer.
+
+pub mod table;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, Result, bail};
+use axum::Router;
+use axum::extract::{Query, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::store::state::{INTERNAL_DIR, MANIFEST};
+use table::Table;
+
+/// The page: one file, no build step, no network (embedded in the binary).
+const PAGE: &str = include_str!("page.html");
+
+/// The most rows one page may ask for.
+const MAX_PAGE: usize = 500;
+
+/// Bytes of a report file served at most.
+const MAX_FILE: u64 = 8 << 20;
+
+/// What is viewed: an output directory and where its snapshots are.
+#[derive(Debug, Clone)]
+pub struct Viewed {
+    pub dir: PathBuf,
+    pub snapshots: PathBuf,
+}
+
+impl Viewed {
+    /// An output directory (its snapshots under `snapshots/`); it must hold a run's state.
+    pub fn dir(dir: &Path, snapshots: Option<PathBuf>) -> Result<Viewed> {
+        let canon = dir.canonicalize().with_context(|| format!("{}: no such directory", dir.display()))?;
+        if !canon.is_dir() {
+            bail!("{}: not a directory", dir.display());
+        }
+        if !canon.join(MANIFEST).is_file() && !canon.join(INTERNAL_DIR).join("state").is_dir() {
+            bail!(
+                "{}: not a synth output directory (no {MANIFEST} and no {INTERNAL_DIR}/state/): give the \
+                 pipeline's output_dir or the pipeline file",
+                dir.display()
+            );
+        }
+        let snapshots = snapshots.unwrap_or_else(|| canon.join("snapshots"));
+        Ok(Viewed { dir: canon, snapshots })
+    }
+}
+
+/// Cached orders and filters of big tables, by (file, its mtime and size, what).
+type Cache = Mutex<HashMap<(PathBuf, SystemTime, u64, String), Arc<Vec<u32>>>>;
+
+struct App {
+    viewed: Viewed,
+    positions: Cache,
+}
+
+/// Serve until the process is stopped; `ready` gets the bound address.
+pub async fn serve(viewed: Viewed, addr: SocketAddr, ready: impl FnOnce(SocketAddr)) -> Result<()> {
+    crate::secrets::register_env(std::env::vars().collect::<Vec<_>>().iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+    ready(listener.local_addr()?);
+    axum::serve(listener, router(viewed)).await.context("serving")
+}
+
+/// The routes (the tests call them through a real socket too).
+pub fn router(viewed: Viewed) -> Router {
+    let app = Arc::new(App { viewed, positions: Mutex::new(HashMap::new()) });
+    Router::new()
+        .route("/", get(page))
+        .route("/api/run", get(run))
+        .route("/api/events", get(events))
+        .route("/api/table", get(table_page))
+        .route("/api/failures", get(failures))
+        .route("/api/lookup", get(lookup))
+        .route("/api/reports", get(reports))
+        .route("/api/file/{*path}", get(file))
+        .route("/api/snapshots", get(snapshots))
+        .route("/api/snapshots/diff", get(snapshot_diff))
+        .fallback(|| async { not_found() })
+        .with_state(app)
+}
+
+async fn page() -> Response {
+    let mut r = PAGE.into_response();
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
+    r.headers_mut().insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:",
+        ),
+    );
+    r
+}
+
+fn not_found() -> Response {
+    (StatusCode::NOT_FOUND, "not found").into_response()
+}
+
+/// A JSON answer, secrets scrubbed.
+fn answer(v: &Value) -> Response {
+    let body = crate::secrets::scrub(&serde_json::to_string(&crate::secrets::redact(v)).expect("json"));
+    let mut r = body.into_response();
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
+/// An error of one view (the rest of the page keeps working).
+fn fail(status: StatusCode, msg: impl std::fmt::Display) -> Response {
+    let body = json!({"error": crate::secrets::scrub(&msg.to_string())});
+    let mut r = (status, serde_json::to_string(&body).expect("json")).into_response();
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+/// A path a request names, if it is a plain relative path that stays inside `dir`
+/// once symlinks are resolved (`..`, absolute paths and links out are refused).
+pub fn inside(dir: &Path, rel: &str) -> Option<PathBuf> {
+    if rel.is_empty() || rel.contains('\\') || rel.contains('\0') {
+        return None;
+    }
+    let p = Path::new(rel);
+    if p.is_absolute() || !p.components().all(|c| matches!(c, Component::Normal(_))) {
+        return None;
+    }
+    let canon = dir.join(p).canonicalize().ok()?;
+    canon.starts_with(dir).then_some(canon)
+}
+
+// ---- the run ----------------------------------------------------------------------
+
+fn read_json(path: &Path) -> Option<Value> {
+    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+}
+
+/// The run as the page shows it: the manifest's stages (or, before the first manifest,
+/// the committed stage states), each with its live counters while a run goes on.
+fn run_state(v: &Viewed) -> Value {
+    let manifest = read_json(&v.dir.join(MANIFEST));
+    let internal = v.dir.join(INTERNAL_DIR);
+    let live = read_json(&internal.join(crate::progress::LIVE_FILE));
+    // A live file is current while its writer updates it (once a second).
+    let live_age = std::fs::metadata(internal.join(crate::progress::LIVE_FILE))
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| SystemTime::now().duration_since(t).ok());
+    let running =
+        live.as_ref().is_some_and(|l| l["running"] == true) && live_age.is_some_and(|a| a < Duration::from_secs(5));
+    let mut stages: Vec<Value> = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    if let Some(m) = &manifest
+        && let Some(obj) = m["stages"].as_object()
+    {
+        for (name, s) in obj {
+            let mut s = s.clone();
+            s["name"] = json!(name);
+            // A stage committed by a run still going on: its state file is newer.
+            if let Some(state) = read_json(&crate::store::state::state_path(&v.dir, name))
+                && state["fingerprint"] != s["fingerprint"]
+                && running
+            {
+                s["report"] = state["report"].clone();
+                s["outputs"] = state["outputs"].clone();
+                s["failures"] = state["failures"].clone();
+                s["status"] = json!("done");
+            }
+            seen.insert(name.clone());
+            stages.push(s);
+        }
+    }
+    if let Ok(read) = std::fs::read_dir(internal.join("state")) {
+        let mut extra: Vec<Value> = read
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().strip_suffix(".json")?.to_string();
+                if seen.contains(&name) {
+                    return None;
+                }
+                let s = read_json(&e.path())?;
+                Some(json!({"name": name, "kind": s["kind"], "status": "done", "report": s["report"],
+                    "outputs": s["outputs"], "failures": s["failures"], "inputs": s["parts"]["inputs"].as_object()
+                        .map(|o| o.keys().cloned().collect::<Vec<_>>()).unwrap_or_default()}))
+            })
+            .collect();
+        extra.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+        stages.extend(extra);
+    }
+    if let Some(l) = live.as_ref().filter(|_| running) {
+        for ls in l["stages"].as_array().into_iter().flatten() {
+            if let Some(s) = stages.iter_mut().find(|s| s["name"] == ls["name"]) {
+                s["status"] = json!("running");
+                s["live"] = ls.clone();
+            } else {
+                stages.push(json!({"name": ls["name"], "status": "running", "live": ls}));
+            }
+        }
+    }
+    let m = manifest.unwrap_or(Value::Null);
+    json!({
+        "dir": v.dir.display().to_string(),
+        "running": running,
+        "pipeline": m["pipeline"],
+        "profile": m["profile"],
+        "status": if running { json!("running") } else { m["status"].clone() },
+        "started_at": m["started_at"],
+        "finished_at": m["finished_at"],
+        "error": m["error"],
+        "totals": m["totals"],
+        "stages": stages,
+        "config": m["config"],
+    })
+}
+
+async fn run(State(app): State<Arc<App>>) -> Response {
+    let v = app.viewed.clone();
+    let (mut state, waves) = (
+        tokio::task::spawn_blocking(move || run_state(&v)).await.unwrap_or_default(),
+        crate::cli::status::waves_json(&app.viewed.dir).await,
+    );
+    state["waves"] = waves;
+    answer(&state)
+}
+
+/// What changes when a run writes: the live file, the state files, the manifest.
+fn change_mark(v: &Viewed) -> Vec<(String, SystemTime)> {
+    let mut marks = Vec::new();
+    let mut note = |p: PathBuf| {
+        if let Ok(t) = std::fs::metadata(&p).and_then(|m| m.modified()) {
+            marks.push((p.display().to_string(), t));
+        }
+    };
+    note(v.dir.join(MANIFEST));
+    note(v.dir.join(INTERNAL_DIR).join(crate::progress::LIVE_FILE));
+    if let Ok(read) = std::fs::read_dir(v.dir.join(INTERNAL_DIR).join("state")) {
+        for e in read.flatten() {
+            note(e.path());
+        }
+    }
+    marks.sort();
+    marks
+}
+
+/// Server-sent events: the run's state each time something the run writes changes
+/// (checked twice a second), and a comment every 15 s to keep the stream open.
+async fn events(State(app): State<Arc<App>>) -> impl IntoResponse {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    let stream = futures::stream::unfold((app, None::<Vec<(String, SystemTime)>>), |(app, last)| async move {
+        loop {
+            let v = app.viewed.clone();
+            let mark = tokio::task::spawn_blocking(move || change_mark(&v)).await.unwrap_or_default();
+            if last.as_ref() != Some(&mark) {
+                let v = app.viewed.clone();
+                let state = tokio::task::spawn_blocking(move || run_state(&v)).await.unwrap_or_default();
+                let data =
+                    crate::secrets::scrub(&serde_json::to_string(&crate::secrets::redact(&state)).expect("json"));
+                let event = Event::default().event("run").data(data);
+                return Some((Ok::<_, std::convert::Infallible>(event), (app, Some(mark))));
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    });
+    Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+}
+
+// ---- tables -----------------------------------------------------------------------
+
+#[derive(Deserialize)]
+struct TableQuery {
+    file: String,
+    #[serde(default)]
+    offset: usize,
+    #[serde(default)]
+    limit: Option<usize>,
+    sort: Option<String>,
+    #[serde(default)]
+    desc: bool,
+    q: Option<String>,
+}
+
+fn parquet_path(v: &Viewed, rel: &str) -> Result<PathBuf, Response> {
+    if !rel.ends_with(".parquet") || rel.starts_with(INTERNAL_DIR) {
+        return Err(not_found());
+    }
+    inside(&v.dir, rel).filter(|p| p.is_file()).ok_or_else(not_found)
+}
+
+impl App {
+    /// Positions of a table's rows for an order or a filter, computed once per file version.
+    fn positions(&self, t: &Table, what: String, f: impl FnOnce() -> Result<Vec<u32>>) -> Result<Arc<Vec<u32>>> {
+        let meta = std::fs::metadata(&t.path)?;
+        let key = (t.path.clone(), meta.modified()?, meta.len(), what);
+        if let Some(hit) = self.positions.lock().expect("cache").get(&key) {
+            return Ok(hit.clone());
+        }
+        let computed = Arc::new(f()?);
+        let mut cache = self.positions.lock().expect("cache");
+        if cache.len() >= 16 {
+            cache.clear();
+        }
+        cache.insert(key, computed.clone());
+        Ok(computed)
+    }
+}
+
+fn table_json(app: &App, q: &TableQuery) -> Result<Value, Response> {
+    let path = parquet_path(&app.viewed, &q.file)?;
+    let t = Table::open(&path).map_err(|e| fail(StatusCode::UNPROCESSABLE_ENTITY, format!("{:#}", e)))?;
+    let limit = q.limit.unwrap_or(50).clamp(1, MAX_PAGE);
+    let err = |e: anyhow::Error| fail(StatusCode::BAD_REQUEST, format!("{}: {e:#}", q.file));
+    let filtered = match q.q.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
+        Some(needle) => {
+            let n = needle.to_string();
+            Some(app.positions(&t, format!("q:{needle}"), || t.filter(&n)).map_err(err)?)
+        }
+        None => None,
+    };
+    let ordered = match q.sort.as_deref().filter(|s| !s.is_empty()) {
+        Some(col) => {
+            Some(app.positions(&t, format!("sort:{col}:{}", q.desc), || t.order_by(col, q.desc)).map_err(err)?)
+        }
+        None => None,
+    };
+    let matched = filtered.as_ref().map(|f| f.len() as u64).unwrap_or(t.rows());
+    let positions: Vec<u64> = match (&ordered, &filtered) {
+        (None, None) => (q.offset as u64..(q.offset as u64 + limit as u64).min(t.rows())).collect(),
+        (None, Some(f)) => f.iter().skip(q.offset).take(limit).map(|p| *p as u64).collect(),
+        (Some(o), None) => o.iter().skip(q.offset).take(limit).map(|p| *p as u64).collect(),
+        (Some(o), Some(f)) => {
+            let keep: std::collections::HashSet<u32> = f.iter().copied().collect();
+            o.iter().filter(|p| keep.contains(p)).skip(q.offset).take(limit).map(|p| *p as u64).collect()
+        }
+    };
+    let rows = t.read_rows(&positions).map_err(|e| fail(StatusCode::UNPROCESSABLE_ENTITY, format!("{e:#}")))?;
+    Ok(json!({
+        "file": q.file,
+        "rows": t.rows(),
+        "matched": matched,
+        "offset": q.offset,
+        "limit": limit,
+        "columns": table::columns(&t.schema()),
+        "positions": positions,
+        "data": rows,
+    }))
+}
+
+async fn table_page(State(app): State<Arc<App>>, Query(q): Query<TableQuery>) -> Response {
+    match tokio::task::spawn_blocking(move || table_json(&app, &q)).await {
+        Ok(Ok(v)) => answer(&v),
+        Ok(Err(r)) => r,
+        Err(e) => fail(StatusCode::INTERNAL_SERVER_ERROR, e),
+    }
+}
+
+// ---- failures ---------------------------------------------------------------------
+
+#[derive(Deserialize)]
+struct StageQuery {
+    stage: String,
+}
+
+/// A message with its numbers and quoted parts blanked, so failures of one cause group.
+fn reason_of(message: &str) -> String {
+    let mut out = String::with_capacity(message.len().min(160));
+    let mut in_quote = false;
+    let mut last_digit = false;
+    for c in message.chars().take(160) {
+        if c == '"' {
+            if !in_quote {
+                out.push_str("\"…");
+            }
+            in_quote = !in_quote;
+            if !in_quote {
+                out.push('"');
+            }
+            continue;
+        }
+        if in_quote {
+            continue;
+        }
+        if c.is_ascii_digit() {
+            if !last_digit {
+                out.push('#');
+            }
+            last_digit = true;
+            continue;
+        }
+        last_digit = false;
+        out.push(c);
+    }
+    out
+}
+
+fn failures_json(v: &Viewed, stage: &str) -> Result<Value, Response> {
+    let state = read_json(&crate::store::state::state_path(&v.dir, stage));
+    let rel = state
+        .as_ref()
+        .and_then(|s| s["failures"]["path"].as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("{stage}.failures.parquet"));
+    let Ok(path) = parquet_path(v, &rel) else {
+        return Ok(json!({"stage": stage, "file": Value::Null, "rows": 0, "groups": []}));
+    };
+    let t = Table::open(&path).map_err(|e| fail(StatusCode::UNPROCESSABLE_ENTITY, format!("{e:#}")))?;
+    let all: Vec<u64> = (0..t.rows()).collect();
+    // Grouping reads the kind and message of each failure, a page at a time.
+    let mut groups: BTreeMap<(String, String), (u64, Vec<u64>)> = BTreeMap::new();
+    for chunk in all.chunks(4096) {
+        let rows = t.read_rows(chunk).map_err(|e| fail(StatusCode::UNPROCESSABLE_ENTITY, format!("{e:#}")))?;
+        for (pos, r) in chunk.iter().zip(rows) {
+            let kind = r["kind"].as_str().unwrap_or("").to_string();
+            let reason = reason_of(r["message"].as_str().unwrap_or(""));
+            let g = groups.entry((kind, reason)).or_default();
+            g.0 += 1;
+            if g.1.len() < 5 {
+                g.1.push(*pos);
+            }
+        }
+    }
+    let mut list: Vec<Value> = groups
+        .into_iter()
+        .map(|((kind, reason), (count, first))| json!({"kind": kind, "reason": reason, "count": count, "positions": first}))
+        .collect();
+    list.sort_by(|a, b| b["count"].as_u64().cmp(&a["count"].as_u64()));
+    Ok(json!({"stage": stage, "file": rel, "rows": t.rows(), "groups": list}))
+}
+
+async fn failures(State(app): State<Arc<App>>, Query(q): Query<StageQuery>) -> Response {
+    match tokio::task::spawn_blocking(move || failures_json(&app.viewed, &q.stage)).await {
+        Ok(Ok(v)) => answer(&v),
+        Ok(Err(r)) => r,
+        Err(e) => fail(StatusCode::INTERNAL_SERVER_ERROR, e),
+    }
+}
+
+// ---- provenance -------------------------------------------------------------------
+
+#[derive(Deserialize)]
+struct LookupQuery {
+    id: String,
+}
+
+/// The rows with this `id` in every stage output (a sample's persona, profile, passage,
+/// seed or rule is a row of an earlier stage).
+fn lookup_json(v: &Viewed, id: &str) -> Value {
+    let state = run_state(v);
+    let mut found = Vec::new();
+    for s in state["stages"].as_array().into_iter().flatten() {
+        for o in s["outputs"].as_array().into_iter().flatten() {
+            let Some(rel) = o["path"].as_str() else { continue };
+            let Ok(path) = parquet_path(v, rel) else { continue };
+            let Ok(t) = Table::open(&path) else { continue };
+            let Ok(hits) = t.find("id", id) else { continue };
+            let hits: Vec<u64> = hits.into_iter().take(5).collect();
+            if let Ok(rows) = t.read_rows(&hits) {
+                for (pos, row) in hits.iter().zip(rows) {
+                    found.push(json!({"stage": s["name"], "file": rel, "position": pos, "row": row}));
+                }
+            }
+        }
+    }
+    json!({"id": id, "found": found})
+}
+
+async fn lookup(State(app): State<Arc<App>>, Query(q): Query<LookupQuery>) -> Response {
+    let v = app.viewed.clone();
+    answer(&tokio::task::spawn_blocking(move || lookup_json(&v, &q.id)).await.unwrap_or_default())
+}
+
+// ---- reports and files ------------------------------------------------------------
+
+const REPORT_EXTENSIONS: &[&str] = &["md", "json", "jsonl", "txt", "csv", "tsv"];
+
+/// The dataset card and each report a stage wrote: text files of the directory (one level
+/// of folders down), with the stage reports of the manifest.
+fn reports_json(v: &Viewed) -> Value {
+    let mut files = Vec::new();
+    let mut stack = vec![(v.dir.clone(), 0)];
+    while let Some((d, depth)) = stack.pop() {
+        let Ok(read) = std::fs::read_dir(&d) else { continue };
+        for e in read.flatten() {
+            let p = e.path();
+            let rel = p.strip_prefix(&v.dir).unwrap_or(&p).to_string_lossy().to_string();
+            if rel.starts_with(INTERNAL_DIR) || rel == MANIFEST || rel.starts_with("snapshots") {
+                continue;
+            }
+            let Ok(ft) = e.file_type() else { continue };
+            if ft.is_dir() && depth < 1 {
+                stack.push((p, depth + 1));
+            } else if ft.is_file()
+                && p.extension().and_then(|x| x.to_str()).is_some_and(|x| REPORT_EXTENSIONS.contains(&x))
+            {
+                let bytes = e.metadata().map(|m| m.len()).unwrap_or(0);
+                files.push(json!({"path": rel, "bytes": bytes}));
+            }
+        }
+    }
+    files.sort_by(|a, b| {
+        let card = |x: &Value| x["path"] != "README.md";
+        (card(a), a["path"].as_str()).cmp(&(card(b), b["path"].as_str()))
+    });
+    let state = run_state(v);
+    let stage_reports: Vec<Value> = state["stages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| {
+            s["report"]["info"].is_object() || s["report"]["tables"].is_array() || s["report"]["metrics"].is_object()
+        })
+        .map(|s| json!({"stage": s["name"], "report": s["report"]}))
+        .collect();
+    json!({"files": files, "stages": stage_reports})
+}
+
+async fn reports(State(app): State<Arc<App>>) -> Response {
+    let v = app.viewed.clone();
+    answer(&tokio::task::spawn_blocking(move || reports_json(&v)).await.unwrap_or_default())
+}
+
+async fn file(State(app): State<Arc<App>>, axum::extract::Path(rel): axum::extract::Path<String>) -> Response {
+    let Some(path) = inside(&app.viewed.dir, &rel) else { return not_found() };
+    let ext = path.extension().and_then(|x| x.to_str()).unwrap_or("");
+    if rel.starts_with(INTERNAL_DIR) || !REPORT_EXTENSIONS.contains(&ext) || !path.is_file() {
+        return not_found();
+    }
+    let read = || -> std::io::Result<String> {
+        use std::io::Read;
+        let mut buf = Vec::new();
+        std::fs::File::open(&path)?.take(MAX_FILE).read_to_end(&mut buf)?;
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    };
+    match read() {
+        Ok(text) => {
+            let mut r = crate::secrets::scrub(&text).into_response();
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+            r
+        }
+        Err(e) => fail(StatusCode::UNPROCESSABLE_ENTITY, format!("{rel}: {e}")),
+    }
+}
+
+// ---- snapshots --------------------------------------------------------------------
+
+async fn snapshots(State(app): State<Arc<App>>) -> Response {
+    let snaps = crate::regen::snapshot::Snapshots::new(app.viewed.snapshots.clone());
+    let latest = snaps.latest().ok().flatten().map(|s| s.meta.id.clone());
+    match snaps.list() {
+        Ok(list) => answer(&json!({
+            "latest": latest,
+            "snapshots": list.iter().map(|s| json!({
+                "id": s.meta.id, "created_at": s.meta.created_at, "pipeline": s.meta.pipeline,
+                "exports": s.meta.exports.iter().map(|e| json!({"stage": e.stage, "files": e.files, "rows": e.rows})).collect::<Vec<_>>(),
+                "previous": s.meta.changelog.previous,
+                "published": s.release.as_ref().map(|r| r.url.clone()),
+            })).collect::<Vec<_>>(),
+        })),
+        Err(_) => answer(&json!({"latest": Value::Null, "snapshots": []})),
+    }
+}
+
+#[derive(Deserialize)]
+struct DiffQuery {
+    old: Option<String>,
+    new: String,
+    #[serde(default)]
+    ids: usize,
+}
+
+async fn snapshot_diff(State(app): State<Arc<App>>, Query(q): Query<DiffQuery>) -> Response {
+    let snaps = crate::regen::snapshot::Snapshots::new(app.viewed.snapshots.clone());
+    let new = match snaps.get(&q.new) {
+        Ok(s) => s,
+        Err(e) => return fail(StatusCode::NOT_FOUND, format!("{e:#}")),
+    };
+    let old = match q.old.as_deref().filter(|s| !s.is_empty()) {
+        Some(id) => match snaps.get(id) {
+            Ok(s) => Some(s),
+            Err(e) => return fail(StatusCode::NOT_FOUND, format!("{e:#}")),
+        },
+        None => None,
+    };
+    let take = q.ids.min(1000);
+    let diffs = crate::regen::snapshot::compare(old.as_ref(), &new);
+    let exports: Vec<Value> = diffs
+        .iter()
+        .map(|(export, (c, ids))| {
+            json!({"export": export, "rows": c.rows, "added": c.added, "removed": c.removed, "changed": c.changed,
+                "unchanged": c.unchanged,
+                "added_ids": ids.added.iter().take(take).collect::<Vec<_>>(),
+                "removed_ids": ids.removed.iter().take(take).collect::<Vec<_>>(),
+                "changed_ids": ids.changed.iter().take(take).collect::<Vec<_>>()})
+        })
+        .collect();
+    answer(&json!({"old": old.map(|o| o.meta.id), "new": new.meta.id, "exports": exports}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_stay_inside() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().canonicalize().unwrap();
+        std::fs::write(d.join("a.md"), "x").unwrap();
+        std::fs::create_dir(d.join("sub")).unwrap();
+        std::fs::write(d.join("sub/b.md"), "y").unwrap();
+        assert!(inside(&d, "a.md").is_some());
+        assert!(inside(&d, "sub/b.md").is_some());
+        for bad in ["../a.md", "sub/../a.md", "/etc/passwd", "", "./a.md", "sub\\..\\a.md"] {
+            assert!(inside(&d, bad).is_none(), "{bad}");
+        }
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret.md"), "s").unwrap();
+        std::os::unix::fs::symlink(outside.path().join("secret.md"), d.join("link.md")).unwrap();
+        assert!(inside(&d, "link.md").is_none(), "a symlink out is refused");
+    }
+
+    #[test]
+    fn reasons_group_messages_that_differ_in_numbers_and_quotes() {
+        assert_eq!(
+            reason_of("prompt of 5000 tokens > context 2048"),
+            reason_of("prompt of 6100 tokens > context 2048")
+        );
+        assert_eq!(reason_of("missing \"skills\" in answer 3"), reason_of("missing \"boundaries\" in answer 12"));
+        assert_ne!(reason_of("HTTP 500"), reason_of("invalid JSON"));
+    }
+}

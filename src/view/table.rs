@@ -1,0 +1,258 @@
+//! Pages of a Parquet file for the viewer: rows by position read from the row groups
+//! that hold them (the footer says where), an order by one column (that column read
+//! alone, long texts by a prefix) and a text filter (a scan, one row group at a time):
+//! never the whole file in memory.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
+use arrow::datatypes::{DataType, SchemaRef};
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ParquetRecordBatchReaderBuilder, RowSelection};
+
+/// Bytes of a text value that take part in sorting.
+const SORT_PREFIX: usize = 96;
+
+/// A Parquet file's footer: its schema and where each row group starts.
+#[derive(Clone)]
+pub struct Table {
+    pub path: PathBuf,
+    meta: ArrowReaderMetadata,
+    /// First row of each row group, then the row count.
+    starts: Vec<u64>,
+}
+
+impl Table {
+    /// Read the footer (a file being written has none yet: that is an error of this view).
+    pub fn open(path: &Path) -> Result<Table> {
+        let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let meta = ArrowReaderMetadata::load(&file, Default::default()).with_context(|| {
+            format!("{}: not a readable Parquet file (still being written, or corrupt)", path.display())
+        })?;
+        let mut starts = vec![0u64];
+        for rg in meta.metadata().row_groups() {
+            starts.push(starts.last().unwrap() + rg.num_rows().max(0) as u64);
+        }
+        Ok(Table { path: path.to_path_buf(), meta, starts })
+    }
+
+    pub fn rows(&self) -> u64 {
+        *self.starts.last().unwrap()
+    }
+
+    pub fn schema(&self) -> SchemaRef {
+        self.meta.schema().clone()
+    }
+
+    fn builder(&self) -> Result<ParquetRecordBatchReaderBuilder<File>> {
+        let file = File::open(&self.path).with_context(|| format!("opening {}", self.path.display()))?;
+        Ok(ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.meta.clone()))
+    }
+
+    /// The rows at these positions, as JSON objects in the order asked.
+    pub fn read_rows(&self, positions: &[u64]) -> Result<Vec<serde_json::Value>> {
+        let mut sorted: Vec<(u64, usize)> = positions.iter().copied().zip(0..).collect();
+        sorted.sort_unstable();
+        let mut out: Vec<serde_json::Value> = vec![serde_json::Value::Null; positions.len()];
+        let mut i = 0;
+        while i < sorted.len() {
+            let rg = self.starts.partition_point(|s| *s <= sorted[i].0) - 1;
+            let (start, end) = (self.starts[rg], self.starts[rg + 1]);
+            let mut j = i;
+            let mut ranges: Vec<std::ops::Range<usize>> = Vec::new();
+            while j < sorted.len() && sorted[j].0 < end {
+                let local = (sorted[j].0 - start) as usize;
+                match ranges.last_mut() {
+                    Some(r) if r.end == local => r.end += 1,
+                    Some(r) if r.end > local => {} // the same row asked twice
+                    _ => ranges.push(local..local + 1),
+                }
+                j += 1;
+            }
+            let selection = RowSelection::from_consecutive_ranges(ranges.iter().cloned(), (end - start) as usize);
+            let reader = self.builder()?.with_row_groups(vec![rg]).with_row_selection(selection).build()?;
+            let mut rows = Vec::new();
+            for batch in reader {
+                let batch = batch.with_context(|| format!("reading {}", self.path.display()))?;
+                rows.extend(batch_to_json(&batch)?);
+            }
+            // The selected rows come back in order, each once.
+            let mut k = 0;
+            let mut last: Option<u64> = None;
+            for (pos, at) in &sorted[i..j] {
+                if last != Some(*pos) {
+                    if last.is_some() {
+                        k += 1;
+                    }
+                    last = Some(*pos);
+                }
+                out[*at] = rows.get(k).cloned().unwrap_or_default();
+            }
+            i = j;
+        }
+        Ok(out)
+    }
+
+    /// Positions of all rows ordered by `column` (nulls last; ties by position).
+    pub fn order_by(&self, column: &str, descending: bool) -> Result<Vec<u32>> {
+        let schema = self.schema();
+        let idx = schema.index_of(column).with_context(|| format!("no column \"{column}\""))?;
+        let mask = ProjectionMask::roots(self.meta.parquet_schema(), [idx]);
+        let reader = self.builder()?.with_projection(mask).build()?;
+        let mut keys: Vec<(Key, u32)> = Vec::with_capacity(self.rows() as usize);
+        for batch in reader {
+            let batch = batch?;
+            let col = batch.column(0);
+            let base = keys.len() as u32;
+            for r in 0..col.len() {
+                keys.push((key_of(col, r)?, base + r as u32));
+            }
+        }
+        keys.sort_by(|a, b| {
+            let o = a.0.cmp_nulls_last(&b.0, descending);
+            o.then(a.1.cmp(&b.1))
+        });
+        Ok(keys.into_iter().map(|(_, p)| p).collect())
+    }
+
+    /// Positions of the rows where any column's text contains `needle` (any case).
+    pub fn filter(&self, needle: &str) -> Result<Vec<u32>> {
+        let needle = needle.to_lowercase();
+        let reader = self.builder()?.with_batch_size(4096).build()?;
+        let mut hits = Vec::new();
+        let mut base = 0u32;
+        for batch in reader {
+            let batch = batch?;
+            let mut matched = vec![false; batch.num_rows()];
+            for col in batch.columns() {
+                match col.data_type() {
+                    DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
+                        let col = arrow::compute::cast(col, &DataType::Utf8)?;
+                        let s = col.as_string::<i32>();
+                        for (r, m) in matched.iter_mut().enumerate() {
+                            if !*m && s.is_valid(r) && contains_lower(s.value(r), &needle) {
+                                *m = true;
+                            }
+                        }
+                    }
+                    _ => {
+                        let fmt = arrow::util::display::ArrayFormatter::try_new(col.as_ref(), &Default::default())?;
+                        for (r, m) in matched.iter_mut().enumerate() {
+                            if !*m && col.is_valid(r) && contains_lower(&fmt.value(r).to_string(), &needle) {
+                                *m = true;
+                            }
+                        }
+                    }
+                }
+            }
+            hits.extend(matched.iter().enumerate().filter(|(_, m)| **m).map(|(r, _)| base + r as u32));
+            base += batch.num_rows() as u32;
+        }
+        Ok(hits)
+    }
+
+    /// Rows whose `column` (a text column) equals `value`.
+    pub fn find(&self, column: &str, value: &str) -> Result<Vec<u64>> {
+        let schema = self.schema();
+        let Ok(idx) = schema.index_of(column) else { return Ok(Vec::new()) };
+        if !matches!(schema.field(idx).data_type(), DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) {
+            return Ok(Vec::new());
+        }
+        let mask = ProjectionMask::roots(self.meta.parquet_schema(), [idx]);
+        let reader = self.builder()?.with_projection(mask).build()?;
+        let mut base = 0u64;
+        let mut out = Vec::new();
+        for batch in reader {
+            let batch = batch?;
+            let col = arrow::compute::cast(batch.column(0), &DataType::Utf8)?;
+            let s = col.as_string::<i32>();
+            for r in 0..s.len() {
+                if s.is_valid(r) && s.value(r) == value {
+                    out.push(base + r as u64);
+                }
+            }
+            base += batch.num_rows() as u64;
+        }
+        Ok(out)
+    }
+}
+
+fn contains_lower(hay: &str, needle_lower: &str) -> bool {
+    if hay.is_ascii() && needle_lower.is_ascii() {
+        let (h, n) = (hay.as_bytes(), needle_lower.as_bytes());
+        return n.is_empty() || h.windows(n.len()).any(|w| w.eq_ignore_ascii_case(n));
+    }
+    hay.to_lowercase().contains(needle_lower)
+}
+
+/// A sort key: numbers as numbers, anything else by the start of its text.
+#[derive(Debug, PartialEq)]
+enum Key {
+    Null,
+    Num(f64),
+    Text(String),
+}
+
+impl Key {
+    fn cmp_nulls_last(&self, other: &Key, descending: bool) -> std::cmp::Ordering {
+        use std::cmp::Ordering::*;
+        let o = match (self, other) {
+            (Key::Null, Key::Null) => return Equal,
+            (Key::Null, _) => return Greater,
+            (_, Key::Null) => return Less,
+            (Key::Num(a), Key::Num(b)) => a.total_cmp(b),
+            (Key::Num(_), Key::Text(_)) => Less,
+            (Key::Text(_), Key::Num(_)) => Greater,
+            (Key::Text(a), Key::Text(b)) => a.cmp(b),
+        };
+        if descending { o.reverse() } else { o }
+    }
+}
+
+fn key_of(col: &ArrayRef, r: usize) -> Result<Key> {
+    if col.is_null(r) {
+        return Ok(Key::Null);
+    }
+    let dt = col.data_type();
+    if dt.is_numeric() {
+        let one = arrow::compute::cast(&col.slice(r, 1), &DataType::Float64)?;
+        return Ok(Key::Num(one.as_primitive::<arrow::datatypes::Float64Type>().value(0)));
+    }
+    if let DataType::Boolean = dt {
+        return Ok(Key::Num(f64::from(u8::from(col.as_boolean().value(r)))));
+    }
+    let fmt = arrow::util::display::ArrayFormatter::try_new(col.as_ref(), &Default::default())?;
+    let mut s = fmt.value(r).to_string();
+    if s.len() > SORT_PREFIX {
+        let mut cut = SORT_PREFIX;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    Ok(Key::Text(s))
+}
+
+/// A batch as JSON objects (arrow's JSON writer: lists and structs nested, nulls kept).
+pub fn batch_to_json(batch: &RecordBatch) -> Result<Vec<serde_json::Value>> {
+    let mut buf = Vec::new();
+    {
+        let mut w = arrow::json::WriterBuilder::new()
+            .with_explicit_nulls(true)
+            .build::<_, arrow::json::writer::JsonArray>(&mut buf);
+        w.write(batch)?;
+        w.finish()?;
+    }
+    if buf.is_empty() {
+        return Ok(Vec::new());
+    }
+    let v: Vec<serde_json::Value> = serde_json::from_slice(&buf)?;
+    Ok(v)
+}
+
+/// The schema as `[{name, type}]`.
+pub fn columns(schema: &SchemaRef) -> Vec<serde_json::Value> {
+    schema.fields().iter().map(|f| serde_json::json!({"name": f.name(), "type": f.data_type().to_string()})).collect()
+}

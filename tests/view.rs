@@ -1,0 +1,387 @@
+//! `synth view` over real outputs, through a real socket: every endpoint on the offline
+//! outputs of each method, paths that leave the directory, secrets, a corrupt file, a
+//! directory that is not a run, and a stage's progress changing while a run goes on.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::support::{self, Project};
+
+/// A running `synth view`; killed when dropped.
+struct Viewer {
+    child: Child,
+    addr: String,
+}
+
+impl Viewer {
+    fn start(target: &Path, env: &[(&str, &str)]) -> Viewer {
+        let mut cmd = Command::new(support::synth_bin());
+        cmd.args(["view", target.to_str().unwrap(), "--port", "0"]).stdout(Stdio::piped()).stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+        let addr = line
+            .split("http://")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no URL in {line:?}"))
+            .trim()
+            .trim_end_matches('/')
+            .to_string();
+        Viewer { child, addr }
+    }
+
+    /// GET a path as written (no client-side normalization of `..`): status and body.
+    fn get(&self, path: &str) -> (u16, String) {
+        let mut s = TcpStream::connect(&self.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", self.addr).unwrap();
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).unwrap();
+        let text = String::from_utf8_lossy(&raw).to_string();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+        let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+            dechunk(body)
+        } else {
+            body.to_string()
+        };
+        (status, body)
+    }
+
+    fn json(&self, path: &str) -> Value {
+        let (status, body) = self.get(path);
+        assert_eq!(status, 200, "GET {path}: {body}");
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
+    }
+}
+
+impl Drop for Viewer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn dechunk(body: &str) -> String {
+    let mut out = String::new();
+    let mut rest = body;
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&after[..n]);
+        rest = &after[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+fn enc(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn offline_run(pipeline: &str, out: &Path) {
+    let p = support::repo().join("pipelines").join(pipeline);
+    let o = Command::new(support::synth_bin())
+        .args(["run", p.to_str().unwrap(), "--offline", "--out", out.to_str().unwrap(), "-q"])
+        .current_dir(support::repo())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{pipeline}: {}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// The Parquet outputs and failure tables the run page lists.
+fn parquet_files(run: &Value) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    for s in run["stages"].as_array().unwrap() {
+        for o in s["outputs"].as_array().into_iter().flatten() {
+            let path = o["path"].as_str().unwrap();
+            if path.ends_with(".parquet") {
+                out.push((path.to_string(), o["rows"].as_u64().unwrap()));
+            }
+        }
+        if let Some(path) = s["failures"]["path"].as_str() {
+            out.push((path.to_string(), s["failures"]["rows"].as_u64().unwrap()));
+        }
+    }
+    out
+}
+
+/// Every endpoint on one method's offline outputs: the run, each table (a page, the last
+/// page, sorted both ways, filtered), failures, reports, files, lookups, snapshots.
+fn check_every_endpoint(pipeline: &str) -> (tempfile::TempDir, Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    offline_run(pipeline, &out);
+    let v = Viewer::start(&out, &[]);
+    let (status, page) = v.get("/");
+    assert_eq!(status, 200);
+    assert!(page.contains("<title>synth view</title>") && page.contains("/api/events"), "the page");
+    let run = v.json("/api/run");
+    assert_eq!(run["status"], "ok", "{pipeline}: {}", run["status"]);
+    let stages = run["stages"].as_array().unwrap();
+    assert!(stages.len() >= 3, "{pipeline}: {} stages", stages.len());
+    let files = parquet_files(&run);
+    assert!(!files.is_empty(), "{pipeline}: no Parquet outputs listed");
+    for (file, rows) in &files {
+        let t = v.json(&format!("/api/table?file={}&limit=7", enc(file)));
+        assert_eq!(t["rows"].as_u64().unwrap(), *rows, "{file}: rows of the footer vs the state");
+        assert_eq!(t["data"].as_array().unwrap().len() as u64, (*rows).min(7), "{file}");
+        assert!(!t["columns"].as_array().unwrap().is_empty());
+        if *rows > 2 {
+            // The last page holds the rest.
+            let last = v.json(&format!("/api/table?file={}&offset={}&limit=50", enc(file), rows - 2));
+            assert_eq!(last["data"].as_array().unwrap().len(), 2, "{file}: the last page");
+            assert_eq!(last["positions"], serde_json::json!([rows - 2, rows - 1]));
+            // Sorted by the first column both ways: each the other reversed (ties by position aside).
+            let col = t["columns"][0]["name"].as_str().unwrap();
+            let up = v.json(&format!("/api/table?file={}&sort={}&limit=500", enc(file), enc(col)));
+            let down = v.json(&format!("/api/table?file={}&sort={}&desc=true&limit=500", enc(file), enc(col)));
+            let key = |t: &Value, i: usize| t["data"][i][col].to_string();
+            let n = up["data"].as_array().unwrap().len();
+            if n == *rows as usize {
+                assert_eq!(key(&up, 0), key(&down, n - 1), "{file} sorted by {col}");
+                assert_eq!(key(&up, n - 1), key(&down, 0), "{file} sorted by {col}");
+            }
+            // A filter by a value of the first row finds that row.
+            if let Some(text) = t["data"][0][col].as_str().filter(|s| s.len() >= 3) {
+                let probe: String = text.chars().take(24).collect::<String>().to_uppercase();
+                let f = v.json(&format!("/api/table?file={}&q={}&limit=500", enc(file), enc(&probe)));
+                assert!(f["matched"].as_u64().unwrap() >= 1, "{file}: filter {probe:?}");
+                assert!(
+                    f["positions"].as_array().unwrap().contains(&Value::from(0)),
+                    "{file}: filter {probe:?} misses row 0"
+                );
+            }
+        }
+    }
+    for s in stages {
+        let name = s["name"].as_str().unwrap();
+        let f = v.json(&format!("/api/failures?stage={}", enc(name)));
+        let listed = s["failures"]["rows"].as_u64().unwrap_or(0);
+        assert_eq!(f["rows"].as_u64().unwrap(), listed, "{name}: failures");
+        let grouped: u64 = f["groups"].as_array().unwrap().iter().map(|g| g["count"].as_u64().unwrap()).sum();
+        assert_eq!(grouped, listed, "{name}: every failure in one group");
+    }
+    let reports = v.json("/api/reports");
+    for f in reports["files"].as_array().unwrap() {
+        let path = f["path"].as_str().unwrap();
+        let (status, _) = v.get(&format!("/api/file/{path}"));
+        assert_eq!(status, 200, "{path}");
+    }
+    let snaps = v.json("/api/snapshots");
+    assert!(snaps["snapshots"].is_array());
+    (dir, run)
+}
+
+#[test]
+fn every_endpoint_answers_on_rolemrc_offline_outputs_with_chats_pairs_and_provenance() {
+    let (dir, run) = check_every_endpoint("rolemrc.toml");
+    let out = dir.path().join("out");
+    let v = Viewer::start(&out, &[]);
+    // The dataset card is the first report.
+    let reports = v.json("/api/reports");
+    assert_eq!(reports["files"][0]["path"], "README.md", "{reports}");
+    let (_, card) = v.get("/api/file/README.md");
+    assert!(card.contains("RoleMRC") || card.contains("rolemrc"), "{card}");
+    // A DPO pair: a prompt as a chat, chosen and rejected texts.
+    let dpo = v.json("/api/table?file=dpo.parquet&limit=1");
+    let pair = &dpo["data"][0];
+    assert!(
+        pair["prompt"].as_array().is_some_and(|m| m.iter().all(|m| m["role"].is_string() && m["content"].is_string()))
+    );
+    assert!(pair["chosen"].is_string() && pair["rejected"].is_string());
+    // Its profile is one click away: the lookup finds the profile row by id.
+    let profile = pair["profile_id"].as_str().unwrap();
+    let found = v.json(&format!("/api/lookup?id={}", enc(profile)));
+    let stages: Vec<&str> = found["found"].as_array().unwrap().iter().map(|f| f["stage"].as_str().unwrap()).collect();
+    assert!(stages.iter().any(|s| s.starts_with("profiles")), "{profile} found in {stages:?}");
+    assert!(run["stages"].as_array().unwrap().iter().any(|s| s["name"] == "sft"));
+}
+
+#[test]
+fn every_endpoint_answers_on_roleeval_characterbench_and_sharp_offline_outputs() {
+    for pipeline in ["roleeval.toml", "characterbench.toml", "sharp.toml"] {
+        check_every_endpoint(pipeline);
+    }
+}
+
+#[test]
+fn paths_outside_the_directory_are_not_served() {
+    let p = Project::new();
+    p.write("people.jsonl", support::people_jsonl(5));
+    p.write(
+        "p.toml",
+        "[pipeline]\nname = \"v\"\noutput_dir = \"out\"\n[stages.people]\nkind = \"source\"\npath = \"people.jsonl\"\n",
+    );
+    p.synth(&["run", "p.toml", "-q"]).ok();
+    let out = p.path().join("out");
+    p.write("outside.md", "NOT FOR THE PAGE");
+    p.write("outside.parquet", "NOT FOR THE PAGE");
+    std::os::unix::fs::symlink(p.path().join("outside.md"), out.join("link.md")).unwrap();
+    std::os::unix::fs::symlink(p.path().join("outside.parquet"), out.join("link.parquet")).unwrap();
+    std::fs::write(out.join("notes.md"), "inside").unwrap();
+    let v = Viewer::start(&out, &[]);
+    assert_eq!(v.get("/api/file/notes.md"), (200, "inside".to_string()));
+    for path in [
+        "/api/file/../outside.md",
+        "/api/file/..%2Foutside.md",
+        "/api/file/%2E%2E/outside.md",
+        "/api/file//etc/passwd",
+        "/api/file/%2Fetc%2Fpasswd",
+        "/api/file/link.md",
+        "/api/file/_synth/journal.log",
+        "/api/table?file=..%2Foutside.parquet",
+        "/api/table?file=%2Fetc%2Fpasswd",
+        "/api/table?file=link.parquet",
+        "/../outside.md",
+        "/nothing-here",
+    ] {
+        let (status, body) = v.get(path);
+        assert_eq!(status, 404, "{path}: {body}");
+        assert!(!body.contains("NOT FOR THE PAGE") && !body.contains("root:"), "{path}: {body}");
+    }
+}
+
+#[test]
+fn no_secret_from_the_environment_or_the_files_reaches_the_page() {
+    const KEY: &str = "sk-view-secret-0123456789abcdef";
+    let p = Project::new();
+    p.write("people.jsonl", support::people_jsonl(5));
+    p.write(
+        "p.toml",
+        "[pipeline]\nname = \"v\"\noutput_dir = \"out\"\n[stages.people]\nkind = \"source\"\npath = \"people.jsonl\"\n",
+    );
+    p.synth_env(&["run", "p.toml", "-q"], &[("OPENAI_API_KEY", KEY)]).ok();
+    let out = p.path().join("out");
+    // A report that quotes the key (a user's note, a tool's log).
+    std::fs::write(out.join("notes.md"), format!("key used: {KEY}\nand bare: view-only-token-abcdefgh\n")).unwrap();
+    let v = Viewer::start(&out, &[("OPENAI_API_KEY", KEY), ("MY_SERVICE_TOKEN", "view-only-token-abcdefgh")]);
+    for path in ["/api/run", "/api/reports", "/api/file/notes.md", "/api/table?file=people.parquet"] {
+        let (status, body) = v.get(path);
+        assert_eq!(status, 200, "{path}");
+        assert!(!body.contains(KEY) && !body.contains("view-only-token-abcdefgh"), "{path} shows a secret: {body}");
+    }
+    let (_, notes) = v.get("/api/file/notes.md");
+    assert!(notes.contains("***"), "{notes}");
+}
+
+#[test]
+fn a_corrupt_or_unfinished_parquet_fails_its_own_view_only() {
+    let p = Project::new();
+    p.write("people.jsonl", support::people_jsonl(20));
+    p.write(
+        "p.toml",
+        "[pipeline]\nname = \"v\"\noutput_dir = \"out\"\n[stages.people]\nkind = \"source\"\npath = \"people.jsonl\"\n\
+         [stages.again]\nkind = \"source\"\npath = \"people.jsonl\"\n",
+    );
+    p.synth(&["run", "p.toml", "-q"]).ok();
+    let out = p.path().join("out");
+    // Half a file: the footer is missing, as while a writer is still at it.
+    let whole = std::fs::read(out.join("again.parquet")).unwrap();
+    std::fs::write(out.join("again.parquet"), &whole[..whole.len() / 2]).unwrap();
+    let v = Viewer::start(&out, &[]);
+    let (status, body) = v.get("/api/table?file=again.parquet");
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("again.parquet") && body.contains("Parquet"), "{body}");
+    assert_eq!(v.json("/api/table?file=people.parquet")["rows"], 20);
+    assert_eq!(v.get("/api/run").0, 200);
+}
+
+#[test]
+fn a_directory_that_is_not_a_run_is_refused_with_a_message() {
+    let p = Project::new();
+    p.write("x/a.txt", "a");
+    let o = p.synth(&["view", "x", "--port", "0"]).code(78);
+    assert!(o.stderr.contains("not a synth output directory"), "{}", o.stderr);
+    let o = p.synth(&["view", "nowhere", "--port", "0"]).code(78);
+    assert!(o.stderr.contains("nowhere"), "{}", o.stderr);
+}
+
+/// While a run goes on, the page's state shows its running stage and its count moving,
+/// and the event stream sends the change without being asked.
+#[test]
+fn the_page_follows_a_running_stage() {
+    use crate::support::openai_server::{self, Behaviour};
+    let server = openai_server::start(Behaviour { latency: Duration::from_millis(60), ..Default::default() });
+    let p = Project::new();
+    p.write(
+        "people.jsonl",
+        (0..100).map(|i| format!("{{\"id\": \"r{i}\", \"name\": \"p{i}\"}}\n")).collect::<String>(),
+    );
+    p.write("prompt.j2", "Say hello to {{ name }}.\n");
+    p.write(
+        "p.toml",
+        format!(
+            "[pipeline]\nname = \"live\"\noutput_dir = \"out\"\n\
+             [providers.api]\nkind = \"openai\"\nbase_url = \"{}\"\nmodel = \"m\"\napi_key_env = \"SYNTH_TEST_KEY\"\n\
+             max_concurrency = 1\ninitial_concurrency = 1\n\
+             [stages.people]\nkind = \"source\"\npath = \"people.jsonl\"\n\
+             [stages.hello]\nkind = \"llm\"\ninputs = [\"people\"]\nprovider = \"api\"\nprompt = \"prompt.j2\"\n",
+            server.base_url()
+        ),
+    );
+    let mut child = p.spawn_env(&["run", "p.toml", "-q"], &[("SYNTH_TEST_KEY", "k-0123456789")]);
+    let out = p.path().join("out");
+    // The viewer starts once the directory is a run's (its first stage committed).
+    let wait = Instant::now();
+    while !out.join("_synth/state/people.json").exists() && wait.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let v = Viewer::start(&out, &[]);
+    let mut events = TcpStream::connect(&v.addr).unwrap();
+    events.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(events, "GET /api/events HTTP/1.1\r\nHost: {}\r\n\r\n", v.addr).unwrap();
+    let started = Instant::now();
+    let mut seen: Vec<u64> = Vec::new();
+    while started.elapsed() < Duration::from_secs(30) {
+        let run = v.json("/api/run");
+        if let Some(s) =
+            run["stages"].as_array().unwrap().iter().find(|s| s["name"] == "hello" && s["status"] == "running")
+        {
+            assert_eq!(run["status"], "running");
+            let done = s["live"]["done"].as_u64().unwrap();
+            if seen.last() != Some(&done) {
+                seen.push(done);
+            }
+            if seen.len() >= 3 {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(seen.len() >= 3, "the running stage's count did not move on the page: {seen:?}");
+    assert!(seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
+    // The event stream carried more than its first state.
+    let mut got = Vec::new();
+    let mut buf = [0u8; 65536];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline && String::from_utf8_lossy(&got).matches("event: run").count() < 2 {
+        match events.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(_) => break,
+        }
+    }
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.contains("text/event-stream"), "{text}");
+    assert!(text.matches("event: run").count() >= 2, "one event only: {text}");
+    assert!(child.wait().unwrap().success());
+    let run = v.json("/api/run");
+    assert_eq!(run["status"], "ok");
+    let hello = run["stages"].as_array().unwrap().iter().find(|s| s["name"] == "hello").unwrap().clone();
+    assert_eq!(hello["report"]["rows_out"], 100, "{hello}");
+}
