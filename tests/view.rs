@@ -385,3 +385,163 @@ fn the_page_follows_a_running_stage() {
     let hello = run["stages"].as_array().unwrap().iter().find(|s| s["name"] == "hello").unwrap().clone();
     assert_eq!(hello["report"]["rows_out"], 100, "{hello}");
 }
+
+/// Headless Chromium (Debian's `chromium`, installed by `.ci/setup-browser`).
+fn chromium() -> String {
+    for c in ["chromium", "chromium-browser", "google-chrome"] {
+        if Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()) {
+            return c.to_string();
+        }
+    }
+    panic!("no Chromium: .ci/setup-browser installs Debian's chromium package (the README's test command runs it)");
+}
+
+/// Load `url` in headless Chromium until its requests are done: the DOM as it is then,
+/// and a screenshot of the window.
+fn browse(browser: &str, url: &str, screenshot: &Path) -> String {
+    let run = |extra: &[&str]| {
+        let o = Command::new("timeout")
+            .arg("90")
+            .arg(browser)
+            .args(["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars"])
+            .args(["--virtual-time-budget=10000", "--window-size=1360,900"])
+            .args(extra)
+            .arg(url)
+            .current_dir(screenshot.parent().unwrap())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{browser} {url}: {}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    let dom = run(&["--dump-dom"]);
+    run(&[&format!("--screenshot={}", screenshot.display())]);
+    let png = std::fs::read(screenshot).unwrap();
+    assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "{}: not a screenshot", screenshot.display());
+    dom
+}
+
+/// Text as the DOM serializes it.
+fn html_text(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('\u{a0}', "&nbsp;")
+}
+
+/// The page in a real browser: the run, a DPO pair (prompt as a chat, chosen beside
+/// rejected) and a failure (its reason group, message and the model's answer), the text
+/// on screen checked and each page's screenshot saved (`target/view-screenshots/`; with
+/// SYNTH_SCREENSHOTS_TO_DOCS=1 also `docs/images/`, the README's pictures).
+#[test]
+fn the_page_in_a_real_browser_shows_a_dpo_pair_and_a_failure() {
+    use crate::support::openai_server::{self, Behaviour};
+    let browser = chromium();
+    let shots = support::repo().join("target/view-screenshots");
+    std::fs::create_dir_all(&shots).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    offline_run("rolemrc.toml", &out);
+    let v = Viewer::start(&out, &[]);
+    let base = format!("http://{}/?live=0", v.addr);
+
+    let dom = browse(&browser, &format!("{base}#run"), &shots.join("view-run.png"));
+    assert!(dom.contains("id=\"stage-sft\"") && dom.contains("rolemrc"), "the run page: {dom}");
+
+    let pair = v.json("/api/table?file=dpo.parquet&limit=1")["data"][0].clone();
+    let dom = browse(&browser, &format!("{base}#data?file=dpo.parquet&row=0"), &shots.join("view-dpo.png"));
+    assert!(dom.contains("id=\"dpo-pair\""), "no DPO pair on screen: {dom}");
+    for side in ["chosen", "rejected"] {
+        let text: String = pair[side].as_str().unwrap().chars().take(40).collect();
+        assert!(dom.contains(&html_text(&text)), "{side} text {text:?} not on screen");
+    }
+    let first_prompt: String = pair["prompt"][0]["content"].as_str().unwrap().chars().take(40).collect();
+    assert!(dom.contains(&html_text(&first_prompt)), "the prompt's first message not on screen");
+
+    // A run with failures: records the server refuses.
+    let server = openai_server::start(Behaviour { reject_marker: Some("REFUSE".into()), ..Default::default() });
+    let p = Project::new();
+    p.write(
+        "r.jsonl",
+        (0..12)
+            .map(|i| format!("{{\"id\": \"r{i}\", \"ask\": \"{}\"}}\n", if i % 4 == 0 { "REFUSE this" } else { "fine" }))
+            .collect::<String>(),
+    );
+    p.write("prompt.j2", "Echo {{ ask }}.\n");
+    p.write(
+        "p.toml",
+        format!(
+            "[pipeline]\nname = \"fails\"\noutput_dir = \"out\"\n\
+             [providers.api]\nkind = \"openai\"\nbase_url = \"{}\"\nmodel = \"m\"\napi_key_env = \"SYNTH_TEST_KEY\"\n\
+             [stages.r]\nkind = \"source\"\npath = \"r.jsonl\"\n\
+             [stages.answers]\nkind = \"llm\"\ninputs = [\"r\"]\nprovider = \"api\"\nprompt = \"prompt.j2\"\nmax_failure_ratio = 0.5\n\
+             [stages.export]\nkind = \"jsonl\"\ninputs = [\"answers\"]\n",
+            server.base_url()
+        ),
+    );
+    let r = p.synth_env(&["run", "p.toml", "-q"], &[("SYNTH_TEST_KEY", "k-0123456789")]);
+    let failed = v_failures(&p.path().join("out"));
+    assert_eq!(
+        failed.len(),
+        3,
+        "{failed:?}: exit {}: {}\n{:?}",
+        r.code,
+        r.stderr,
+        std::fs::read_dir(p.path().join("out")).map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+    );
+    let w = Viewer::start(&p.path().join("out"), &[]);
+    let dom = browse(&browser, &format!("http://{}/?live=0#failures?stage=answers", w.addr), &shots.join("view-failure.png"));
+    assert!(dom.contains("id=\"groups\"") && dom.contains("class=\"detail failure\""), "no failure on screen: {dom}");
+    assert!(dom.contains(">3</span>"), "the group's count (3) not on screen");
+    for (id, message) in &failed {
+        assert!(dom.contains(&format!("<b>{id}</b>")), "failure {id} not on screen");
+        let m: String = message.chars().take(30).collect();
+        assert!(dom.contains(&html_text(&m)), "message {m:?} not on screen");
+    }
+    if std::env::var_os("SYNTH_SCREENSHOTS_TO_DOCS").is_some() {
+        let docs = support::repo().join("docs/images");
+        std::fs::create_dir_all(&docs).unwrap();
+        for f in ["view-run.png", "view-dpo.png", "view-failure.png"] {
+            std::fs::copy(shots.join(f), docs.join(f)).unwrap();
+        }
+    }
+    for f in ["view-run.png", "view-dpo.png", "view-failure.png"] {
+        assert!(support::repo().join("docs/images").join(f).is_file(), "docs/images/{f}: the README's screenshot");
+    }
+}
+
+/// (id, message) of each failure of the `answers` stage.
+fn v_failures(out: &Path) -> Vec<(String, String)> {
+    support::failures(out, "answers")
+        .into_iter()
+        .map(|f| (f["id"].as_str().unwrap().to_string(), f["message"].as_str().unwrap().to_string()))
+        .collect()
+}
+
+/// Two releases of `synth regenerate`: both listed, the later one marked latest, and the
+/// rows added, removed and changed between them.
+#[test]
+fn snapshots_are_listed_and_diffed() {
+    let p = Project::new();
+    let rows = |list: &[(&str, &str)]| -> String {
+        list.iter().map(|(id, name)| format!("{{\"id\": \"{id}\", \"name\": \"{name}\"}}\n")).collect()
+    };
+    p.write("people.jsonl", rows(&[("a", "ann"), ("b", "bob"), ("c", "cy")]));
+    p.write(
+        "p.toml",
+        "[pipeline]\nname = \"snaps\"\noutput_dir = \"out\"\n[stages.people]\nkind = \"source\"\npath = \"people.jsonl\"\n\
+         [stages.people_jsonl]\nkind = \"jsonl\"\ninputs = [\"people\"]\n",
+    );
+    p.synth(&["regenerate", "p.toml", "--snapshot"]).ok();
+    p.write("people.jsonl", rows(&[("a", "ann"), ("b", "bobby"), ("d", "dee")]));
+    p.synth(&["regenerate", "p.toml", "--snapshot"]).ok();
+    let v = Viewer::start(&p.path().join("out"), &[]);
+    assert!(v.addr.starts_with("127.0.0.1:"), "binds loopback by default: {}", v.addr);
+    let s = v.json("/api/snapshots");
+    let list = s["snapshots"].as_array().unwrap();
+    assert_eq!(list.len(), 2, "{s}");
+    let (first, second) = (list[0]["id"].as_str().unwrap(), list[1]["id"].as_str().unwrap());
+    assert_eq!(s["latest"], second, "{s}");
+    let d = v.json(&format!("/api/snapshots/diff?old={}&new={}&ids=10", enc(first), enc(second)));
+    let e = &d["exports"][0];
+    assert_eq!((e["added"].as_u64(), e["removed"].as_u64(), e["changed"].as_u64(), e["unchanged"].as_u64()),
+        (Some(1), Some(1), Some(1), Some(1)), "{d}");
+    assert_eq!(e["added_ids"], serde_json::json!(["d"]), "{d}");
+    assert_eq!(v.get("/api/snapshots/diff?new=no-such-snapshot").0, 404);
+}

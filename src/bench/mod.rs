@@ -497,3 +497,129 @@ pub fn retrieve(a: &RetrieveBench) -> Result<serde_json::Value> {
         "peak_rss_mib": peak_rss_mib().map(round),
     }))
 }
+
+/// Write a stage-like Parquet file of `rows` chat samples (id, category, a three-message
+/// `conversations` list, `reply_words`), with the stages' writer settings.
+fn write_chat_samples(path: &Path, rows: usize) -> Result<()> {
+    use arrow::datatypes::Fields;
+    let message = Fields::from(vec![Field::new("role", DataType::Utf8, false), Field::new("content", DataType::Utf8, false)]);
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Utf8, false),
+        Field::new("category", DataType::Utf8, false),
+        Field::new("conversations", DataType::List(Arc::new(Field::new("item", DataType::Struct(message), true))), true),
+        Field::new("reply_words", DataType::Float64, true),
+    ]));
+    const WORDS: &[&str] = &[
+        "the", "captain", "looked", "at", "harbour", "storm", "quietly", "answered", "about", "ship", "river", "old",
+        "letter", "friend", "night", "castle", "garden", "secret", "promise", "morning", "lantern", "road", "song",
+        "winter", "market", "bridge", "tower", "sword", "book", "candle", "window", "mountain",
+    ];
+    use rand::{RngExt, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    let file = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let mut writer =
+        parquet::arrow::ArrowWriter::try_new(file, schema.clone(), Some(crate::store::parquet::writer_properties(vec![])))?;
+    let mut done = 0;
+    while done < rows {
+        let n = (rows - done).min(8192);
+        let mut json = String::new();
+        for i in done..done + n {
+            let mut text = |words: usize| -> String {
+                (0..words).map(|_| WORDS[rng.random_range(0..WORDS.len())]).collect::<Vec<_>>().join(" ")
+            };
+            let (system, user, reply) = (text(20), text(25), text(60));
+            // One row in 50,000 mentions a rare word: what a text filter looks for.
+            let reply = if i % 50_000 == 7 { format!("{reply} zephyr") } else { reply };
+            let category = ["single", "multi", "refusal", "nested"][i % 4];
+            let line = serde_json::json!({
+                "id": format!("s{i:07}"),
+                "category": category,
+                "conversations": [
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": user},
+                    {"role": "assistant", "content": reply},
+                ],
+                "reply_words": 40.0 + (i * 7919 % 1000) as f64 / 10.0,
+            });
+            json.push_str(&line.to_string());
+            json.push('\n');
+        }
+        let mut decoder = arrow::json::ReaderBuilder::new(schema.clone()).with_batch_size(n).build_decoder()?;
+        decoder.decode(json.as_bytes())?;
+        if let Some(batch) = decoder.flush()? {
+            writer.write(&batch)?;
+        }
+        done += n;
+    }
+    writer.close()?;
+    Ok(())
+}
+
+/// `synth view` on a big stage output: wall time of the table endpoint for the first
+/// page, page 1,000, a page near the end, the first and 1,000th page sorted by a column
+/// (the first computes the order) and filtered by a rare word; the server's peak RSS while
+/// browsing (the file's generation excluded).
+pub fn view(rows: usize, dir: Option<PathBuf>) -> Result<serde_json::Value> {
+    let owned = dir.is_none();
+    let dir = match dir {
+        Some(d) => d,
+        None => tempdir()?,
+    };
+    std::fs::create_dir_all(dir.join(crate::store::state::INTERNAL_DIR).join("state"))?;
+    let file = dir.join("samples.parquet");
+    let gen0 = Instant::now();
+    if std::fs::metadata(&file).map(|m| m.len() == 0).unwrap_or(true)
+        || crate::store::parquet::read_footer(&file).map(|f| f.num_rows as usize != rows).unwrap_or(true)
+    {
+        write_chat_samples(&file, rows)?;
+    }
+    let generate = gen0.elapsed().as_secs_f64();
+    let bytes = std::fs::metadata(&file)?.len();
+    let viewed = crate::view::Viewed::dir(&dir, None)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    reset_peak_rss();
+    let rss0 = peak_rss_mib();
+    let timings = runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        tokio::spawn(async move { axum::serve(listener, crate::view::router(viewed)).await });
+        let http = reqwest::Client::new();
+        let mut out = serde_json::Map::new();
+        let pages = [
+            ("first_page", "offset=0"),
+            ("page_1000", "offset=49950"),
+            ("page_near_end", "offset=799950"),
+            ("sorted_first_page", "sort=reply_words&offset=0"),
+            ("sorted_page_1000", "sort=reply_words&offset=49950"),
+            ("filtered_first_page", "q=zephyr&offset=0"),
+            ("filtered_again", "q=zephyr&offset=0"),
+            ("page_1000_again", "offset=49950"),
+        ];
+        for (name, query) in pages {
+            let t = Instant::now();
+            let r = http.get(format!("http://{addr}/api/table?file=samples.parquet&limit=50&{query}")).send().await?;
+            let status = r.status();
+            let body: serde_json::Value = r.json().await?;
+            let ms = t.elapsed().as_secs_f64() * 1000.0;
+            anyhow::ensure!(status.is_success(), "{name}: {body}");
+            out.insert(
+                name.into(),
+                serde_json::json!({"ms": round(ms), "rows": body["data"].as_array().map(|a| a.len()), "matched": body["matched"]}),
+            );
+        }
+        anyhow::Ok(out)
+    })?;
+    let peak = peak_rss_mib();
+    if owned {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(serde_json::json!({
+        "bench": "view",
+        "rows": rows,
+        "file_mib": round(bytes as f64 / (1 << 20) as f64),
+        "generate_seconds": round(generate),
+        "requests": timings,
+        "rss_before_mib": rss0.map(round),
+        "peak_rss_browsing_mib": peak.map(round),
+    }))
+}

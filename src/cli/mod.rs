@@ -322,6 +322,16 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 500)]
         recall_sample: usize,
     },
+    /// `synth view` on a generated stage output of N chat samples: time of the first page,
+    /// page 1,000, sorted and filtered pages through the HTTP API, and the server's memory.
+    View {
+        #[arg(long, default_value_t = 808_700)]
+        rows: usize,
+        /// Where the generated file is kept (reused when it has N rows; default: a
+        /// temporary directory, removed afterwards).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// Passages per second of a local ONNX embedding model (fastembed).
     Embed {
         /// Model directory with model.onnx and tokenizer files.
@@ -775,6 +785,7 @@ fn bench(cmd: BenchCommand) -> i32 {
                 recall_sample,
             })
         }
+        BenchCommand::View { rows, dir } => crate::bench::view(rows, dir),
         BenchCommand::Embed { model_dir, passages, words, batch, ort_dylib } => {
             crate::bench::embed(&model_dir, passages, words, batch, ort_dylib.as_deref())
         }

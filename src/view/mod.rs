@@ -109,6 +109,24 @@ fn not_found() -> Response {
     (StatusCode::NOT_FOUND, "not found").into_response()
 }
 
+/// An error of one view: its status and message (the rest of the page keeps working).
+struct Fail(StatusCode, String);
+
+impl Fail {
+    fn not_found() -> Fail {
+        Fail(StatusCode::NOT_FOUND, "not found".into())
+    }
+}
+
+impl IntoResponse for Fail {
+    fn into_response(self) -> Response {
+        if self.0 == StatusCode::NOT_FOUND && self.1 == "not found" {
+            return not_found();
+        }
+        fail(self.0, self.1)
+    }
+}
+
 /// A JSON answer, secrets scrubbed.
 fn answer(v: &Value) -> Response {
     let body = crate::secrets::scrub(&serde_json::to_string(&crate::secrets::redact(v)).expect("json"));
@@ -290,11 +308,11 @@ struct TableQuery {
     q: Option<String>,
 }
 
-fn parquet_path(v: &Viewed, rel: &str) -> Result<PathBuf, Response> {
+fn parquet_path(v: &Viewed, rel: &str) -> Result<PathBuf, Fail> {
     if !rel.ends_with(".parquet") || rel.starts_with(INTERNAL_DIR) {
-        return Err(not_found());
+        return Err(Fail::not_found());
     }
-    inside(&v.dir, rel).filter(|p| p.is_file()).ok_or_else(not_found)
+    inside(&v.dir, rel).filter(|p| p.is_file()).ok_or_else(Fail::not_found)
 }
 
 impl App {
@@ -315,11 +333,11 @@ impl App {
     }
 }
 
-fn table_json(app: &App, q: &TableQuery) -> Result<Value, Response> {
+fn table_json(app: &App, q: &TableQuery) -> Result<Value, Fail> {
     let path = parquet_path(&app.viewed, &q.file)?;
-    let t = Table::open(&path).map_err(|e| fail(StatusCode::UNPROCESSABLE_ENTITY, format!("{:#}", e)))?;
+    let t = Table::open(&path).map_err(|e| Fail(StatusCode::UNPROCESSABLE_ENTITY, format!("{:#}", e)))?;
     let limit = q.limit.unwrap_or(50).clamp(1, MAX_PAGE);
-    let err = |e: anyhow::Error| fail(StatusCode::BAD_REQUEST, format!("{}: {e:#}", q.file));
+    let err = |e: anyhow::Error| Fail(StatusCode::BAD_REQUEST, format!("{}: {e:#}", q.file));
     let filtered = match q.q.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
         Some(needle) => {
             let n = needle.to_string();
@@ -343,7 +361,7 @@ fn table_json(app: &App, q: &TableQuery) -> Result<Value, Response> {
             o.iter().filter(|p| keep.contains(p)).skip(q.offset).take(limit).map(|p| *p as u64).collect()
         }
     };
-    let rows = t.read_rows(&positions).map_err(|e| fail(StatusCode::UNPROCESSABLE_ENTITY, format!("{e:#}")))?;
+    let rows = t.read_rows(&positions).map_err(|e| Fail(StatusCode::UNPROCESSABLE_ENTITY, format!("{e:#}")))?;
     Ok(json!({
         "file": q.file,
         "rows": t.rows(),
@@ -359,7 +377,7 @@ fn table_json(app: &App, q: &TableQuery) -> Result<Value, Response> {
 async fn table_page(State(app): State<Arc<App>>, Query(q): Query<TableQuery>) -> Response {
     match tokio::task::spawn_blocking(move || table_json(&app, &q)).await {
         Ok(Ok(v)) => answer(&v),
-        Ok(Err(r)) => r,
+        Ok(Err(f)) => f.into_response(),
         Err(e) => fail(StatusCode::INTERNAL_SERVER_ERROR, e),
     }
 }
@@ -403,7 +421,7 @@ fn reason_of(message: &str) -> String {
     out
 }
 
-fn failures_json(v: &Viewed, stage: &str) -> Result<Value, Response> {
+fn failures_json(v: &Viewed, stage: &str) -> Result<Value, Fail> {
     let state = read_json(&crate::store::state::state_path(&v.dir, stage));
     let rel = state
         .as_ref()
@@ -412,12 +430,12 @@ fn failures_json(v: &Viewed, stage: &str) -> Result<Value, Response> {
     let Ok(path) = parquet_path(v, &rel) else {
         return Ok(json!({"stage": stage, "file": Value::Null, "rows": 0, "groups": []}));
     };
-    let t = Table::open(&path).map_err(|e| fail(StatusCode::UNPROCESSABLE_ENTITY, format!("{e:#}")))?;
+    let t = Table::open(&path).map_err(|e| Fail(StatusCode::UNPROCESSABLE_ENTITY, format!("{e:#}")))?;
     let all: Vec<u64> = (0..t.rows()).collect();
     // Grouping reads the kind and message of each failure, a page at a time.
     let mut groups: BTreeMap<(String, String), (u64, Vec<u64>)> = BTreeMap::new();
     for chunk in all.chunks(4096) {
-        let rows = t.read_rows(chunk).map_err(|e| fail(StatusCode::UNPROCESSABLE_ENTITY, format!("{e:#}")))?;
+        let rows = t.read_rows(chunk).map_err(|e| Fail(StatusCode::UNPROCESSABLE_ENTITY, format!("{e:#}")))?;
         for (pos, r) in chunk.iter().zip(rows) {
             let kind = r["kind"].as_str().unwrap_or("").to_string();
             let reason = reason_of(r["message"].as_str().unwrap_or(""));
@@ -439,7 +457,7 @@ fn failures_json(v: &Viewed, stage: &str) -> Result<Value, Response> {
 async fn failures(State(app): State<Arc<App>>, Query(q): Query<StageQuery>) -> Response {
     match tokio::task::spawn_blocking(move || failures_json(&app.viewed, &q.stage)).await {
         Ok(Ok(v)) => answer(&v),
-        Ok(Err(r)) => r,
+        Ok(Err(f)) => f.into_response(),
         Err(e) => fail(StatusCode::INTERNAL_SERVER_ERROR, e),
     }
 }

@@ -28,7 +28,11 @@ impl Table {
     /// Read the footer (a file being written has none yet: that is an error of this view).
     pub fn open(path: &Path) -> Result<Table> {
         let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-        let meta = ArrowReaderMetadata::load(&file, Default::default()).with_context(|| {
+        // The page index (when the writer kept one) lets a page of rows skip the data pages
+        // before it instead of decoding them.
+        let options = parquet::arrow::arrow_reader::ArrowReaderOptions::new()
+            .with_offset_index_policy(parquet::file::metadata::PageIndexPolicy::Optional);
+        let meta = ArrowReaderMetadata::load(&file, options).with_context(|| {
             format!("{}: not a readable Parquet file (still being written, or corrupt)", path.display())
         })?;
         let mut starts = vec![0u64];
