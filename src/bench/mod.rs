@@ -588,14 +588,19 @@ pub fn view(rows: usize, dir: Option<PathBuf>) -> Result<serde_json::Value> {
         let pages = [
             ("first_page", "offset=0"),
             ("page_1000", "offset=49950"),
-            ("page_near_end", "offset=799950"),
+            ("page_near_end", "offset=LAST"),
             ("sorted_first_page", "sort=reply_words&offset=0"),
             ("sorted_page_1000", "sort=reply_words&offset=49950"),
             ("filtered_first_page", "q=zephyr&offset=0"),
             ("filtered_again", "q=zephyr&offset=0"),
             ("page_1000_again", "offset=49950"),
         ];
+        let mut paging_peak = None;
         for (name, query) in pages {
+            let query = query.replace("LAST", &rows.saturating_sub(50).to_string());
+            if name == "sorted_first_page" {
+                paging_peak = peak_rss_mib();
+            }
             let t = Instant::now();
             let r = http.get(format!("http://{addr}/api/table?file=samples.parquet&limit=50&{query}")).send().await?;
             let status = r.status();
@@ -607,6 +612,7 @@ pub fn view(rows: usize, dir: Option<PathBuf>) -> Result<serde_json::Value> {
                 serde_json::json!({"ms": round(ms), "rows": body["data"].as_array().map(|a| a.len()), "matched": body["matched"]}),
             );
         }
+        out.insert("peak_rss_after_paging_mib".into(), serde_json::json!(paging_peak.map(round)));
         anyhow::Ok(out)
     })?;
     let peak = peak_rss_mib();

@@ -108,11 +108,8 @@ impl Table {
         let mut keys: Vec<(Key, u32)> = Vec::with_capacity(self.rows() as usize);
         for batch in reader {
             let batch = batch?;
-            let col = batch.column(0);
             let base = keys.len() as u32;
-            for r in 0..col.len() {
-                keys.push((key_of(col, r)?, base + r as u32));
-            }
+            keys.extend(keys_of(batch.column(0))?.into_iter().zip(base..));
         }
         keys.sort_by(|a, b| {
             let o = a.0.cmp_nulls_last(&b.0, descending);
@@ -131,24 +128,8 @@ impl Table {
             let batch = batch?;
             let mut matched = vec![false; batch.num_rows()];
             for col in batch.columns() {
-                match col.data_type() {
-                    DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
-                        let col = arrow::compute::cast(col, &DataType::Utf8)?;
-                        let s = col.as_string::<i32>();
-                        for (r, m) in matched.iter_mut().enumerate() {
-                            if !*m && s.is_valid(r) && contains_lower(s.value(r), &needle) {
-                                *m = true;
-                            }
-                        }
-                    }
-                    _ => {
-                        let fmt = arrow::util::display::ArrayFormatter::try_new(col.as_ref(), &Default::default())?;
-                        for (r, m) in matched.iter_mut().enumerate() {
-                            if !*m && col.is_valid(r) && contains_lower(&fmt.value(r).to_string(), &needle) {
-                                *m = true;
-                            }
-                        }
-                    }
+                for (m, hit) in matched.iter_mut().zip(matches(col.as_ref(), &needle)?) {
+                    *m |= hit;
                 }
             }
             hits.extend(matched.iter().enumerate().filter(|(_, m)| **m).map(|(r, _)| base + r as u32));
@@ -183,12 +164,65 @@ impl Table {
     }
 }
 
+/// Whether `hay` contains `needle_lower` (already lower case) in any case.
 fn contains_lower(hay: &str, needle_lower: &str) -> bool {
-    if hay.is_ascii() && needle_lower.is_ascii() {
-        let (h, n) = (hay.as_bytes(), needle_lower.as_bytes());
-        return n.is_empty() || h.windows(n.len()).any(|w| w.eq_ignore_ascii_case(n));
+    let n = needle_lower.as_bytes();
+    if n.is_empty() {
+        return true;
+    }
+    if needle_lower.is_ascii() {
+        // Candidates where the first byte matches in either case, then the rest.
+        let h = hay.as_bytes();
+        return memchr::memchr2_iter(n[0], n[0].to_ascii_uppercase(), h)
+            .any(|i| h.len() - i >= n.len() && h[i..i + n.len()].eq_ignore_ascii_case(n));
     }
     hay.to_lowercase().contains(needle_lower)
+}
+
+/// For each row of `array`, whether its text contains `needle` (lower case): texts
+/// directly, lists and structs through the texts they hold, other values as displayed.
+fn matches(array: &dyn Array, needle: &str) -> Result<Vec<bool>> {
+    let n = array.len();
+    Ok(match array.data_type() {
+        DataType::Utf8 => {
+            let s = array.as_string::<i32>();
+            (0..n).map(|r| s.is_valid(r) && contains_lower(s.value(r), needle)).collect()
+        }
+        DataType::LargeUtf8 => {
+            let s = array.as_string::<i64>();
+            (0..n).map(|r| s.is_valid(r) && contains_lower(s.value(r), needle)).collect()
+        }
+        DataType::Utf8View => {
+            let s = array.as_string_view();
+            (0..n).map(|r| s.is_valid(r) && contains_lower(s.value(r), needle)).collect()
+        }
+        DataType::List(_) => {
+            let l = array.as_list::<i32>();
+            let inner = matches(l.values().as_ref(), needle)?;
+            let offsets = l.value_offsets();
+            (0..n).map(|r| l.is_valid(r) && inner[offsets[r] as usize..offsets[r + 1] as usize].iter().any(|x| *x)).collect()
+        }
+        DataType::LargeList(_) => {
+            let l = array.as_list::<i64>();
+            let inner = matches(l.values().as_ref(), needle)?;
+            let offsets = l.value_offsets();
+            (0..n).map(|r| l.is_valid(r) && inner[offsets[r] as usize..offsets[r + 1] as usize].iter().any(|x| *x)).collect()
+        }
+        DataType::Struct(_) => {
+            let st = array.as_struct();
+            let mut out = vec![false; n];
+            for c in st.columns() {
+                for (o, hit) in out.iter_mut().zip(matches(c.as_ref(), needle)?) {
+                    *o |= hit;
+                }
+            }
+            (0..n).map(|r| out[r] && st.is_valid(r)).collect()
+        }
+        _ => {
+            let fmt = arrow::util::display::ArrayFormatter::try_new(array, &Default::default())?;
+            (0..n).map(|r| array.is_valid(r) && contains_lower(&fmt.value(r).to_string(), needle)).collect()
+        }
+    })
 }
 
 /// A sort key: numbers as numbers, anything else by the start of its text.
@@ -215,28 +249,33 @@ impl Key {
     }
 }
 
-fn key_of(col: &ArrayRef, r: usize) -> Result<Key> {
-    if col.is_null(r) {
-        return Ok(Key::Null);
-    }
+/// The sort keys of a column's values.
+fn keys_of(col: &ArrayRef) -> Result<Vec<Key>> {
+    let n = col.len();
     let dt = col.data_type();
     if dt.is_numeric() {
-        let one = arrow::compute::cast(&col.slice(r, 1), &DataType::Float64)?;
-        return Ok(Key::Num(one.as_primitive::<arrow::datatypes::Float64Type>().value(0)));
+        let f = arrow::compute::cast(col, &DataType::Float64)?;
+        let f = f.as_primitive::<arrow::datatypes::Float64Type>();
+        return Ok((0..n).map(|r| if f.is_null(r) { Key::Null } else { Key::Num(f.value(r)) }).collect());
     }
     if let DataType::Boolean = dt {
-        return Ok(Key::Num(f64::from(u8::from(col.as_boolean().value(r)))));
+        let b = col.as_boolean();
+        return Ok((0..n).map(|r| if b.is_null(r) { Key::Null } else { Key::Num(f64::from(u8::from(b.value(r)))) }).collect());
     }
-    let fmt = arrow::util::display::ArrayFormatter::try_new(col.as_ref(), &Default::default())?;
-    let mut s = fmt.value(r).to_string();
-    if s.len() > SORT_PREFIX {
-        let mut cut = SORT_PREFIX;
+    let prefix = |s: &str| {
+        let mut cut = s.len().min(SORT_PREFIX);
         while !s.is_char_boundary(cut) {
             cut -= 1;
         }
-        s.truncate(cut);
+        Key::Text(s[..cut].to_string())
+    };
+    if let DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View = dt {
+        let s = arrow::compute::cast(col, &DataType::Utf8)?;
+        let s = s.as_string::<i32>();
+        return Ok((0..n).map(|r| if s.is_null(r) { Key::Null } else { prefix(s.value(r)) }).collect());
     }
-    Ok(Key::Text(s))
+    let fmt = arrow::util::display::ArrayFormatter::try_new(col.as_ref(), &Default::default())?;
+    Ok((0..n).map(|r| if col.is_null(r) { Key::Null } else { prefix(&fmt.value(r).to_string()) }).collect())
 }
 
 /// A batch as JSON objects (arrow's JSON writer: lists and structs nested, nulls kept).
