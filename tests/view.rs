@@ -79,7 +79,7 @@ fn dechunk(body: &str) -> String {
             break;
         }
         out.push_str(&after[..n]);
-        rest = &after[n..].trim_start_matches("\r\n");
+        rest = after[n..].trim_start_matches("\r\n");
     }
     out
 }
@@ -460,7 +460,9 @@ fn the_page_in_a_real_browser_shows_a_dpo_pair_and_a_failure() {
     p.write(
         "r.jsonl",
         (0..12)
-            .map(|i| format!("{{\"id\": \"r{i}\", \"ask\": \"{}\"}}\n", if i % 4 == 0 { "REFUSE this" } else { "fine" }))
+            .map(|i| {
+                format!("{{\"id\": \"r{i}\", \"ask\": \"{}\"}}\n", if i % 4 == 0 { "REFUSE this" } else { "fine" })
+            })
             .collect::<String>(),
     );
     p.write("prompt.j2", "Echo {{ ask }}.\n");
@@ -486,7 +488,8 @@ fn the_page_in_a_real_browser_shows_a_dpo_pair_and_a_failure() {
         std::fs::read_dir(p.path().join("out")).map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
     );
     let w = Viewer::start(&p.path().join("out"), &[]);
-    let dom = browse(&browser, &format!("http://{}/?live=0#failures?stage=answers", w.addr), &shots.join("view-failure.png"));
+    let dom =
+        browse(&browser, &format!("http://{}/?live=0#failures?stage=answers", w.addr), &shots.join("view-failure.png"));
     assert!(dom.contains("id=\"groups\"") && dom.contains("class=\"detail failure\""), "no failure on screen: {dom}");
     assert!(dom.contains(">3</span>"), "the group's count (3) not on screen");
     for (id, message) in &failed {
@@ -540,8 +543,11 @@ fn snapshots_are_listed_and_diffed() {
     assert_eq!(s["latest"], second, "{s}");
     let d = v.json(&format!("/api/snapshots/diff?old={}&new={}&ids=10", enc(first), enc(second)));
     let e = &d["exports"][0];
-    assert_eq!((e["added"].as_u64(), e["removed"].as_u64(), e["changed"].as_u64(), e["unchanged"].as_u64()),
-        (Some(1), Some(1), Some(1), Some(1)), "{d}");
+    assert_eq!(
+        (e["added"].as_u64(), e["removed"].as_u64(), e["changed"].as_u64(), e["unchanged"].as_u64()),
+        (Some(1), Some(1), Some(1), Some(1)),
+        "{d}"
+    );
     assert_eq!(e["added_ids"], serde_json::json!(["d"]), "{d}");
     assert_eq!(v.get("/api/snapshots/diff?new=no-such-snapshot").0, 404);
 }

@@ -502,11 +502,16 @@ pub fn retrieve(a: &RetrieveBench) -> Result<serde_json::Value> {
 /// `conversations` list, `reply_words`), with the stages' writer settings.
 fn write_chat_samples(path: &Path, rows: usize) -> Result<()> {
     use arrow::datatypes::Fields;
-    let message = Fields::from(vec![Field::new("role", DataType::Utf8, false), Field::new("content", DataType::Utf8, false)]);
+    let message =
+        Fields::from(vec![Field::new("role", DataType::Utf8, false), Field::new("content", DataType::Utf8, false)]);
     let schema = Arc::new(Schema::new(vec![
         Field::new("id", DataType::Utf8, false),
         Field::new("category", DataType::Utf8, false),
-        Field::new("conversations", DataType::List(Arc::new(Field::new("item", DataType::Struct(message), true))), true),
+        Field::new(
+            "conversations",
+            DataType::List(Arc::new(Field::new("item", DataType::Struct(message), true))),
+            true,
+        ),
         Field::new("reply_words", DataType::Float64, true),
     ]));
     const WORDS: &[&str] = &[
@@ -517,8 +522,11 @@ fn write_chat_samples(path: &Path, rows: usize) -> Result<()> {
     use rand::{RngExt, SeedableRng};
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
     let file = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
-    let mut writer =
-        parquet::arrow::ArrowWriter::try_new(file, schema.clone(), Some(crate::store::parquet::writer_properties(vec![])))?;
+    let mut writer = parquet::arrow::ArrowWriter::try_new(
+        file,
+        schema.clone(),
+        Some(crate::store::parquet::writer_properties(vec![])),
+    )?;
     let mut done = 0;
     while done < rows {
         let n = (rows - done).min(8192);

@@ -200,13 +200,17 @@ fn matches(array: &dyn Array, needle: &str) -> Result<Vec<bool>> {
             let l = array.as_list::<i32>();
             let inner = matches(l.values().as_ref(), needle)?;
             let offsets = l.value_offsets();
-            (0..n).map(|r| l.is_valid(r) && inner[offsets[r] as usize..offsets[r + 1] as usize].iter().any(|x| *x)).collect()
+            (0..n)
+                .map(|r| l.is_valid(r) && inner[offsets[r] as usize..offsets[r + 1] as usize].iter().any(|x| *x))
+                .collect()
         }
         DataType::LargeList(_) => {
             let l = array.as_list::<i64>();
             let inner = matches(l.values().as_ref(), needle)?;
             let offsets = l.value_offsets();
-            (0..n).map(|r| l.is_valid(r) && inner[offsets[r] as usize..offsets[r + 1] as usize].iter().any(|x| *x)).collect()
+            (0..n)
+                .map(|r| l.is_valid(r) && inner[offsets[r] as usize..offsets[r + 1] as usize].iter().any(|x| *x))
+                .collect()
         }
         DataType::Struct(_) => {
             let st = array.as_struct();
@@ -260,7 +264,9 @@ fn keys_of(col: &ArrayRef) -> Result<Vec<Key>> {
     }
     if let DataType::Boolean = dt {
         let b = col.as_boolean();
-        return Ok((0..n).map(|r| if b.is_null(r) { Key::Null } else { Key::Num(f64::from(u8::from(b.value(r)))) }).collect());
+        return Ok((0..n)
+            .map(|r| if b.is_null(r) { Key::Null } else { Key::Num(f64::from(u8::from(b.value(r)))) })
+            .collect());
     }
     let prefix = |s: &str| {
         let mut cut = s.len().min(SORT_PREFIX);
