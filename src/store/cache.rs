@@ -275,6 +275,19 @@ pub struct Cache {
     journal: Arc<Mutex<Journal>>,
     /// Responses replayed from the journal when the cache was opened.
     recovered: usize,
+    /// Responses this process stored in bulk, with the use they were tagged with: reading
+    /// one back for that same use (a batch stage's output pass) is not a reuse, so it is
+    /// neither counted in `hits` nor tagged again (its insert tagged it). Without this
+    /// the pass costs an UPDATE and an INSERT per answer on random pages.
+    bulk: Mutex<std::collections::HashSet<(i64, u64)>>,
+}
+
+/// A use as a number (for [`Cache::bulk`]).
+fn use_hash(usage: &Use) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (&usage.stage, &usage.fingerprint).hash(&mut h);
+    h.finish()
 }
 
 fn open(path: &Path, exclusive: bool) -> Result<Connection> {
@@ -309,7 +322,16 @@ impl Cache {
             .name("synth-cache-writer".into())
             .spawn(move || writer_loop(c, sh, p, co, j))
             .context("starting the cache writer")?;
-        Ok(Cache { path, conn, shared, writer: Mutex::new(Some(writer)), counts, journal, recovered })
+        Ok(Cache {
+            path,
+            conn,
+            shared,
+            writer: Mutex::new(Some(writer)),
+            counts,
+            journal,
+            recovered,
+            bulk: Mutex::new(Default::default()),
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -346,7 +368,13 @@ impl Cache {
         self.counts.lookups.fetch_add(1, Ordering::Relaxed);
         if found.is_some() {
             self.counts.hits.fetch_add(1, Ordering::Relaxed);
-            self.send(Cmd::Hit(key.to_string(), usage.clone()))?;
+            let stored_here = {
+                let bulk = self.bulk.lock().expect("bulk");
+                !bulk.is_empty() && bulk.contains(&(row_id(key), use_hash(usage)))
+            };
+            if !stored_here {
+                self.send(Cmd::Hit(key.to_string(), usage.clone()))?;
+            }
         }
         Ok(found)
     }
@@ -397,6 +425,11 @@ impl Cache {
         usage: &Use,
     ) -> Result<impl std::future::Future<Output = Result<()>> + use<>> {
         let (done, wait) = oneshot::channel();
+        {
+            let u = use_hash(usage);
+            let mut bulk = self.bulk.lock().expect("bulk");
+            bulk.extend(rows.iter().map(|r| (row_id(&r.key), u)));
+        }
         self.send(Cmd::PutMany(rows, usage.clone(), done))?;
         Ok(async move { wait.await.map_err(|_| anyhow!("the cache writer stopped"))? })
     }
@@ -1138,6 +1171,44 @@ mod tests {
         // gc removed k1 for good: its journaled response does not come back.
         let cache = Cache::open(dir.path()).unwrap();
         assert!(cache.get_response("k1", &u1).unwrap().is_none());
+    }
+
+    /// Reading back what this process stored in bulk, for the use it was stored for, is
+    /// not a hit; for another use it is (counted and tagged, so gc keeps it for both).
+    #[tokio::test]
+    async fn bulk_answers_read_back_by_their_own_stage_are_not_hits() {
+        let dir = tempfile::tempdir().unwrap();
+        let hits = |dir: &Path| -> (i64, i64) {
+            let conn = Connection::open(dir.join(CACHE_FILE)).unwrap();
+            let h = conn.query_row("SELECT COALESCE(SUM(hits), 0) FROM responses", [], |r| r.get(0)).unwrap();
+            let later = conn.query_row("SELECT COUNT(*) FROM uses WHERE stage = 'later'", [], |r| r.get(0)).unwrap();
+            (h, later)
+        };
+        let u = Use { stage: "batch".into(), fingerprint: "f1".into() };
+        let other = Use { stage: "later".into(), fingerprint: "f9".into() };
+        {
+            let cache = Cache::open(dir.path()).unwrap();
+            cache.put_many(vec![row("b1"), row("b2")], &u).unwrap().await.unwrap();
+            for k in ["b1", "b2"] {
+                assert!(cache.get_response(k, &u).unwrap().is_some());
+            }
+            cache.flush().await.unwrap();
+        }
+        assert_eq!(hits(dir.path()), (0, 0), "the output pass is not a reuse");
+        {
+            let cache = Cache::open(dir.path()).unwrap();
+            assert!(cache.get_response("b1", &other).unwrap().is_some());
+            // A new process reading its own stage's answers: a hit (they were stored before).
+            assert!(cache.get_response("b2", &u).unwrap().is_some());
+            cache.flush().await.unwrap();
+        }
+        assert_eq!(hits(dir.path()), (2, 1), "another stage's read, and a later run's, are");
+        // gc keeping only the later stage keeps b1 (tagged by that read) and drops b2.
+        let keep = [("later".to_string(), "f9".to_string())].into_iter().collect();
+        assert_eq!(admin::gc(dir.path(), &keep, false).unwrap().0, 1);
+        let cache = Cache::open(dir.path()).unwrap();
+        assert!(cache.get_response("b1", &other).unwrap().is_some());
+        assert!(cache.get_response("b2", &other).unwrap().is_none());
     }
 
     /// What a killed process leaves: a response journaled but not committed, a request
