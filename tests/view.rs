@@ -219,15 +219,23 @@ fn every_endpoint_answers_on_roleeval_characterbench_and_sharp_offline_outputs()
     }
 }
 
-#[test]
-fn paths_outside_the_directory_are_not_served() {
+/// A run of a pipeline reading N people (and `more` stages) into `out/`.
+fn people_run(n: usize, more: &str, env: &[(&str, &str)]) -> Project {
     let p = Project::new();
-    p.write("people.jsonl", support::people_jsonl(5));
+    p.write("people.jsonl", support::people_jsonl(n));
     p.write(
         "p.toml",
-        "[pipeline]\nname = \"v\"\noutput_dir = \"out\"\n[stages.people]\nkind = \"source\"\npath = \"people.jsonl\"\n",
+        format!(
+            "[pipeline]\nname = \"v\"\noutput_dir = \"out\"\n[stages.people]\nkind = \"source\"\npath = \"people.jsonl\"\n{more}"
+        ),
     );
-    p.synth(&["run", "p.toml", "-q"]).ok();
+    p.synth_env(&["run", "p.toml", "-q"], env).ok();
+    p
+}
+
+#[test]
+fn paths_outside_the_directory_are_not_served() {
+    let p = people_run(5, "", &[]);
     let out = p.path().join("out");
     p.write("outside.md", "NOT FOR THE PAGE");
     p.write("outside.parquet", "NOT FOR THE PAGE");
@@ -259,13 +267,7 @@ fn paths_outside_the_directory_are_not_served() {
 #[test]
 fn no_secret_from_the_environment_or_the_files_reaches_the_page() {
     const KEY: &str = "sk-view-secret-0123456789abcdef";
-    let p = Project::new();
-    p.write("people.jsonl", support::people_jsonl(5));
-    p.write(
-        "p.toml",
-        "[pipeline]\nname = \"v\"\noutput_dir = \"out\"\n[stages.people]\nkind = \"source\"\npath = \"people.jsonl\"\n",
-    );
-    p.synth_env(&["run", "p.toml", "-q"], &[("OPENAI_API_KEY", KEY)]).ok();
+    let p = people_run(5, "", &[("OPENAI_API_KEY", KEY)]);
     let out = p.path().join("out");
     // A report that quotes the key (a user's note, a tool's log).
     std::fs::write(out.join("notes.md"), format!("key used: {KEY}\nand bare: view-only-token-abcdefgh\n")).unwrap();
@@ -281,14 +283,7 @@ fn no_secret_from_the_environment_or_the_files_reaches_the_page() {
 
 #[test]
 fn a_corrupt_or_unfinished_parquet_fails_its_own_view_only() {
-    let p = Project::new();
-    p.write("people.jsonl", support::people_jsonl(20));
-    p.write(
-        "p.toml",
-        "[pipeline]\nname = \"v\"\noutput_dir = \"out\"\n[stages.people]\nkind = \"source\"\npath = \"people.jsonl\"\n\
-         [stages.again]\nkind = \"source\"\npath = \"people.jsonl\"\n",
-    );
-    p.synth(&["run", "p.toml", "-q"]).ok();
+    let p = people_run(20, "[stages.again]\nkind = \"source\"\npath = \"people.jsonl\"\n", &[]);
     let out = p.path().join("out");
     // Half a file: the footer is missing, as while a writer is still at it.
     let whole = std::fs::read(out.join("again.parquet")).unwrap();

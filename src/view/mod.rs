@@ -374,12 +374,17 @@ fn table_json(app: &App, q: &TableQuery) -> Result<Value, Fail> {
     }))
 }
 
-async fn table_page(State(app): State<Arc<App>>, Query(q): Query<TableQuery>) -> Response {
-    match tokio::task::spawn_blocking(move || table_json(&app, &q)).await {
+/// Run a view's file reading off the async threads; its answer or its error.
+async fn blocking(f: impl FnOnce() -> Result<Value, Fail> + Send + 'static) -> Response {
+    match tokio::task::spawn_blocking(f).await {
         Ok(Ok(v)) => answer(&v),
         Ok(Err(f)) => f.into_response(),
         Err(e) => fail(StatusCode::INTERNAL_SERVER_ERROR, e),
     }
+}
+
+async fn table_page(State(app): State<Arc<App>>, Query(q): Query<TableQuery>) -> Response {
+    blocking(move || table_json(&app, &q)).await
 }
 
 // ---- failures ---------------------------------------------------------------------
@@ -455,11 +460,7 @@ fn failures_json(v: &Viewed, stage: &str) -> Result<Value, Fail> {
 }
 
 async fn failures(State(app): State<Arc<App>>, Query(q): Query<StageQuery>) -> Response {
-    match tokio::task::spawn_blocking(move || failures_json(&app.viewed, &q.stage)).await {
-        Ok(Ok(v)) => answer(&v),
-        Ok(Err(f)) => f.into_response(),
-        Err(e) => fail(StatusCode::INTERNAL_SERVER_ERROR, e),
-    }
+    blocking(move || failures_json(&app.viewed, &q.stage)).await
 }
 
 // ---- provenance -------------------------------------------------------------------

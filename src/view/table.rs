@@ -196,22 +196,8 @@ fn matches(array: &dyn Array, needle: &str) -> Result<Vec<bool>> {
             let s = array.as_string_view();
             (0..n).map(|r| s.is_valid(r) && contains_lower(s.value(r), needle)).collect()
         }
-        DataType::List(_) => {
-            let l = array.as_list::<i32>();
-            let inner = matches(l.values().as_ref(), needle)?;
-            let offsets = l.value_offsets();
-            (0..n)
-                .map(|r| l.is_valid(r) && inner[offsets[r] as usize..offsets[r + 1] as usize].iter().any(|x| *x))
-                .collect()
-        }
-        DataType::LargeList(_) => {
-            let l = array.as_list::<i64>();
-            let inner = matches(l.values().as_ref(), needle)?;
-            let offsets = l.value_offsets();
-            (0..n)
-                .map(|r| l.is_valid(r) && inner[offsets[r] as usize..offsets[r + 1] as usize].iter().any(|x| *x))
-                .collect()
-        }
+        DataType::List(_) => list_matches(array.as_list::<i32>(), needle)?,
+        DataType::LargeList(_) => list_matches(array.as_list::<i64>(), needle)?,
         DataType::Struct(_) => {
             let st = array.as_struct();
             let mut out = vec![false; n];
@@ -251,6 +237,18 @@ impl Key {
         };
         if descending { o.reverse() } else { o }
     }
+}
+
+/// For each list of `l`, whether any of its items' texts contains `needle`.
+fn list_matches<O: arrow::array::OffsetSizeTrait>(
+    l: &arrow::array::GenericListArray<O>,
+    needle: &str,
+) -> Result<Vec<bool>> {
+    let inner = matches(l.values().as_ref(), needle)?;
+    let offsets = l.value_offsets();
+    Ok((0..l.len())
+        .map(|r| l.is_valid(r) && inner[offsets[r].as_usize()..offsets[r + 1].as_usize()].iter().any(|x| *x))
+        .collect())
 }
 
 /// The sort keys of a column's values.

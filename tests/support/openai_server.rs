@@ -348,13 +348,7 @@ async fn answer(
         if log.len() >= allowed {
             let wait = log.front().map(|t| window.saturating_sub(now.duration_since(*t))).unwrap_or_default();
             drop(log);
-            c.s429.fetch_add(1, Ordering::SeqCst);
-            let mut r = error(
-                StatusCode::TOO_MANY_REQUESTS,
-                "Rate limit reached for requests",
-                "requests",
-                Some("rate_limit_exceeded"),
-            );
+            let mut r = over_the_limit(c);
             r.headers_mut().insert("retry-after-ms", wait.as_millis().to_string().parse().unwrap());
             return r;
         }
@@ -384,13 +378,7 @@ async fn answer(
             if s.b.advertise_limits {
                 advertised.push(("retry-after-ms", until_one.to_string()));
             }
-            c.s429.fetch_add(1, Ordering::SeqCst);
-            let mut r = error(
-                StatusCode::TOO_MANY_REQUESTS,
-                "Rate limit reached for requests",
-                "requests",
-                Some("rate_limit_exceeded"),
-            );
+            let mut r = over_the_limit(c);
             r.headers_mut().insert("retry-after", s.b.retry_after_secs.to_string().parse().unwrap());
             r.headers_mut().insert(
                 "x-ratelimit-reset-requests",
@@ -458,6 +446,12 @@ async fn answer(
         answer
     };
     (StatusCode::OK, [("content-type", "application/json")], body.to_string()).into_response()
+}
+
+/// A 429 for a request over the server's rate limit (counted).
+fn over_the_limit(c: &Counters) -> Response {
+    c.s429.fetch_add(1, Ordering::SeqCst);
+    error(StatusCode::TOO_MANY_REQUESTS, "Rate limit reached for requests", "requests", Some("rate_limit_exceeded"))
 }
 
 /// Start a server on 127.0.0.1:`port` (0 = any free port) on its own thread.
