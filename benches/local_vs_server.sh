@@ -86,11 +86,21 @@ pipeline server-text "$SERVER" ""
 pipeline server-schema "$SERVER" 'schema = "story.schema.json"'
 pipeline local-text "$LOCAL" ""
 pipeline local-schema "$LOCAL" 'schema = "story.schema.json"'
+# The same local run with shared prompt starts off (the answers are the same bytes).
+pipeline local-text-unshared "$LOCAL
+share_prompts = false" ""
 trap llama_server_stop EXIT
 llama_server_start "$MODEL" 8766 "$THREADS" 4096
 echo "machine: $(lscpu | grep 'Model name' | sed 's/ \+/ /g'), $(nproc) cores; N=$N max_tokens=$MAX_TOKENS threads=$THREADS"
+# Each local run right after the server's run of the same requests (the server idles while
+# the local provider runs), so the VM's drift between pairs does not enter a ratio.
 run server-text
-run server-schema
-llama_server_stop
 run local-text
+run server-schema
 run local-schema
+run local-text-unshared
+llama_server_stop
+cmp "$W/local-text/export.jsonl" "$W/local-text-unshared/export.jsonl" && echo "local-text and local-text-unshared: the same answers"
+for r in local-text local-schema local-text-unshared; do
+  python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["stages"]["answers"]["report"]["metrics"]; print(sys.argv[2], "prompt tokens", int(r["local_engine.prompt_tokens"]), "reused", int(r["local_engine.reused_prompt_tokens"]))' "$W/$r/manifest.json" "$r"
+done

@@ -44,14 +44,17 @@ fn chat_with(parallel: usize, extra: Value) -> LocalChat {
     LocalChat::new(&o, model(), "test")
 }
 
-/// The answers to `requests` decoded one at a time on a one-sequence engine, and all at once on
-/// a sixteen-sequence one (both with `extra` options); and the two engines.
+/// The answers to `requests` decoded one at a time on a one-sequence engine that shares no
+/// prompt start, and all at once on a sixteen-sequence one (both with `extra` options); and the
+/// two engines.
 fn alone_and_together(
     requests: &[(ChatRequest, GenParams)],
     extra: Value,
 ) -> (Vec<String>, Vec<String>, [LocalChat; 2]) {
     let rt = runtime();
-    let alone = chat_with(1, extra.clone());
+    let mut unshared = extra.clone();
+    unshared["share_prompts"] = false.into();
+    let alone = chat_with(1, unshared);
     let one_by_one: Vec<String> = rt.block_on(async {
         let mut out = Vec::new();
         for (r, p) in requests {
@@ -138,6 +141,12 @@ fn answers_do_not_depend_on_what_else_is_decoded() {
             if i % 4 == 1 {
                 r.structured = Some(stylized_schema());
             }
+            // Every third has a system prompt of its own kind: prompt starts are shared only
+            // between requests whose first tokens are the same.
+            if i % 3 == 2 {
+                r.messages
+                    .insert(0, Message::new(Role::System, "You are a poet who writes about ordinary things, briefly."));
+            }
             (r, params(0.8, 40))
         })
         .collect();
@@ -150,6 +159,11 @@ fn answers_do_not_depend_on_what_else_is_decoded() {
     assert!(distinct.len() > 10, "the answers differ by prompt: {one_by_one:?}");
     let stats = together.stats();
     assert!(stats.decode_calls < alone.stats().decode_calls, "batched decoding takes fewer calls: {stats:?}");
+    // Beside others, prompts copy the starts they share (the template's default system prompt,
+    // the shared one) instead of decoding them; alone there is nothing to copy from.
+    assert!(stats.reused_prompt_tokens >= 100, "shared prompt starts are copied: {stats:?}");
+    assert_eq!(alone.stats().reused_prompt_tokens, 0, "the engine alone shares nothing");
+    assert_eq!(stats.prompt_tokens, alone.stats().prompt_tokens, "the same prompts");
 }
 
 /// A q8_0 cache turns flash attention on ("auto"), and llama.cpp never splits a q8_0 cache's
@@ -219,6 +233,33 @@ fn loglik_picks_the_same_choice_twice_and_is_the_sum_of_its_tokens() {
     };
     let first = choose();
     assert_eq!(first, choose(), "the same choice and log-probability twice");
+    // The four choices share the question's tokens: one after the other (each keeps what the
+    // last left in its stream), all at once (copied between streams), or never shared, the
+    // numbers are the same.
+    let one_by_one_on = |m: &LocalChat| -> Vec<Vec<f64>> {
+        ["A", "B", "C", "D"]
+            .iter()
+            .map(|l| {
+                let req = LoglikRequest { context: context.into(), continuation: format!(" {l}") };
+                rt.block_on(m.loglik_tokens(&req)).unwrap().1
+            })
+            .collect()
+    };
+    let unshared = chat_with(4, json!({"share_prompts": false}));
+    let never = one_by_one_on(&unshared);
+    assert_eq!(unshared.stats().reused_prompt_tokens, 0);
+    let before = m.stats().reused_prompt_tokens;
+    let one_by_one = one_by_one_on(&m);
+    assert!(m.stats().reused_prompt_tokens - before >= 3 * 16, "kept streams are reused: {:?}", m.stats());
+    assert_eq!(never, one_by_one, "the choices shared one after the other and never shared");
+    let before = m.stats().reused_prompt_tokens;
+    let at_once: Vec<Vec<f64>> = rt.block_on(futures::future::join_all(["A", "B", "C", "D"].iter().map(|l| {
+        let req = LoglikRequest { context: context.into(), continuation: format!(" {l}") };
+        let m = &m;
+        async move { m.loglik_tokens(&req).await.unwrap().1 }
+    })));
+    assert_eq!(one_by_one, at_once, "the choices alone and together");
+    assert!(m.stats().reused_prompt_tokens - before >= 3 * 16, "the question is decoded once: {:?}", m.stats());
     // A longer continuation has more tokens, each counted.
     let req = LoglikRequest { context: context.into(), continuation: " B. Paris is the capital".into() };
     let (ll, tokens) = rt.block_on(m.loglik_tokens(&req)).unwrap();

@@ -296,6 +296,49 @@ fn a_corrupt_or_unfinished_parquet_fails_its_own_view_only() {
     assert_eq!(v.get("/api/run").0, 200);
 }
 
+/// A filter over a table of several scan pieces: the first answer holds what was found so
+/// far (a prefix of the matches, in order) or all of it; asked again, the count becomes final
+/// and every match is there, in order, on every page, sorted or not.
+#[test]
+fn a_filter_over_a_big_table_answers_early_then_in_full() {
+    let n = 200_000u64;
+    let p = people_run(n as usize, "", &[]);
+    let v = Viewer::start(&p.path().join("out"), &[]);
+    let expected: Vec<u64> = (0..n).filter(|i| format!("p{i}").contains("p1234")).collect();
+    assert_eq!(expected.len(), 111);
+    let positions =
+        |t: &Value| -> Vec<u64> { t["positions"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect() };
+    let url = |offset: usize| format!("/api/table?file=people.parquet&q=P1234&limit=50&offset={offset}");
+    let first = v.json(&url(0));
+    let shown = positions(&first);
+    assert_eq!(shown[..], expected[..shown.len()], "what is shown first is where the matches start");
+    assert!(first["matched"].as_u64().unwrap() <= 111);
+    if first["complete"] == true {
+        assert_eq!(first["matched"], 111);
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let whole = loop {
+        let t = v.json(&url(0));
+        if t["complete"] == true {
+            break t;
+        }
+        assert!(t["scanned"].as_u64().unwrap() < n);
+        assert!(Instant::now() < deadline, "the search never completed: {t}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(whole["matched"], 111);
+    assert_eq!(whole["scanned"], n);
+    assert_eq!(positions(&whole), expected[..50]);
+    assert_eq!(positions(&v.json(&url(100))), expected[100..]);
+    let names: Vec<&str> = whole["data"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert!(names.iter().all(|n| n.contains("p1234")), "{names:?}");
+    let sorted = v.json("/api/table?file=people.parquet&q=p1234&sort=name&desc=true&limit=200");
+    assert_eq!(sorted["matched"], 111);
+    let mut got = positions(&sorted);
+    got.sort_unstable();
+    assert_eq!(got, expected);
+}
+
 #[test]
 fn a_directory_that_is_not_a_run_is_refused_with_a_message() {
     let p = Project::new();
@@ -438,6 +481,14 @@ fn the_page_in_a_real_browser_shows_a_dpo_pair_and_a_failure() {
 
     let dom = browse(&browser, &format!("{base}#run"), &shots.join("view-run.png"));
     assert!(dom.contains("id=\"stage-sft\"") && dom.contains("rolemrc"), "the run page: {dom}");
+    // The drawn graph: a box per stage, an arrow per input of a stage.
+    let run = v.json("/api/run");
+    let stages = run["stages"].as_array().unwrap();
+    let links: usize = stages.iter().map(|s| s["inputs"].as_array().map_or(0, |i| i.len())).sum();
+    assert!(dom.contains("id=\"graph\""), "no stage graph: {dom}");
+    assert_eq!(dom.matches("class=\"node\"").count(), stages.len(), "a box per stage");
+    assert_eq!(dom.matches("class=\"edge\"").count(), links, "an arrow per input");
+    assert!(dom.contains("data-stage=\"sft\"") && dom.contains("data-from=\"profiles\""), "{dom}");
 
     let pair = v.json("/api/table?file=dpo.parquet&limit=1")["data"][0].clone();
     let dom = browse(&browser, &format!("{base}#data?file=dpo.parquet&row=0"), &shots.join("view-dpo.png"));

@@ -494,7 +494,8 @@ impl Stage for Llm {
 }
 
 /// A `local` provider's engine figures over the stage's run into its report: decode calls and
-/// seconds, prompt and generated tokens, generated tokens per decode second (the engine is
+/// seconds, prompt tokens (and how many of them were copied from another sequence's cache),
+/// generated tokens, generated tokens per decode second (the engine is
 /// shared: stages running at the same time on the provider count each other's work too).
 pub(crate) fn report_local(ctx: &mut RunCtx, provider: &Provider, before: Option<crate::llm::local::engine::Stats>) {
     let (Some(local), Some(before)) = (&provider.local, before) else { return };
@@ -505,6 +506,10 @@ pub(crate) fn report_local(ctx: &mut RunCtx, provider: &Provider, before: Option
     m.insert("local_engine.decode_seconds".into(), seconds);
     m.insert("local_engine.sample_seconds".into(), now.sample_seconds - before.sample_seconds);
     m.insert("local_engine.prompt_tokens".into(), (now.prompt_tokens - before.prompt_tokens) as f64);
+    m.insert(
+        "local_engine.reused_prompt_tokens".into(),
+        (now.reused_prompt_tokens - before.reused_prompt_tokens) as f64,
+    );
     let generated = now.generated_tokens - before.generated_tokens;
     m.insert("local_engine.generated_tokens".into(), generated as f64);
     if seconds > 0.0 {

@@ -59,12 +59,20 @@ impl Viewed {
     }
 }
 
-/// Cached orders and filters of big tables, by (file, its mtime and size, what).
+/// Cached orders of big tables, by (file, its mtime and size, what).
 type Cache = Mutex<HashMap<(PathBuf, SystemTime, u64, String), Arc<Vec<u32>>>>;
+
+/// Text filters of tables, running or done, by (file, its mtime and size, needle).
+type Searches = Mutex<HashMap<(PathBuf, SystemTime, u64, String), Arc<table::Search>>>;
+
+/// How long the first answer to a new filter of a big table waits for its page: what has
+/// been found by then is sent, and the page asks again until the search is complete.
+const FIRST_PATIENCE: std::time::Duration = std::time::Duration::from_millis(150);
 
 struct App {
     viewed: Viewed,
     positions: Cache,
+    searches: Searches,
 }
 
 /// Serve until the process is stopped; `ready` gets the bound address.
@@ -77,7 +85,7 @@ pub async fn serve(viewed: Viewed, addr: SocketAddr, ready: impl FnOnce(SocketAd
 
 /// The routes (the tests call them through a real socket too).
 pub fn router(viewed: Viewed) -> Router {
-    let app = Arc::new(App { viewed, positions: Mutex::new(HashMap::new()) });
+    let app = Arc::new(App { viewed, positions: Mutex::new(HashMap::new()), searches: Mutex::new(HashMap::new()) });
     Router::new()
         .route("/", get(page))
         .route("/api/run", get(run))
@@ -331,6 +339,21 @@ impl App {
         cache.insert(key, computed.clone());
         Ok(computed)
     }
+
+    /// The search of a table for a text: the one started earlier for this file version, or
+    /// a new one.
+    fn search(&self, t: &Table, needle: &str) -> Result<Arc<table::Search>> {
+        let meta = std::fs::metadata(&t.path)?;
+        let key = (t.path.clone(), meta.modified()?, meta.len(), needle.to_string());
+        let mut searches = self.searches.lock().expect("searches");
+        if let Some(s) = searches.get(&key) {
+            return Ok(s.clone());
+        }
+        if searches.len() >= 16 {
+            searches.clear();
+        }
+        Ok(searches.entry(key).or_insert_with(|| table::Search::start(t, needle)).clone())
+    }
 }
 
 fn table_json(app: &App, q: &TableQuery) -> Result<Value, Fail> {
@@ -338,11 +361,8 @@ fn table_json(app: &App, q: &TableQuery) -> Result<Value, Fail> {
     let t = Table::open(&path).map_err(|e| Fail(StatusCode::UNPROCESSABLE_ENTITY, format!("{:#}", e)))?;
     let limit = q.limit.unwrap_or(50).clamp(1, MAX_PAGE);
     let err = |e: anyhow::Error| Fail(StatusCode::BAD_REQUEST, format!("{}: {e:#}", q.file));
-    let filtered = match q.q.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
-        Some(needle) => {
-            let n = needle.to_string();
-            Some(app.positions(&t, format!("q:{needle}"), || t.filter(&n)).map_err(err)?)
-        }
+    let search = match q.q.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
+        Some(needle) => Some(app.search(&t, needle).map_err(err)?),
         None => None,
     };
     let ordered = match q.sort.as_deref().filter(|s| !s.is_empty()) {
@@ -351,14 +371,22 @@ fn table_json(app: &App, q: &TableQuery) -> Result<Value, Fail> {
         }
         None => None,
     };
-    let matched = filtered.as_ref().map(|f| f.len() as u64).unwrap_or(t.rows());
-    let positions: Vec<u64> = match (&ordered, &filtered) {
-        (None, None) => (q.offset as u64..(q.offset as u64 + limit as u64).min(t.rows())).collect(),
-        (None, Some(f)) => f.iter().skip(q.offset).take(limit).map(|p| *p as u64).collect(),
-        (Some(o), None) => o.iter().skip(q.offset).take(limit).map(|p| *p as u64).collect(),
-        (Some(o), Some(f)) => {
-            let keep: std::collections::HashSet<u32> = f.iter().copied().collect();
-            o.iter().filter(|p| keep.contains(p)).skip(q.offset).take(limit).map(|p| *p as u64).collect()
+    // (positions of the page, rows matched so far, whether that count is final, rows searched)
+    let (positions, matched, complete, scanned): (Vec<u64>, u64, bool, u64) = match (&ordered, &search) {
+        (None, None) => {
+            ((q.offset as u64..(q.offset as u64 + limit as u64).min(t.rows())).collect(), t.rows(), true, t.rows())
+        }
+        (None, Some(s)) => {
+            // A big table's first answer comes with what was found in FIRST_PATIENCE.
+            let patience = s.is_big().then_some(FIRST_PATIENCE);
+            let p = s.page(q.offset, limit, patience).map_err(err)?;
+            (p.positions.iter().map(|x| *x as u64).collect(), p.matched, p.complete, p.scanned)
+        }
+        (Some(o), None) => (o.iter().skip(q.offset).take(limit).map(|p| *p as u64).collect(), t.rows(), true, t.rows()),
+        (Some(o), Some(s)) => {
+            let keep: std::collections::HashSet<u32> = s.all().map_err(err)?.into_iter().collect();
+            let page = o.iter().filter(|p| keep.contains(p)).skip(q.offset).take(limit).map(|p| *p as u64).collect();
+            (page, keep.len() as u64, true, t.rows())
         }
     };
     let rows = t.read_rows(&positions).map_err(|e| Fail(StatusCode::UNPROCESSABLE_ENTITY, format!("{e:#}")))?;
@@ -366,6 +394,8 @@ fn table_json(app: &App, q: &TableQuery) -> Result<Value, Fail> {
         "file": q.file,
         "rows": t.rows(),
         "matched": matched,
+        "complete": complete,
+        "scanned": scanned,
         "offset": q.offset,
         "limit": limit,
         "columns": table::columns(&t.schema()),

@@ -1,10 +1,13 @@
 //! Pages of a Parquet file for the viewer: rows by position read from the row groups
 //! that hold them (the footer says where), an order by one column (that column read
-//! alone, long texts by a prefix) and a text filter (a scan, one row group at a time):
+//! alone, long texts by a prefix) and a text filter ([`Search`]: pieces of the file scanned
+//! by a thread per core, its first hits answered while the rest are still being looked for):
 //! never the whole file in memory.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
@@ -118,22 +121,36 @@ impl Table {
         Ok(keys.into_iter().map(|(_, p)| p).collect())
     }
 
-    /// Positions of the rows where any column's text contains `needle` (any case).
-    pub fn filter(&self, needle: &str) -> Result<Vec<u32>> {
-        let needle = needle.to_lowercase();
-        let reader = self.builder()?.with_batch_size(4096).build()?;
+    /// Positions in `range` of the rows where any column's text contains `needle_lower`
+    /// (lower case): only the pages holding those rows are decoded.
+    fn filter_range(&self, needle_lower: &str, range: std::ops::Range<u64>) -> Result<Vec<u32>> {
         let mut hits = Vec::new();
-        let mut base = 0u32;
-        for batch in reader {
-            let batch = batch?;
-            let mut matched = vec![false; batch.num_rows()];
-            for col in batch.columns() {
-                for (m, hit) in matched.iter_mut().zip(matches(col.as_ref(), &needle)?) {
-                    *m |= hit;
+        let mut pos = range.start;
+        while pos < range.end {
+            let rg = self.starts.partition_point(|s| *s <= pos) - 1;
+            let (start, end) = (self.starts[rg], self.starts[rg + 1]);
+            let stop = end.min(range.end);
+            let local = (pos - start) as usize..(stop - start) as usize;
+            let selection = RowSelection::from_consecutive_ranges(std::iter::once(local), (end - start) as usize);
+            let reader = self
+                .builder()?
+                .with_row_groups(vec![rg])
+                .with_row_selection(selection)
+                .with_batch_size(4096)
+                .build()?;
+            let mut base = pos as u32;
+            for batch in reader {
+                let batch = batch.with_context(|| format!("reading {}", self.path.display()))?;
+                let mut matched = vec![false; batch.num_rows()];
+                for col in batch.columns() {
+                    for (m, hit) in matched.iter_mut().zip(matches(col.as_ref(), needle_lower)?) {
+                        *m |= hit;
+                    }
                 }
+                hits.extend(matched.iter().enumerate().filter(|(_, m)| **m).map(|(r, _)| base + r as u32));
+                base += batch.num_rows() as u32;
             }
-            hits.extend(matched.iter().enumerate().filter(|(_, m)| **m).map(|(r, _)| base + r as u32));
-            base += batch.num_rows() as u32;
+            pos = stop;
         }
         Ok(hits)
     }
@@ -161,6 +178,140 @@ impl Table {
             base += batch.num_rows() as u64;
         }
         Ok(out)
+    }
+}
+
+/// Rows a scanning thread takes at a time.
+const SCAN_PIECE: u64 = 65_536;
+
+/// A text filter over a table (every column's text, any case), scanned in pieces of
+/// [`SCAN_PIECE`] rows by one thread per core; the hits of the pieces finished in file order
+/// are known while later pieces are still scanned.
+pub struct Search {
+    rows: u64,
+    found: Mutex<Found>,
+    progress: Condvar,
+}
+
+struct Found {
+    /// Hits of each piece finished out of order (taken once the pieces before it are done).
+    pieces: Vec<Option<Vec<u32>>>,
+    /// Pieces handed to a thread so far.
+    next: usize,
+    /// Pieces done in order, from the first.
+    done: usize,
+    /// The hits of those pieces, in position order.
+    hits: Vec<u32>,
+    error: Option<String>,
+}
+
+/// Where a search stands: the positions of one page of its hits and how many are known.
+#[derive(Debug)]
+pub struct Progress {
+    pub positions: Vec<u32>,
+    /// Hits known (all of them when `complete`).
+    pub matched: u64,
+    pub complete: bool,
+    /// Rows searched from the start of the file.
+    pub scanned: u64,
+}
+
+impl Search {
+    /// Start scanning `table` for `needle` (threads that end when the file is scanned).
+    pub fn start(table: &Table, needle: &str) -> Arc<Search> {
+        let rows = table.rows();
+        let pieces = rows.div_ceil(SCAN_PIECE) as usize;
+        let search = Arc::new(Search {
+            rows,
+            found: Mutex::new(Found { pieces: vec![None; pieces], next: 0, done: 0, hits: Vec::new(), error: None }),
+            progress: Condvar::new(),
+        });
+        let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).min(pieces);
+        let needle = needle.to_lowercase();
+        for _ in 0..threads {
+            let (search, table, needle) = (search.clone(), table.clone(), needle.clone());
+            std::thread::Builder::new()
+                .name("synth-view-search".into())
+                .spawn(move || search.work(&table, &needle))
+                .expect("spawning a search thread");
+        }
+        search
+    }
+
+    fn work(&self, table: &Table, needle: &str) {
+        loop {
+            let k = {
+                let mut f = self.found.lock().expect("search");
+                if f.error.is_some() || f.next >= f.pieces.len() {
+                    return;
+                }
+                f.next += 1;
+                f.next - 1
+            };
+            let range = k as u64 * SCAN_PIECE..((k as u64 + 1) * SCAN_PIECE).min(self.rows);
+            let result = table.filter_range(needle, range);
+            let mut f = self.found.lock().expect("search");
+            match result {
+                Ok(hits) => {
+                    f.pieces[k] = Some(hits);
+                    let f = &mut *f;
+                    while let Some(hits) = f.pieces.get_mut(f.done).and_then(Option::take) {
+                        f.hits.extend(hits);
+                        f.done += 1;
+                    }
+                }
+                Err(e) => f.error = Some(format!("{e:#}")),
+            }
+            drop(f);
+            self.progress.notify_all();
+        }
+    }
+
+    /// Hits `offset..offset + limit` once they are known, or what is known when the search
+    /// has gone on for `patience` (`None`: until it ends).
+    pub fn page(&self, offset: usize, limit: usize, patience: Option<Duration>) -> Result<Progress> {
+        let deadline = patience.map(|p| Instant::now() + p);
+        let mut f = self.found.lock().expect("search");
+        loop {
+            if let Some(e) = &f.error {
+                anyhow::bail!("{e}");
+            }
+            let complete = f.done == f.pieces.len();
+            let timed_out = deadline.is_some_and(|d| Instant::now() >= d);
+            if complete || f.hits.len() >= offset + limit || timed_out {
+                return Ok(Progress {
+                    positions: f.hits.iter().skip(offset).take(limit).copied().collect(),
+                    matched: f.hits.len() as u64,
+                    complete,
+                    scanned: (f.done as u64 * SCAN_PIECE).min(self.rows),
+                });
+            }
+            f = match deadline {
+                Some(d) => {
+                    self.progress.wait_timeout(f, d.saturating_duration_since(Instant::now())).expect("search").0
+                }
+                None => self.progress.wait(f).expect("search"),
+            };
+        }
+    }
+
+    /// Every hit, once the search has ended.
+    pub fn all(&self) -> Result<Vec<u32>> {
+        let mut f = self.found.lock().expect("search");
+        loop {
+            if let Some(e) = &f.error {
+                anyhow::bail!("{e}");
+            }
+            if f.done == f.pieces.len() {
+                return Ok(f.hits.clone());
+            }
+            f = self.progress.wait(f).expect("search");
+        }
+    }
+
+    /// Whether more than one piece is scanned (a small table is answered whole).
+    pub fn is_big(&self) -> bool {
+        self.rows > SCAN_PIECE
     }
 }
 

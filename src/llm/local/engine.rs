@@ -17,6 +17,16 @@
 //! q8_0 cache never takes that path). With a per-request sampler seeded by the request, the same request gives the same
 //! bytes however requests interleave (`tests/local.rs` compares answers decoded alone and
 //! sixteen at a time).
+//!
+//! **Shared prompt starts.** A prompt is cut at fixed places: at the token where a message's
+//! text begins (its *cuts*, [`message_cuts`]; for a likelihood, before the context's last
+//! token) and at every `batch_tokens` from the last cut. So the cache of a prompt's first `c`
+//! tokens, for a cut `c`, is a function of those tokens and the cuts below `c` alone. When a
+//! live sequence has already decoded the same first `c` tokens with the same cuts below `c`,
+//! a new prompt copies that sequence's stream (the same bytes in the same cells) instead of
+//! decoding them again: what the template puts before every conversation (a default system
+//! prompt), a shared system prompt, the question of the four likelihood choices. A request
+//! alone cuts its prompt at the same places, so sharing changes no number.
 
 use std::collections::{HashMap, VecDeque};
 use std::num::NonZeroU32;
@@ -44,6 +54,8 @@ pub struct Settings {
     pub path: PathBuf,
     /// Sequences decoded together.
     pub parallel: usize,
+    /// Copy prompt starts other sequences decoded (see the module's invariant).
+    pub share_prompts: bool,
     /// Tokens per sequence (prompt and answer).
     pub context: u32,
     /// Tokens per decode call.
@@ -117,6 +129,8 @@ pub struct Stats {
     pub requests: u64,
     pub prompt_tokens: u64,
     pub generated_tokens: u64,
+    /// Prompt tokens copied from another sequence's cache instead of decoded.
+    pub reused_prompt_tokens: u64,
     pub decode_calls: u64,
     pub decode_seconds: f64,
     pub sample_seconds: f64,
@@ -224,6 +238,8 @@ fn run(settings: Settings, rx: mpsc::Receiver<Job>, stats: Arc<Mutex<Stats>>) {
         model: &model,
         ctx,
         slots: (0..n_seq).map(|_| None).collect(),
+        kept: (0..n_seq).map(|_| None).collect(),
+        share_prompts: settings.share_prompts,
         queue: VecDeque::new(),
         context,
         batch_tokens: settings.batch_tokens as usize,
@@ -236,7 +252,8 @@ fn run(settings: Settings, rx: mpsc::Receiver<Job>, stats: Arc<Mutex<Stats>>) {
         stats,
         provider: settings.provider.clone(),
         admitted: 0,
-        last_was_step: false,
+        chunks_since_step: 0,
+        threads: settings.threads.max(1) as usize,
     };
     engine.serve(&rx);
 }
@@ -260,6 +277,8 @@ struct Slot {
     /// Tokens of `tokens` already in the KV cache.
     fed: usize,
     prompt_tokens: usize,
+    /// Where the prompt is cut besides every `batch_tokens` (ascending, each in 1..prompt_tokens).
+    cuts: Vec<usize>,
     /// Admission order (prompts are processed in it).
     order: u64,
     state: State,
@@ -384,6 +403,10 @@ struct Loop<'m> {
     model: &'m LlamaModel,
     ctx: LlamaContext<'m>,
     slots: Vec<Option<Slot>>,
+    /// What a free sequence's stream still holds from its last request (tokens in the cache
+    /// and their cuts), to be shared with a later prompt; `None`: the stream is empty.
+    kept: Vec<Option<(Vec<LlamaToken>, Vec<usize>)>>,
+    share_prompts: bool,
     queue: VecDeque<Job>,
     context: u32,
     batch_tokens: usize,
@@ -393,8 +416,10 @@ struct Loop<'m> {
     provider: String,
     /// Requests admitted so far.
     admitted: u64,
-    /// Whether the last decode was a generation step (the kinds alternate).
-    last_was_step: bool,
+    /// Prompt chunks decoded since the last generation step.
+    chunks_since_step: usize,
+    /// Threads that draw the next tokens (llama.cpp's own count).
+    threads: usize,
 }
 
 impl Loop<'_> {
@@ -449,6 +474,10 @@ impl Loop<'_> {
                     if self.slots[i].is_some() {
                         self.finish(i, Err(fail(message.clone())));
                     }
+                    // Nor is a kept stream trusted after a failed decode.
+                    if self.kept[i].take().is_some() {
+                        let _ = self.ctx.clear_kv_cache_seq(Some(i as u32), None, None);
+                    }
                 }
                 continue;
             }
@@ -466,10 +495,29 @@ impl Loop<'_> {
             }
             let Some(job) = self.queue.pop_front() else { return };
             match self.start(&job.work) {
-                Ok((tokens, state, prompt_tokens)) => {
+                Ok((tokens, state, prompt_tokens, cuts)) => {
                     self.admitted += 1;
                     let order = self.admitted;
-                    self.slots[i] = Some(Slot { seq: i as i32, job, tokens, fed: 0, prompt_tokens, order, state });
+                    // The stream keeps the start it shares with its last request; the rest goes.
+                    let seq = i as i32;
+                    let mut fed = 0;
+                    if let Some((kept, kept_cuts)) = self.kept[i].take() {
+                        let c =
+                            if self.share_prompts { shared_start(&cuts, &tokens, 0, &kept_cuts, &kept) } else { None };
+                        let trimmed = c.is_some_and(|c| {
+                            self.ctx.clear_kv_cache_seq(Some(seq as u32), Some(c as u32), None).unwrap_or(false)
+                        });
+                        match c {
+                            Some(c) if trimmed => {
+                                fed = c;
+                                self.stats.lock().expect("stats").reused_prompt_tokens += c as u64;
+                            }
+                            _ => {
+                                let _ = self.ctx.clear_kv_cache_seq(Some(seq as u32), None, None);
+                            }
+                        }
+                    }
+                    self.slots[i] = Some(Slot { seq, job, tokens, fed, prompt_tokens, cuts, order, state });
                     self.stats.lock().expect("stats").requests += 1;
                 }
                 Err(e) => {
@@ -479,7 +527,8 @@ impl Loop<'_> {
         }
     }
 
-    fn start(&mut self, work: &Work) -> Result<(Vec<LlamaToken>, State, usize), LlmError> {
+    /// A request's tokens, state, prompt length and cuts.
+    fn start(&mut self, work: &Work) -> Result<(Vec<LlamaToken>, State, usize, Vec<usize>), LlmError> {
         let vocab = self.model.vocab();
         let too_long = |n: usize, what: &str| {
             LlmError::new(
@@ -533,6 +582,20 @@ impl Loop<'_> {
                     chain.push(LlamaSampler::dist(sp.seed));
                 }
                 let n = tokens.len();
+                let mut text = Vec::with_capacity(prompt.len());
+                let ends: Vec<usize> = tokens
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| {
+                        // A beginning-of-sequence token the tokenizer added is not in the text.
+                        if !(i == 0 && *t == vocab.bos() && !prompt.starts_with(&self.template.bos)) {
+                            vocab.token_to_piece_into(*t, &mut text, true, None);
+                        }
+                        text.len()
+                    })
+                    .collect();
+                let contents: Vec<&str> = g.messages.iter().map(|m| m.content.as_str()).collect();
+                let cuts = spaced(token_index_at(&ends, &content_starts(&prompt, &contents)), n);
                 let state = State::Generate {
                     sampler: LlamaSampler::chain_simple(chain),
                     max_tokens: g.max_tokens as usize,
@@ -541,7 +604,7 @@ impl Loop<'_> {
                     generated: 0,
                     row: None,
                 };
-                Ok((tokens, state, n))
+                Ok((tokens, state, n, cuts))
             }
             Work::Loglik { context, continuation } => {
                 // As lm-evaluation-harness: the whole text's tokens, the continuation being
@@ -564,7 +627,10 @@ impl Loop<'_> {
                     return Err(too_long(whole.len(), "context and continuation"));
                 }
                 let n = whole.len();
-                Ok((whole, State::Loglik { first, logprobs: Vec::new(), rows: Vec::new() }, n))
+                // The context but its last token (whose row scores the first continuation
+                // token) is what the choices of one question share.
+                let cuts = spaced(vec![first - 1], n);
+                Ok((whole, State::Loglik { first, logprobs: Vec::new(), rows: Vec::new() }, n, cuts))
             }
         }
     }
@@ -572,16 +638,20 @@ impl Loop<'_> {
     /// Put the next tokens into the batch. A decode call is one of two kinds, never both, so
     /// a sequence's numbers do not depend on what else is decoded: a generation step (the
     /// next token of every generating sequence, one each, each in its own KV stream) or a
-    /// chunk of one sequence's prompt (cut at multiples of `batch_tokens` from its start). The
-    /// two kinds alternate while both have work. False when there is nothing to decode.
+    /// chunk of one sequence's prompt (cut at its cuts and at multiples of `batch_tokens` from
+    /// the last cut; a start another sequence already decoded is copied, not decoded).
+    /// Prompts go first, at most one chunk per sequence between two steps. False when there
+    /// is nothing to decode.
     fn fill(&mut self, batch: &mut LlamaBatch) -> bool {
         batch.clear();
         let generating = |s: &Slot| s.fed >= s.prompt_tokens && s.tokens.len() > s.fed;
         let prefilling = |s: &Slot| s.fed < s.prompt_tokens;
         let any_generating = self.slots.iter().flatten().any(generating);
         let any_prefilling = self.slots.iter().flatten().any(prefilling);
-        let step = any_generating && !(any_prefilling && self.last_was_step);
-        self.last_was_step = step;
+        // Prompts first (a step then advances every sequence that has its prompt), but at most
+        // one chunk per sequence between two steps, so generating sequences keep moving.
+        let step = any_generating && (!any_prefilling || self.chunks_since_step >= self.slots.len());
+        self.chunks_since_step = if step { 0 } else { self.chunks_since_step + 1 };
         if step {
             for slot in self.slots.iter_mut().flatten().filter(|s| generating(s)) {
                 let i = slot.fed;
@@ -594,10 +664,16 @@ impl Loop<'_> {
             return batch.n_tokens() > 0;
         }
         // The prompt of the sequence admitted first (lowest order) goes on.
-        let Some(slot) = self.slots.iter_mut().flatten().filter(|s| prefilling(s)).min_by_key(|s| s.order) else {
+        let Some(index) = (0..self.slots.len())
+            .filter(|&i| self.slots[i].as_ref().is_some_and(prefilling))
+            .min_by_key(|&i| self.slots[i].as_ref().map(|s| s.order))
+        else {
             return false;
         };
-        let take = (slot.prompt_tokens - slot.fed).min(self.batch_tokens);
+        self.share_start(index);
+        let Some(slot) = self.slots[index].as_mut() else { return false };
+        let segment_end = slot.cuts.iter().copied().find(|&c| c > slot.fed).unwrap_or(slot.prompt_tokens);
+        let take = (segment_end - slot.fed).min(self.batch_tokens);
         let seq = slot.seq;
         match &mut slot.state {
             State::Generate { row, .. } => {
@@ -628,11 +704,47 @@ impl Loop<'_> {
         batch.n_tokens() > 0
     }
 
+    /// Copy into slot `index`'s stream the longest start of its prompt that another sequence
+    /// (live, or free and still holding its last request) has decoded with the same tokens
+    /// and cuts (see the module's invariant).
+    fn share_start(&mut self, index: usize) {
+        let Some(slot) = self.slots[index].as_ref().filter(|_| self.share_prompts) else { return };
+        let mut best: Option<(usize, i32)> = None;
+        for j in (0..self.slots.len()).filter(|&j| j != index) {
+            let (cuts, held) = match (&self.slots[j], &self.kept[j]) {
+                (Some(other), _) => (&other.cuts, &other.tokens[..other.fed]),
+                (None, Some((tokens, cuts))) => (cuts, &tokens[..]),
+                (None, None) => continue,
+            };
+            let from = best.map_or(slot.fed, |(c, _)| c.max(slot.fed));
+            if let Some(c) = shared_start(&slot.cuts, &slot.tokens, from, cuts, held) {
+                best = Some((c, j as i32));
+            }
+        }
+        let Some((c, src)) = best else { return };
+        let dst = slot.seq;
+        // Streams differ, so llama.cpp copies the whole stream (at the next decode, before its
+        // tokens) and the positions from `c` on are dropped again.
+        let copied = self.ctx.copy_kv_cache_seq(src, dst, None, None).is_ok()
+            && self.ctx.clear_kv_cache_seq(Some(dst as u32), Some(c as u32), None).unwrap_or(false);
+        let Some(slot) = self.slots[index].as_mut() else { return };
+        if copied {
+            let reused = c - slot.fed;
+            slot.fed = c;
+            self.stats.lock().expect("stats").reused_prompt_tokens += reused as u64;
+        } else {
+            // Start over from cell 0 (the stream is in an unknown state).
+            let _ = self.ctx.clear_kv_cache_seq(Some(dst as u32), None, None);
+            slot.fed = 0;
+        }
+    }
+
     /// Read what the last decode computed: log-probabilities of scored rows, the next token
     /// of every sequence whose last token was in it; answer the requests that are done.
     fn after_decode(&mut self) {
         let model: &LlamaModel = self.model;
         let vocab = model.vocab();
+        let mut picked = self.sample_all();
         for i in 0..self.slots.len() {
             let Some(slot) = self.slots[i].as_mut() else { continue };
             let complete = slot.fed == slot.tokens.len();
@@ -649,10 +761,8 @@ impl Loop<'_> {
                         token_logprobs: std::mem::take(logprobs),
                     })
                 }
-                State::Generate { sampler, max_tokens, stop, out, generated, row } => {
-                    let Some(r) = row.take() else { continue };
-                    // `sample` also feeds the token to the sampler chain (the grammar).
-                    let token = sampler.sample(&self.ctx, r);
+                State::Generate { max_tokens, stop, out, generated, .. } => {
+                    let Some(token) = picked[i].take() else { continue };
                     let finish = if vocab.is_eog(token) {
                         Some("stop")
                     } else {
@@ -683,6 +793,43 @@ impl Loop<'_> {
         }
     }
 
+    /// The next token of every sequence whose row was in the last decode (by slot), drawn on
+    /// up to `threads` threads: the samplers are independent (each its own chain, grammar and
+    /// random state) and the context is only read (its logits are put in batch order by the
+    /// first read, done here before the threads start). `sample` also feeds the token to the
+    /// chain (the grammar).
+    fn sample_all(&mut self) -> Vec<Option<LlamaToken>> {
+        let mut picked: Vec<Option<LlamaToken>> = vec![None; self.slots.len()];
+        let mut work: Vec<Unshared<(&mut LlamaSampler, i32, &mut Option<LlamaToken>)>> = Vec::new();
+        for (slot, pick) in self.slots.iter_mut().zip(picked.iter_mut()) {
+            if let Some(Slot { state: State::Generate { sampler, row, .. }, .. }) = slot {
+                if let Some(r) = row.take() {
+                    work.push(Unshared((sampler, r, pick)));
+                }
+            }
+        }
+        let Some(first) = work.first() else { return picked };
+        let _ = self.ctx.get_logits_ith(first.0.1);
+        let ctx = Unshared(&self.ctx);
+        let threads = self.threads.clamp(1, work.len());
+        let per = work.len().div_ceil(threads);
+        let draw = |part: Vec<Unshared<(&mut LlamaSampler, i32, &mut Option<LlamaToken>)>>| {
+            let ctx = &ctx;
+            for Unshared((sampler, r, pick)) in part {
+                *pick = Some(sampler.sample(ctx.0, r));
+            }
+        };
+        std::thread::scope(|scope| {
+            let mut rest = work;
+            while rest.len() > per {
+                let part = rest.split_off(rest.len() - per);
+                scope.spawn(move || draw(part));
+            }
+            draw(rest);
+        });
+        picked
+    }
+
     /// Answer slot `i`'s request and free its sequence.
     fn finish(&mut self, i: usize, result: Result<Done, LlmError>) {
         let Some(slot) = self.slots[i].take() else { return };
@@ -691,10 +838,81 @@ impl Loop<'_> {
             s.prompt_tokens += done.prompt_tokens;
             s.generated_tokens += done.completion_tokens;
         }
-        // Removing a whole sequence always succeeds; its stream starts at cell 0 again.
-        let _ = self.ctx.clear_kv_cache_seq(Some(slot.seq as u32), None, None);
+        if result.is_ok() && self.share_prompts {
+            // The stream stays as it is until its sequence is used again (then its start is
+            // kept if the new prompt shares it, the rest removed): prompts admitted later can
+            // still copy from it.
+            let mut tokens = slot.tokens;
+            tokens.truncate(slot.fed);
+            self.kept[i] = Some((tokens, slot.cuts));
+        } else {
+            // Removing a whole sequence always succeeds; its stream starts at cell 0 again.
+            let _ = self.ctx.clear_kv_cache_seq(Some(slot.seq as u32), None, None);
+        }
         let _ = slot.job.reply.send(result);
     }
+}
+
+/// The longest cut `c > from` of a prompt (`cuts`, `tokens`) whose first `c` tokens another
+/// stream holds (`held`) with the same cuts below `c` and `c` itself one of its cuts: those
+/// tokens' cache is then the same bytes the prompt would compute.
+fn shared_start(
+    cuts: &[usize],
+    tokens: &[LlamaToken],
+    from: usize,
+    held_cuts: &[usize],
+    held: &[LlamaToken],
+) -> Option<usize> {
+    // Cuts are ascending: `n` of them lie below `cuts[n]`.
+    cuts.iter().enumerate().rev().take_while(|(_, c)| **c > from).find_map(|(n, &c)| {
+        (held.len() >= c && held_cuts.get(n) == Some(&c) && held_cuts[..n] == cuts[..n] && held[..c] == tokens[..c])
+            .then_some(c)
+    })
+}
+
+/// A value moved to a sampling thread of [`Loop::sample_all`]: llama.cpp's samplers and
+/// context are raw pointers to Rust; each sampler is used by one thread at a time and the
+/// context is only read while the threads run.
+struct Unshared<T>(T);
+// SAFETY: see the type's comment; the threads end (scope) before the loop touches either again.
+unsafe impl<T> Send for Unshared<T> {}
+unsafe impl<T> Sync for Unshared<T> {}
+
+/// Cuts closer than this to the prompt's start or to the last cut are left out (a start that
+/// short saves little, and every cut is one more decode call).
+const MIN_SHARED: usize = 16;
+
+/// Byte offsets in `prompt` where each of `contents` begins, looked for in order, each after
+/// the last found (contents that are empty or not found are passed over).
+fn content_starts(prompt: &str, contents: &[&str]) -> Vec<usize> {
+    let mut from = 0;
+    let mut starts = Vec::new();
+    for content in contents.iter().filter(|c| !c.is_empty()) {
+        if let Some(at) = prompt[from..].find(content) {
+            starts.push(from + at);
+            from += at + content.len();
+        }
+    }
+    starts
+}
+
+/// For each byte offset, how many tokens end at or before it (`ends[i]`: the text's length
+/// after token `i`).
+fn token_index_at(ends: &[usize], offsets: &[usize]) -> Vec<usize> {
+    offsets.iter().map(|&o| ends.partition_point(|&e| e <= o)).collect()
+}
+
+/// Cuts kept: ascending, inside the prompt (`1..n`), each at least [`MIN_SHARED`] after the
+/// start and the last kept one.
+fn spaced(mut cuts: Vec<usize>, n: usize) -> Vec<usize> {
+    cuts.sort_unstable();
+    let mut kept: Vec<usize> = Vec::new();
+    for c in cuts {
+        if c < n && c >= kept.last().copied().unwrap_or(0) + MIN_SHARED {
+            kept.push(c);
+        }
+    }
+    kept
 }
 
 /// Where to cut an answer that contains a stop sequence (the first one found).
@@ -735,6 +953,40 @@ mod tests {
         assert_eq!((p["a"]["maxItems"].as_u64(), p["a"]["items"]["maxItems"].as_u64()), (Some(3), Some(3)));
         assert_eq!((p["b"]["maxItems"].as_u64(), p["c"]["maxItems"].as_u64()), (Some(2), Some(5)));
         assert!(s.get("maxItems").is_none());
+    }
+
+    #[test]
+    fn prompts_are_cut_where_message_texts_begin() {
+        let prompt = "<s>system\nBe brief.</s><s>user\nHello there</s><s>assistant\n";
+        let starts = content_starts(prompt, &["Be brief.", "", "Hello there", "missing"]);
+        assert_eq!(starts, vec![10, 31]);
+        // Tokens ending at bytes 3, 10, 19, 25, 31, 42: 2 tokens end at or before 10, 5 before 31.
+        assert_eq!(token_index_at(&[3, 10, 19, 25, 31, 42], &starts), vec![2, 5]);
+        // Not within MIN_SHARED of the start or of each other, never the whole prompt.
+        assert_eq!(spaced(vec![40, 5, 20, 30, 90], 90), vec![20, 40]);
+        assert_eq!(spaced(vec![16], 16), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn a_start_is_shared_only_with_the_same_tokens_and_cuts() {
+        let t = |v: &[i32]| v.iter().map(|&x| LlamaToken::new(x)).collect::<Vec<_>>();
+        let prompt = t(&(0..60).collect::<Vec<_>>());
+        let cuts = [20, 40];
+        // Held with the same cuts: the longest cut it holds whole.
+        assert_eq!(shared_start(&cuts, &prompt, 0, &[20, 40], &prompt[..45]), Some(40));
+        assert_eq!(shared_start(&cuts, &prompt, 0, &[20, 40], &prompt[..39]), Some(20));
+        // Nothing past what is already fed.
+        assert_eq!(shared_start(&cuts, &prompt, 40, &[20, 40], &prompt), None);
+        // Other cuts below: the tokens were cut elsewhere, their cache differs.
+        assert_eq!(shared_start(&cuts, &prompt, 0, &[18, 40], &prompt), None);
+        // 40 is not a cut of the other stream: it decoded across it.
+        assert_eq!(shared_start(&cuts, &prompt, 0, &[20], &prompt), Some(20));
+        // Other tokens.
+        let mut other = prompt.clone();
+        other[30] = LlamaToken::new(999);
+        assert_eq!(shared_start(&cuts, &prompt, 0, &[20, 40], &other), Some(20));
+        other[3] = LlamaToken::new(999);
+        assert_eq!(shared_start(&cuts, &prompt, 0, &[20, 40], &other), None);
     }
 
     #[test]

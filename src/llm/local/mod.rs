@@ -59,6 +59,13 @@ pub const OPTIONS: &[OptionSpec] = &[
         "structured answers: every array of the schema is decoded with at most this many items (at least its minItems), so an answer fits max_tokens; answers are still validated against the stage's schema as written",
     ),
     OptionSpec::default("parallel", POSITIVE, "8", "sequences decoded together (continuous batching)").runtime_only(),
+    OptionSpec::default(
+        "share_prompts",
+        Ty::Bool,
+        "true",
+        "a prompt whose first tokens another sequence has decoded (the template's default system prompt, a shared system prompt, a question's likelihood choices) copies them from that sequence's cache instead of decoding them again; answers are the same bytes either way",
+    )
+    .runtime_only(),
     OptionSpec::default("batch_tokens", POSITIVE, "512", "tokens per decode call").runtime_only(),
     OptionSpec::optional("threads", POSITIVE, "CPU threads of llama.cpp (default: the machine's cores). On a machine busy with other work, set the cores left free: llama.cpp's threads spin at every barrier, so one that waits for a thread the OS has put aside loses its time slice (beside two compilers on 2 cores, 2 threads decoded 4.5 tokens/s and 1 thread 35; BENCHMARKS.md)").runtime_only(),
     OptionSpec::optional("temperature", Ty::Float(0.0, 2.0), "sampling temperature (default 0.8; 0: greedy)"),
@@ -98,6 +105,8 @@ pub struct LocalOptions {
     #[serde(default)]
     pub max_items: Option<u32>,
     pub parallel: usize,
+    #[serde(default = "yes")]
+    pub share_prompts: bool,
     pub batch_tokens: u32,
     #[serde(default)]
     pub threads: Option<usize>,
@@ -126,6 +135,10 @@ fn main() -> String {
 
 fn f16() -> String {
     "f16".into()
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn auto() -> String {
@@ -271,6 +284,7 @@ impl LocalChat {
             settings: engine::Settings {
                 path,
                 parallel: o.parallel,
+                share_prompts: o.share_prompts,
                 context: o.context,
                 batch_tokens: o.batch_tokens.max(16),
                 kv_q8: o.kv_cache == "q8_0",

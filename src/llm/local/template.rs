@@ -10,7 +10,8 @@ use crate::llm::Message;
 pub struct ChatTemplate {
     /// The Jinja source from the GGUF, when there is one.
     source: Option<String>,
-    bos: String,
+    /// The beginning-of-sequence token's text.
+    pub bos: String,
     eos: String,
 }
 
