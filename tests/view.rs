@@ -179,8 +179,26 @@ fn check_every_endpoint(pipeline: &str) -> (tempfile::TempDir, Value) {
     let reports = v.json("/api/reports");
     for f in reports["files"].as_array().unwrap() {
         let path = f["path"].as_str().unwrap();
-        let (status, _) = v.get(&format!("/api/file/{path}"));
+        let (status, text) = v.get(&format!("/api/file/{path}"));
         assert_eq!(status, 200, "{path}");
+        // The figures a Markdown report draws beside it: served as sandboxed SVG images.
+        for figure in text.lines().filter_map(|l| l.trim().strip_prefix("![")?.split_once("](")?.1.strip_suffix(')')) {
+            if !figure.ends_with(".svg") {
+                continue;
+            }
+            let dir = Path::new(path).parent().unwrap().to_str().unwrap();
+            let at = if dir.is_empty() { figure.to_string() } else { format!("{dir}/{figure}") };
+            let mut s = TcpStream::connect(&v.addr).unwrap();
+            write!(s, "GET /api/file/{at} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+            let mut raw = String::new();
+            s.read_to_string(&mut raw).unwrap();
+            let head = raw.split("\r\n\r\n").next().unwrap().to_ascii_lowercase();
+            assert!(
+                head.starts_with("http/1.1 200") && head.contains("image/svg+xml"),
+                "{pipeline}: figure {at}: {head}"
+            );
+            assert!(head.contains("sandbox") && raw.contains("<svg"), "{pipeline}: figure {at} not a sandboxed SVG");
+        }
     }
     let snaps = v.json("/api/snapshots");
     assert!(snaps["snapshots"].is_array());
@@ -500,6 +518,14 @@ fn the_page_in_a_real_browser_shows_a_dpo_pair_and_a_failure() {
     let first_prompt: String = pair["prompt"][0]["content"].as_str().unwrap().chars().take(40).collect();
     assert!(dom.contains(&html_text(&first_prompt)), "the prompt's first message not on screen");
 
+    // The card's tables as tables, each numeric column charted by row.
+    let dom = browse(&browser, &format!("{base}#reports?file=README.md"), &shots.join("view-report.png"));
+    assert!(dom.contains("class=\"md-table\"") && dom.contains("<th>Category</th>"), "the card's table: {dom}");
+    assert!(
+        dom.matches("class=\"table-chart\"").count() >= 4,
+        "a chart per numeric column (S, P, #Turns, #Words): {dom}"
+    );
+
     // A run with failures: records the server refuses.
     let server = openai_server::start(Behaviour { reject_marker: Some("REFUSE".into()), ..Default::default() });
     let p = Project::new();
@@ -553,6 +579,219 @@ fn the_page_in_a_real_browser_shows_a_dpo_pair_and_a_failure() {
     for f in ["view-run.png", "view-dpo.png", "view-failure.png"] {
         assert!(support::repo().join("docs/images").join(f).is_file(), "docs/images/{f}: the README's screenshot");
     }
+}
+
+/// A WebDriver session of chromedriver (Debian's `chromium-driver`, installed by
+/// `.ci/setup-browser`) driving headless Chromium, spoken to over plain HTTP; the driver
+/// is killed when dropped.
+struct Driver {
+    child: Child,
+    addr: String,
+    session: String,
+}
+
+impl Driver {
+    fn start() -> Driver {
+        let bin = ["chromedriver", "/usr/lib/chromium/chromedriver", "/usr/bin/chromedriver"]
+            .into_iter()
+            .find(|c| Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()))
+            .expect("no chromedriver: .ci/setup-browser installs Debian's chromium-driver (the README's test command runs it)");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = Command::new(bin)
+            .args([format!("--port={port}"), "--allowed-ips=127.0.0.1".into()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut d = Driver { child, addr: format!("127.0.0.1:{port}"), session: String::new() };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while TcpStream::connect(&d.addr).is_err() || d.call("GET", "/status", None)["value"]["ready"] != true {
+            assert!(Instant::now() < deadline, "chromedriver did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let caps = serde_json::json!({"capabilities": {"alwaysMatch": {"browserName": "chrome", "goog:chromeOptions": {
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1360,900"]}}}});
+        let made = d.call("POST", "/session", Some(caps));
+        d.session = made["value"]["sessionId"].as_str().unwrap_or_else(|| panic!("no session: {made}")).to_string();
+        d
+    }
+
+    /// One WebDriver command: its JSON answer.
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let mut s = TcpStream::connect(&self.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            self.addr,
+            body.len()
+        )
+        .unwrap();
+        // Read the answer by its Content-Length (chromedriver keeps the connection open).
+        let mut raw = Vec::new();
+        let mut buf = [0u8; 65536];
+        loop {
+            let n = s.read(&mut buf).unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+            raw.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&raw);
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let length = head.lines().find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length").then(|| v.trim().parse::<usize>().ok()).flatten()
+                });
+                let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
+                let whole = match length {
+                    Some(l) => body.len() >= l,
+                    None => chunked && body.ends_with("0\r\n\r\n"),
+                };
+                if whole || n == 0 {
+                    let body = if chunked { dechunk(body) } else { body.to_string() };
+                    return serde_json::from_str(&body).unwrap_or_else(|e| panic!("{method} {path}: {e}: {body}"));
+                }
+            }
+            assert!(n > 0, "{method} {path}: the connection closed: {text}");
+        }
+    }
+
+    fn on(&self, command: &str) -> String {
+        format!("/session/{}{command}", self.session)
+    }
+
+    fn open(&self, url: &str) {
+        self.call("POST", &self.on("/url"), Some(serde_json::json!({ "url": url })));
+    }
+
+    /// The element an XPath finds, waiting for the page to render it.
+    fn find(&self, xpath: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let r =
+                self.call("POST", &self.on("/element"), Some(serde_json::json!({"using": "xpath", "value": xpath})));
+            // The W3C WebDriver element reference key.
+            if let Some(id) = r["value"]["element-6066-11e4-a52e-4f735466cecf"].as_str() {
+                return id.to_string();
+            }
+            assert!(Instant::now() < deadline, "nothing on screen matches {xpath}: {}", self.source());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Act on the element an XPath finds; found again when the page re-rendered it in between
+    /// (the run page redraws on every event of a live run).
+    fn on_element(&self, xpath: &str, method: &str, action: &str, body: Option<Value>) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let id = self.find(xpath);
+            let r = self.call(method, &self.on(&format!("/element/{id}{action}")), body.clone());
+            if r["value"]["error"] != "stale element reference" {
+                assert!(r["value"]["error"].is_null(), "{action} on {xpath}: {r}");
+                return r;
+            }
+            assert!(Instant::now() < deadline, "{xpath} kept going stale");
+        }
+    }
+
+    fn click(&self, xpath: &str) {
+        self.on_element(xpath, "POST", "/click", Some(serde_json::json!({})));
+    }
+
+    fn text(&self, xpath: &str) -> String {
+        self.on_element(xpath, "GET", "/text", None)["value"].as_str().unwrap().to_string()
+    }
+
+    fn source(&self) -> String {
+        self.call("GET", &self.on("/source"), None)["value"].as_str().unwrap_or_default().to_string()
+    }
+
+    fn screenshot(&self, to: &Path) {
+        use base64::Engine as _;
+        let png = self.call("GET", &self.on("/screenshot"), None)["value"].as_str().unwrap().to_string();
+        let png = base64::engine::general_purpose::STANDARD.decode(png).unwrap();
+        assert!(png.starts_with(b"\x89PNG"), "{}: not a PNG", to.display());
+        std::fs::write(to, png).unwrap();
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        if !self.session.is_empty() {
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.call("DELETE", &self.on(""), None)));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The page used as a person uses it, by clicks in a real browser: from the run page of
+/// RoleMRC's outputs, the DPO output's link, then its first row: the pair on screen; from
+/// the run page of a run with failures, its failed count: the failures on screen.
+#[test]
+fn clicking_through_the_page_reaches_a_dpo_pair_and_a_failure() {
+    use crate::support::openai_server::{self, Behaviour};
+    let shots = support::repo().join("target/view-screenshots");
+    std::fs::create_dir_all(&shots).unwrap();
+    let p = Project::new();
+    let out = p.path().join("out");
+    offline_run("rolemrc.toml", &out);
+    let v = Viewer::start(&out, &[]);
+    let d = Driver::start();
+    d.open(&format!("http://{}/", v.addr));
+    d.click("//tr[@id='stage-dpo']//a[normalize-space()='dpo.parquet']");
+    d.click("(//table[@id='rows']//tr[contains(@class,'pick')])[1]");
+    let pair = v.json("/api/table?file=dpo.parquet&limit=1")["data"][0].clone();
+    let shown = d.text("//div[@id='dpo-pair']");
+    for side in ["chosen", "rejected"] {
+        let text: String = pair[side].as_str().unwrap().split_whitespace().take(6).collect::<Vec<_>>().join(" ");
+        assert!(
+            shown.split_whitespace().collect::<Vec<_>>().join(" ").contains(&text),
+            "{side} {text:?} not in {shown:?}"
+        );
+    }
+    d.screenshot(&shots.join("view-clicked-dpo.png"));
+    // Back to the run, its graph: a click on a stage's box marks its row.
+    d.click("//nav//a[normalize-space()='Run']");
+    d.click("//*[local-name()='g' and @data-stage='sft']");
+    d.find("//tr[@id='stage-sft' and contains(@class,'hl')]");
+
+    // A run with failures: the failed count leads to them.
+    let server = openai_server::start(Behaviour { reject_marker: Some("REFUSE".into()), ..Default::default() });
+    let f = Project::new();
+    f.write(
+        "r.jsonl",
+        (0..8)
+            .map(|i| {
+                format!("{{\"id\": \"r{i}\", \"ask\": \"{}\"}}\n", if i % 4 == 0 { "REFUSE this" } else { "fine" })
+            })
+            .collect::<String>(),
+    );
+    f.write("prompt.j2", "Echo {{ ask }}.\n");
+    f.write(
+        "p.toml",
+        format!(
+            "[pipeline]\nname = \"fails\"\noutput_dir = \"out\"\n\
+             [providers.api]\nkind = \"openai\"\nbase_url = \"{}\"\nmodel = \"m\"\napi_key_env = \"SYNTH_TEST_KEY\"\n\
+             [stages.r]\nkind = \"source\"\npath = \"r.jsonl\"\n\
+             [stages.answers]\nkind = \"llm\"\ninputs = [\"r\"]\nprovider = \"api\"\nprompt = \"prompt.j2\"\nmax_failure_ratio = 0.5\n",
+            server.base_url()
+        ),
+    );
+    f.synth_env(&["run", "p.toml", "-q"], &[("SYNTH_TEST_KEY", "k-0123456789")]);
+    let failed = v_failures(&f.path().join("out"));
+    assert_eq!(failed.len(), 2, "{failed:?}");
+    let w = Viewer::start(&f.path().join("out"), &[]);
+    d.open(&format!("http://{}/", w.addr));
+    d.click("//tr[@id='stage-answers']/td[7]/a");
+    d.find("//div[@id='groups']");
+    for (id, message) in &failed {
+        let shown = d.text(&format!("//div[contains(@class,'failure')][.//b[normalize-space()='{id}']]"));
+        let m: String = message.split_whitespace().take(5).collect::<Vec<_>>().join(" ");
+        assert!(
+            shown.split_whitespace().collect::<Vec<_>>().join(" ").contains(&m),
+            "failure {id}: {m:?} not in {shown:?}"
+        );
+    }
+    d.screenshot(&shots.join("view-clicked-failure.png"));
 }
 
 /// (id, message) of each failure of the `answers` stage.

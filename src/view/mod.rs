@@ -580,7 +580,8 @@ async fn reports(State(app): State<Arc<App>>) -> Response {
 async fn file(State(app): State<Arc<App>>, axum::extract::Path(rel): axum::extract::Path<String>) -> Response {
     let Some(path) = inside(&app.viewed.dir, &rel) else { return not_found() };
     let ext = path.extension().and_then(|x| x.to_str()).unwrap_or("");
-    if rel.starts_with(INTERNAL_DIR) || !REPORT_EXTENSIONS.contains(&ext) || !path.is_file() {
+    let figure = ext == "svg";
+    if rel.starts_with(INTERNAL_DIR) || !(REPORT_EXTENSIONS.contains(&ext) || figure) || !path.is_file() {
         return not_found();
     }
     let read = || -> std::io::Result<String> {
@@ -590,6 +591,17 @@ async fn file(State(app): State<Arc<App>>, axum::extract::Path(rel): axum::extra
         Ok(String::from_utf8_lossy(&buf).into_owned())
     };
     match read() {
+        Ok(text) if figure => {
+            // A report's figure (a method draws its tables' charts as SVG): an image that runs
+            // nothing, even opened on its own (sandboxed, no script, no outside request).
+            let mut r = crate::secrets::scrub(&text).into_response();
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("image/svg+xml"));
+            r.headers_mut().insert(
+                header::CONTENT_SECURITY_POLICY,
+                HeaderValue::from_static("default-src 'none'; style-src 'unsafe-inline'; sandbox"),
+            );
+            r
+        }
         Ok(text) => {
             let mut r = crate::secrets::scrub(&text).into_response();
             r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));

@@ -489,13 +489,11 @@ impl Loop<'_> {
 
     /// Move queued jobs into free slots (a job that cannot start is answered at once).
     fn admit(&mut self) {
-        for i in 0..self.slots.len() {
-            if self.slots[i].is_some() {
-                continue;
-            }
+        while self.slots.iter().any(Option::is_none) {
             let Some(job) = self.queue.pop_front() else { return };
             match self.start(&job.work) {
                 Ok((tokens, state, prompt_tokens, cuts)) => {
+                    let i = self.free_slot_for(&tokens, &cuts);
                     self.admitted += 1;
                     let order = self.admitted;
                     // The stream keeps the start it shares with its last request; the rest goes.
@@ -525,6 +523,22 @@ impl Loop<'_> {
                 }
             }
         }
+    }
+
+    /// The free sequence for a new prompt: the one whose kept stream shares the longest
+    /// start with it, else one holding nothing (a kept stream stays for later prompts), else
+    /// the first.
+    fn free_slot_for(&self, tokens: &[LlamaToken], cuts: &[usize]) -> usize {
+        (0..self.slots.len())
+            .filter(|&i| self.slots[i].is_none())
+            .max_by_key(|&i| {
+                let shared = match (&self.kept[i], self.share_prompts) {
+                    (Some((held, held_cuts)), true) => shared_start(cuts, tokens, 0, held_cuts, held).unwrap_or(0),
+                    _ => 0,
+                };
+                (shared, self.kept[i].is_none(), std::cmp::Reverse(i))
+            })
+            .expect("admit is called with a free sequence")
     }
 
     /// A request's tokens, state, prompt length and cuts.
