@@ -759,7 +759,7 @@ impl Loop<'_> {
         let model: &LlamaModel = self.model;
         let vocab = model.vocab();
         let mut picked = self.sample_all();
-        for i in 0..self.slots.len() {
+        for (i, pick) in picked.iter_mut().enumerate() {
             let Some(slot) = self.slots[i].as_mut() else { continue };
             let complete = slot.fed == slot.tokens.len();
             let done = match &mut slot.state {
@@ -776,7 +776,7 @@ impl Loop<'_> {
                     })
                 }
                 State::Generate { max_tokens, stop, out, generated, .. } => {
-                    let Some(token) = picked[i].take() else { continue };
+                    let Some(token) = pick.take() else { continue };
                     let finish = if vocab.is_eog(token) {
                         Some("stop")
                     } else {
@@ -816,10 +816,10 @@ impl Loop<'_> {
         let mut picked: Vec<Option<LlamaToken>> = vec![None; self.slots.len()];
         let mut work: Vec<Unshared<(&mut LlamaSampler, i32, &mut Option<LlamaToken>)>> = Vec::new();
         for (slot, pick) in self.slots.iter_mut().zip(picked.iter_mut()) {
-            if let Some(Slot { state: State::Generate { sampler, row, .. }, .. }) = slot {
-                if let Some(r) = row.take() {
-                    work.push(Unshared((sampler, r, pick)));
-                }
+            if let Some(Slot { state: State::Generate { sampler, row, .. }, .. }) = slot
+                && let Some(r) = row.take()
+            {
+                work.push(Unshared((sampler, r, pick)));
             }
         }
         let Some(first) = work.first() else { return picked };
