@@ -487,7 +487,6 @@ fn html_text(s: &str) -> String {
 /// SYNTH_SCREENSHOTS_TO_DOCS=1 also `docs/images/`, the README's pictures).
 #[test]
 fn the_page_in_a_real_browser_shows_a_dpo_pair_and_a_failure() {
-    use crate::support::openai_server::{self, Behaviour};
     let browser = chromium();
     let shots = support::repo().join("target/view-screenshots");
     std::fs::create_dir_all(&shots).unwrap();
@@ -527,38 +526,8 @@ fn the_page_in_a_real_browser_shows_a_dpo_pair_and_a_failure() {
     );
 
     // A run with failures: records the server refuses.
-    let server = openai_server::start(Behaviour { reject_marker: Some("REFUSE".into()), ..Default::default() });
-    let p = Project::new();
-    p.write(
-        "r.jsonl",
-        (0..12)
-            .map(|i| {
-                format!("{{\"id\": \"r{i}\", \"ask\": \"{}\"}}\n", if i % 4 == 0 { "REFUSE this" } else { "fine" })
-            })
-            .collect::<String>(),
-    );
-    p.write("prompt.j2", "Echo {{ ask }}.\n");
-    p.write(
-        "p.toml",
-        format!(
-            "[pipeline]\nname = \"fails\"\noutput_dir = \"out\"\n\
-             [providers.api]\nkind = \"openai\"\nbase_url = \"{}\"\nmodel = \"m\"\napi_key_env = \"SYNTH_TEST_KEY\"\n\
-             [stages.r]\nkind = \"source\"\npath = \"r.jsonl\"\n\
-             [stages.answers]\nkind = \"llm\"\ninputs = [\"r\"]\nprovider = \"api\"\nprompt = \"prompt.j2\"\nmax_failure_ratio = 0.5\n\
-             [stages.export]\nkind = \"jsonl\"\ninputs = [\"answers\"]\n",
-            server.base_url()
-        ),
-    );
-    let r = p.synth_env(&["run", "p.toml", "-q"], &[("SYNTH_TEST_KEY", "k-0123456789")]);
-    let failed = v_failures(&p.path().join("out"));
-    assert_eq!(
-        failed.len(),
-        3,
-        "{failed:?}: exit {}: {}\n{:?}",
-        r.code,
-        r.stderr,
-        std::fs::read_dir(p.path().join("out")).map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
-    );
+    let (p, failed) = refused_run(12);
+    assert_eq!(failed.len(), 3, "{failed:?}");
     let w = Viewer::start(&p.path().join("out"), &[]);
     let dom =
         browse(&browser, &format!("http://{}/?live=0#failures?stage=answers", w.addr), &shots.join("view-failure.png"));
@@ -728,7 +697,6 @@ impl Drop for Driver {
 /// the run page of a run with failures, its failed count: the failures on screen.
 #[test]
 fn clicking_through_the_page_reaches_a_dpo_pair_and_a_failure() {
-    use crate::support::openai_server::{self, Behaviour};
     let shots = support::repo().join("target/view-screenshots");
     std::fs::create_dir_all(&shots).unwrap();
     let p = Project::new();
@@ -755,29 +723,7 @@ fn clicking_through_the_page_reaches_a_dpo_pair_and_a_failure() {
     d.find("//tr[@id='stage-sft' and contains(@class,'hl')]");
 
     // A run with failures: the failed count leads to them.
-    let server = openai_server::start(Behaviour { reject_marker: Some("REFUSE".into()), ..Default::default() });
-    let f = Project::new();
-    f.write(
-        "r.jsonl",
-        (0..8)
-            .map(|i| {
-                format!("{{\"id\": \"r{i}\", \"ask\": \"{}\"}}\n", if i % 4 == 0 { "REFUSE this" } else { "fine" })
-            })
-            .collect::<String>(),
-    );
-    f.write("prompt.j2", "Echo {{ ask }}.\n");
-    f.write(
-        "p.toml",
-        format!(
-            "[pipeline]\nname = \"fails\"\noutput_dir = \"out\"\n\
-             [providers.api]\nkind = \"openai\"\nbase_url = \"{}\"\nmodel = \"m\"\napi_key_env = \"SYNTH_TEST_KEY\"\n\
-             [stages.r]\nkind = \"source\"\npath = \"r.jsonl\"\n\
-             [stages.answers]\nkind = \"llm\"\ninputs = [\"r\"]\nprovider = \"api\"\nprompt = \"prompt.j2\"\nmax_failure_ratio = 0.5\n",
-            server.base_url()
-        ),
-    );
-    f.synth_env(&["run", "p.toml", "-q"], &[("SYNTH_TEST_KEY", "k-0123456789")]);
-    let failed = v_failures(&f.path().join("out"));
+    let (f, failed) = refused_run(8);
     assert_eq!(failed.len(), 2, "{failed:?}");
     let w = Viewer::start(&f.path().join("out"), &[]);
     d.open(&format!("http://{}/", w.addr));
@@ -792,6 +738,38 @@ fn clicking_through_the_page_reaches_a_dpo_pair_and_a_failure() {
         );
     }
     d.screenshot(&shots.join("view-clicked-failure.png"));
+}
+
+/// A run of `n` records through a loopback server that refuses every fourth (`r0`, `r4`, …):
+/// the project (its outputs in `out/`) and (id, message) of each failure of `answers`.
+fn refused_run(n: usize) -> (Project, Vec<(String, String)>) {
+    use crate::support::openai_server::{self, Behaviour};
+    let server = openai_server::start(Behaviour { reject_marker: Some("REFUSE".into()), ..Default::default() });
+    let p = Project::new();
+    p.write(
+        "r.jsonl",
+        (0..n)
+            .map(|i| {
+                format!("{{\"id\": \"r{i}\", \"ask\": \"{}\"}}\n", if i % 4 == 0 { "REFUSE this" } else { "fine" })
+            })
+            .collect::<String>(),
+    );
+    p.write("prompt.j2", "Echo {{ ask }}.\n");
+    p.write(
+        "p.toml",
+        format!(
+            "[pipeline]\nname = \"fails\"\noutput_dir = \"out\"\n\
+             [providers.api]\nkind = \"openai\"\nbase_url = \"{}\"\nmodel = \"m\"\napi_key_env = \"SYNTH_TEST_KEY\"\n\
+             [stages.r]\nkind = \"source\"\npath = \"r.jsonl\"\n\
+             [stages.answers]\nkind = \"llm\"\ninputs = [\"r\"]\nprovider = \"api\"\nprompt = \"prompt.j2\"\nmax_failure_ratio = 0.5\n\
+             [stages.export]\nkind = \"jsonl\"\ninputs = [\"answers\"]\n",
+            server.base_url()
+        ),
+    );
+    let r = p.synth_env(&["run", "p.toml", "-q"], &[("SYNTH_TEST_KEY", "k-0123456789")]);
+    let failed = v_failures(&p.path().join("out"));
+    assert_eq!(failed.len(), n.div_ceil(4), "{failed:?}: exit {}: {}", r.code, r.stderr);
+    (p, failed)
 }
 
 /// (id, message) of each failure of the `answers` stage.
