@@ -5,9 +5,9 @@ use crate::support;
 
 use std::sync::Arc;
 
-use arrow::array::{Int64Array, RecordBatch, StringArray};
-use arrow::datatypes::{DataType, Field, Schema};
 use support::{Project, parquet_rows, people_jsonl};
+use synth::data::arrow::array::{Int64Array, RecordBatch, StringArray};
+use synth::data::arrow::datatypes::{DataType, Field, Schema};
 
 fn source_pipeline(path: &str, extra: &str) -> String {
     format!(

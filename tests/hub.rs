@@ -87,8 +87,8 @@ fn personas() -> Vec<u8> {
 }
 
 fn marco_part(offset: i64) -> Vec<u8> {
-    use arrow::array::{Int64Array, RecordBatch, StringArray};
-    use arrow::datatypes::{DataType, Field, Schema};
+    use synth::data::arrow::array::{Int64Array, RecordBatch, StringArray};
+    use synth::data::arrow::datatypes::{DataType, Field, Schema};
     let schema = Arc::new(Schema::new(vec![
         Field::new("query_id", DataType::Int64, false),
         Field::new("query", DataType::Utf8, false),

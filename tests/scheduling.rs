@@ -8,11 +8,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use anyhow::Result;
-use arrow::array::{RecordBatch, StringArray};
-use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use synth::config::diag::Diagnostics;
 use synth::dag::runner::{RunError, RunOptions, run};
+use synth::data::arrow::array::{RecordBatch, StringArray};
+use synth::data::arrow::datatypes::SchemaRef;
 use synth::pipeline::{LoadOptions, load};
 use synth::progress::{Mode, ProgressHub};
 use synth::stages::{Arity, BuildCtx, Cancelled, KindInfo, PlanCtx, Role, RunCtx, Stage};

@@ -322,9 +322,9 @@ output_prefix = "reply_"
 "#;
 
 fn write_split_sources(p: &Project) {
-    use arrow::array::{Int64Array, RecordBatch, StringArray};
-    use arrow::datatypes::{DataType, Field, Schema};
     use std::sync::Arc;
+    use synth::data::arrow::array::{Int64Array, RecordBatch, StringArray};
+    use synth::data::arrow::datatypes::{DataType, Field, Schema};
     let mut a: Vec<u8> = Vec::new();
     for i in 0..600usize {
         let line = match i {

@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::data::arrow::array::{Float64Array, Int64Array, RecordBatch, StringArray};
+use crate::data::arrow::datatypes::{DataType, Field, Schema};
 use anyhow::{Context, Result};
-use arrow::array::{Float64Array, Int64Array, RecordBatch, StringArray};
-use arrow::datatypes::{DataType, Field, Schema};
 use tokio_util::sync::CancellationToken;
 
 use crate::dag::runner::{RunOptions, run};
@@ -501,7 +501,7 @@ pub fn retrieve(a: &RetrieveBench) -> Result<serde_json::Value> {
 /// Write a stage-like Parquet file of `rows` chat samples (id, category, a three-message
 /// `conversations` list, `reply_words`), with the stages' writer settings.
 fn write_chat_samples(path: &Path, rows: usize) -> Result<()> {
-    use arrow::datatypes::Fields;
+    use crate::data::arrow::datatypes::Fields;
     let message =
         Fields::from(vec![Field::new("role", DataType::Utf8, false), Field::new("content", DataType::Utf8, false)]);
     let schema = Arc::new(Schema::new(vec![
@@ -552,7 +552,8 @@ fn write_chat_samples(path: &Path, rows: usize) -> Result<()> {
             json.push_str(&line.to_string());
             json.push('\n');
         }
-        let mut decoder = arrow::json::ReaderBuilder::new(schema.clone()).with_batch_size(n).build_decoder()?;
+        let mut decoder =
+            crate::data::arrow::json::ReaderBuilder::new(schema.clone()).with_batch_size(n).build_decoder()?;
         decoder.decode(json.as_bytes())?;
         if let Some(batch) = decoder.flush()? {
             writer.write(&batch)?;

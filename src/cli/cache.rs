@@ -6,9 +6,9 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::data::arrow::array::{Float64Array, Int64Array, RecordBatch, StringArray};
+use crate::data::arrow::datatypes::{DataType, Field, Schema};
 use anyhow::{Context, Result};
-use arrow::array::{Float64Array, Int64Array, RecordBatch, StringArray};
-use arrow::datatypes::{DataType, Field, Schema};
 use tokio_util::sync::CancellationToken;
 
 use super::{CacheCommand, EXIT_OK, EXIT_RUNTIME};

@@ -3,9 +3,9 @@
 
 use std::path::Path;
 
+use crate::data::arrow::array::{Array, RecordBatch, StringArray};
+use crate::data::arrow::datatypes::DataType;
 use anyhow::{Context, Result};
-use arrow::array::{Array, RecordBatch, StringArray};
-use arrow::datatypes::DataType;
 
 use super::{EXIT_OK, EXIT_RUNTIME, InspectArgs};
 use crate::data;
@@ -46,11 +46,11 @@ pub fn inspect(args: &InspectArgs) -> Result<String> {
         let batch = match filter {
             Some((col, value)) => {
                 let idx = batch.schema().index_of(col)?;
-                let text = arrow::compute::cast(batch.column(idx), &DataType::Utf8)?;
+                let text = crate::data::arrow::compute::cast(batch.column(idx), &DataType::Utf8)?;
                 let text = text.as_any().downcast_ref::<StringArray>().expect("utf8");
-                let mask: arrow::array::BooleanArray =
+                let mask: crate::data::arrow::array::BooleanArray =
                     (0..text.len()).map(|i| Some(text.is_valid(i) && text.value(i) == value)).collect();
-                arrow::compute::filter_record_batch(&batch, &mask)?
+                crate::data::arrow::compute::filter_record_batch(&batch, &mask)?
             }
             None => batch,
         };
@@ -75,7 +75,7 @@ pub fn inspect(args: &InspectArgs) -> Result<String> {
         return Ok(out);
     }
     let truncated: Vec<RecordBatch> = picked.iter().map(|b| truncate(b, args.width)).collect::<Result<_>>()?;
-    out.push_str(&arrow::util::pretty::pretty_format_batches(&truncated)?.to_string());
+    out.push_str(&crate::data::arrow::util::pretty::pretty_format_batches(&truncated)?.to_string());
     out.push('\n');
     let total = if filter.is_some() {
         format!("{matched} matching of {}", footer.num_rows)
@@ -107,10 +107,10 @@ fn truncate(batch: &RecordBatch, width: usize) -> Result<RecordBatch> {
                 })
             })
             .collect();
-        fields.push(arrow::datatypes::Field::new(f.name(), DataType::Utf8, true));
+        fields.push(crate::data::arrow::datatypes::Field::new(f.name(), DataType::Utf8, true));
         cols.push(std::sync::Arc::new(values));
     }
-    Ok(RecordBatch::try_new(std::sync::Arc::new(arrow::datatypes::Schema::new(fields)), cols)?)
+    Ok(RecordBatch::try_new(std::sync::Arc::new(crate::data::arrow::datatypes::Schema::new(fields)), cols)?)
 }
 
 fn schema_text(path: &Path) -> Result<String> {

@@ -6,9 +6,9 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::data::arrow::array::{ArrayRef, Float64Array, RecordBatch, StringArray};
+use crate::data::arrow::datatypes::{DataType, Field};
 use anyhow::{Context, Result, bail};
-use arrow::array::{ArrayRef, Float64Array, RecordBatch, StringArray};
-use arrow::datatypes::{DataType, Field};
 use rayon::prelude::*;
 use serde_json::{Value, json};
 

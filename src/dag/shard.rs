@@ -34,8 +34,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::data::arrow::array::RecordBatch;
 use anyhow::{Context, Result, anyhow, bail};
-use arrow::array::RecordBatch;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
@@ -385,7 +385,7 @@ fn merge_parts(parts: &[(PathBuf, PathBuf)], dest: &Path, meta: Vec<(String, Str
     let mut window: Vec<RecordBatch> = Vec::new();
     let mut picks: Vec<(usize, usize)> = Vec::with_capacity(WINDOW);
     let mut total = 0u64;
-    let flush = |schema: &arrow::datatypes::SchemaRef,
+    let flush = |schema: &crate::data::arrow::datatypes::SchemaRef,
                  window: &mut Vec<RecordBatch>,
                  picks: &mut Vec<(usize, usize)>,
                  out: &mut ParquetOut,
@@ -393,7 +393,7 @@ fn merge_parts(parts: &[(PathBuf, PathBuf)], dest: &Path, meta: Vec<(String, Str
      -> Result<()> {
         if !picks.is_empty() {
             let refs: Vec<&RecordBatch> = window.iter().collect();
-            let batch = arrow::compute::interleave_record_batch(&refs, picks)?;
+            let batch = crate::data::arrow::compute::interleave_record_batch(&refs, picks)?;
             out.write(&batch.with_schema(schema.clone())?)?;
             picks.clear();
         }
@@ -507,7 +507,10 @@ fn split_entry(input: &Path, dest: &Path, keys_dest: &Path, shard: usize, shards
             keep.push(mine);
         }
         at += batch.num_rows() as u64;
-        let kept = arrow::compute::filter_record_batch(&batch, &arrow::array::BooleanArray::from(keep))?;
+        let kept = crate::data::arrow::compute::filter_record_batch(
+            &batch,
+            &crate::data::arrow::array::BooleanArray::from(keep),
+        )?;
         out.write(&kept)?;
     }
     let (pending, rows) = out.finish()?;

@@ -4,12 +4,13 @@
 
 use std::sync::Arc;
 
+pub mod arrow;
 pub mod chat;
 pub mod python;
 
-use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, StringArray};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use arrow::error::ArrowError;
+use crate::data::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, StringArray};
+use crate::data::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use crate::data::arrow::error::ArrowError;
 use serde_json::{Map, Value};
 
 /// Name of the record id column, always first, always non-null Utf8.
@@ -87,8 +88,8 @@ pub fn strict_cast(array: &ArrayRef, to: &DataType) -> Result<ArrayRef, ArrowErr
             type_display(to)
         )));
     }
-    let options = arrow::compute::CastOptions { safe: false, ..Default::default() };
-    arrow::compute::cast_with_options(array, to, &options)
+    let options = crate::data::arrow::compute::CastOptions { safe: false, ..Default::default() };
+    crate::data::arrow::compute::cast_with_options(array, to, &options)
 }
 
 /// Column names of a schema, for messages.
@@ -98,7 +99,7 @@ pub fn column_list(schema: &Schema) -> String {
 
 /// JSON value of one cell.
 pub fn value_at(array: &dyn Array, row: usize) -> Value {
-    use arrow::datatypes::*;
+    use crate::data::arrow::datatypes::*;
     if array.is_null(row) {
         return Value::Null;
     }
@@ -137,15 +138,15 @@ pub fn value_at(array: &dyn Array, row: usize) -> Value {
             )
         }
         DataType::Dictionary(_, _) => {
-            let plain = arrow::compute::cast(&array.slice(row, 1), &DataType::Utf8);
+            let plain = crate::data::arrow::compute::cast(&array.slice(row, 1), &DataType::Utf8);
             match plain {
                 Ok(a) => value_at(a.as_ref(), 0),
                 Err(_) => Value::Null,
             }
         }
         _ => {
-            let options = arrow::util::display::FormatOptions::default();
-            match arrow::util::display::ArrayFormatter::try_new(array, &options) {
+            let options = crate::data::arrow::util::display::FormatOptions::default();
+            match crate::data::arrow::util::display::ArrayFormatter::try_new(array, &options) {
                 Ok(f) => Value::String(f.value(row).to_string()),
                 Err(_) => Value::Null,
             }
@@ -176,7 +177,7 @@ pub fn row_json(batch: &RecordBatch, row: usize) -> Row {
 /// the schema, returns the index of the first bad row and the reason.
 pub fn rows_to_batch(schema: &SchemaRef, rows: &[Row]) -> Result<RecordBatch, (usize, ArrowError)> {
     let build = |rows: &[Row]| -> Result<RecordBatch, ArrowError> {
-        let mut decoder = arrow::json::ReaderBuilder::new(schema.clone())
+        let mut decoder = crate::data::arrow::json::ReaderBuilder::new(schema.clone())
             .with_coerce_primitive(true)
             .with_batch_size(rows.len().max(1))
             .build_decoder()?;

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use arrow::datatypes::{DataType, Field};
+use crate::data::arrow::datatypes::{DataType, Field};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 

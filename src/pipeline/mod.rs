@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use std::collections::BTreeMap;
 
-use arrow::datatypes::SchemaRef;
+use crate::data::arrow::datatypes::SchemaRef;
 use serde::Deserialize;
 
 use crate::config::decl::{Decl, ProviderKind};

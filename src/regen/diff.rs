@@ -7,9 +7,9 @@ use std::io::BufRead;
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::data::arrow::array::{Array, RecordBatch, StringArray};
+use crate::data::arrow::datatypes::{DataType, Field, Schema};
 use anyhow::{Context, Result};
-use arrow::array::{Array, RecordBatch, StringArray};
-use arrow::datatypes::{DataType, Field, Schema};
 use serde::{Deserialize, Serialize};
 
 use crate::data;

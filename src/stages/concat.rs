@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
+use crate::data::arrow::array::{ArrayRef, RecordBatch, StringArray, new_null_array};
+use crate::data::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use anyhow::{Context, Result, bail};
-use arrow::array::{ArrayRef, RecordBatch, StringArray, new_null_array};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 

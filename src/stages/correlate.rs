@@ -18,9 +18,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::data::arrow::array::{Array, ArrayRef, AsArray, Float64Array, RecordBatch, StringArray, UInt64Array};
+use crate::data::arrow::datatypes::{DataType, Field, Float64Type, SchemaRef};
 use anyhow::{Context, Result, anyhow};
-use arrow::array::{Array, ArrayRef, AsArray, Float64Array, RecordBatch, StringArray, UInt64Array};
-use arrow::datatypes::{DataType, Field, Float64Type, SchemaRef};
 use async_trait::async_trait;
 use rayon::prelude::*;
 use serde::Deserialize;
@@ -164,14 +164,14 @@ fn numbers(col: &ArrayRef, name: &str) -> Result<Vec<Option<f64>>> {
     let cast = match col.data_type() {
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
             // Text that reads as a number counts; anything else is invalid.
-            let text = arrow::compute::cast(col, &DataType::Utf8)?;
+            let text = crate::data::arrow::compute::cast(col, &DataType::Utf8)?;
             let s = text.as_string::<i32>();
             return Ok((0..s.len())
                 .map(|i| s.is_valid(i).then(|| s.value(i).trim().parse::<f64>().ok()).flatten())
                 .collect());
         }
-        DataType::Boolean => arrow::compute::cast(col, &DataType::Float64)?,
-        t if t.is_numeric() => arrow::compute::cast(col, &DataType::Float64)?,
+        DataType::Boolean => crate::data::arrow::compute::cast(col, &DataType::Float64)?,
+        t if t.is_numeric() => crate::data::arrow::compute::cast(col, &DataType::Float64)?,
         other => return Err(anyhow!("column \"{name}\" is {other}, not numbers")),
     };
     let a = cast.as_primitive::<Float64Type>();
@@ -182,7 +182,7 @@ fn numbers(col: &ArrayRef, name: &str) -> Result<Vec<Option<f64>>> {
 /// is "null") and each row's index into them; without a column, every row is `none`.
 fn codes(col: &Option<ArrayRef>, n: usize, first: &[String], none: &str) -> Result<(Vec<String>, Vec<usize>)> {
     let Some(col) = col else { return Ok((vec![none.to_string()], vec![0; n])) };
-    let text = arrow::compute::cast(col, &DataType::Utf8)?;
+    let text = crate::data::arrow::compute::cast(col, &DataType::Utf8)?;
     let s = text.as_string::<i32>();
     let mut order: Vec<String> = first.to_vec();
     let mut index: std::collections::HashMap<String, usize> =
@@ -252,9 +252,9 @@ impl Stage for Correlate {
                 .collect::<Result<_>>()?;
             let refs: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
             if refs.is_empty() {
-                return Ok(arrow::array::new_empty_array(&DataType::Float64));
+                return Ok(crate::data::arrow::array::new_empty_array(&DataType::Float64));
             }
-            Ok(arrow::compute::concat(&refs)?)
+            Ok(crate::data::arrow::compute::concat(&refs)?)
         };
         let y = numbers(&concat(&self.opts.y)?, &self.opts.y)?;
         let n_rows = y.len();

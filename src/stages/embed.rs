@@ -6,9 +6,9 @@
 
 use std::sync::Arc;
 
+use crate::data::arrow::array::{ArrayRef, FixedSizeListArray, Float32Array, RecordBatch};
+use crate::data::arrow::datatypes::{DataType, Field, SchemaRef};
 use anyhow::{Context, Result, anyhow, bail};
-use arrow::array::{ArrayRef, FixedSizeListArray, Float32Array, RecordBatch};
-use arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 
@@ -277,7 +277,10 @@ impl Stage for Embed {
             if let Some(lineage) = &ctx.lineage {
                 lineage.push_kept(rows_in, &keep);
             }
-            let kept = arrow::compute::filter_record_batch(&batch, &arrow::array::BooleanArray::from(keep))?;
+            let kept = crate::data::arrow::compute::filter_record_batch(
+                &batch,
+                &crate::data::arrow::array::BooleanArray::from(keep),
+            )?;
             let vectors: Vec<Option<Vec<f32>>> = if embedder.cacheable() {
                 self.cached_vectors(&texts, &*embedder, &cache, &usage, &call, batch_size, dim, ctx).await?
             } else {

@@ -7,9 +7,9 @@
 use std::collections::HashSet;
 use std::future::Future;
 
+use crate::data::arrow::array::{Array, RecordBatch};
+use crate::data::arrow::datatypes::SchemaRef;
 use anyhow::{Context, Result, bail};
-use arrow::array::{Array, RecordBatch};
-use arrow::datatypes::SchemaRef;
 use futures::StreamExt;
 use tokio::sync::mpsc;
 

@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
+use crate::data::arrow::array::BooleanArray;
+use crate::data::arrow::datatypes::SchemaRef;
 use anyhow::Result;
-use arrow::array::BooleanArray;
-use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use serde::Deserialize;
 
@@ -88,7 +88,7 @@ impl Stage for Filter {
                     }
                 })
                 .collect();
-            Ok(arrow::compute::filter_record_batch(batch, &mask)?)
+            Ok(crate::data::arrow::compute::filter_record_batch(batch, &mask)?)
         })
         .await
     }

@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::data::arrow::array::{Array, ArrayRef, RecordBatch, StringArray, UInt32Array, UInt64Array};
+use crate::data::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use anyhow::{Context, Result, anyhow, bail};
-use arrow::array::{Array, ArrayRef, RecordBatch, StringArray, UInt32Array, UInt64Array};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 
@@ -101,7 +101,7 @@ fn key_strings(batch: &RecordBatch, col: &str, side: &str) -> Result<StringArray
     let idx = batch.schema().index_of(col).map_err(|_| {
         anyhow!("{side} input has no column \"{col}\" (columns: {})", data::column_list(&batch.schema()))
     })?;
-    let arr = arrow::compute::cast(batch.column(idx), &DataType::Utf8)
+    let arr = crate::data::arrow::compute::cast(batch.column(idx), &DataType::Utf8)
         .with_context(|| format!("key column \"{col}\" cannot be compared as text"))?;
     Ok(arr.as_any().downcast_ref::<StringArray>().expect("utf8").clone())
 }
@@ -133,7 +133,7 @@ impl Stage for Join {
         let (left_on, right_on, left_join) = (self.left_on.clone(), self.right_on.clone(), self.left_join);
         let (out, rows_in) = tokio::task::spawn_blocking(move || -> Result<_> {
             let (rschema, rbatches) = read_all(&right.path)?;
-            let right_all = arrow::compute::concat_batches(&rschema, &rbatches)?;
+            let right_all = crate::data::arrow::compute::concat_batches(&rschema, &rbatches)?;
             let rkeys = key_strings(&right_all, &right_on, "second")?;
             let mut index: HashMap<&str, Vec<u64>> = HashMap::new();
             for i in 0..rkeys.len() {
@@ -174,7 +174,7 @@ impl Stage for Join {
                 let mut cols: Vec<ArrayRef> = batch
                     .columns()
                     .iter()
-                    .map(|c| arrow::compute::take(c.as_ref(), &lidx, None))
+                    .map(|c| crate::data::arrow::compute::take(c.as_ref(), &lidx, None))
                     .collect::<Result<_, _>>()?;
                 if !unique {
                     let ids: StringArray = lidx
@@ -192,7 +192,7 @@ impl Stage for Join {
                     cols[0] = Arc::new(ids);
                 }
                 for j in &right_cols {
-                    cols.push(arrow::compute::take(right_all.column(*j).as_ref(), &ridx, None)?);
+                    cols.push(crate::data::arrow::compute::take(right_all.column(*j).as_ref(), &ridx, None)?);
                 }
                 out.write(&RecordBatch::try_new(schema.clone(), cols)?)?;
                 rows_in += batch.num_rows() as u64;

@@ -5,8 +5,8 @@
 
 use std::io::{BufWriter, Write};
 
+use crate::data::arrow::datatypes::SchemaRef;
 use anyhow::{Context, Result, bail};
-use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use serde::Deserialize;
 

@@ -18,9 +18,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
+use crate::data::arrow::array::{Array, AsArray};
+use crate::data::arrow::datatypes::{DataType, Field, Int64Type, SchemaRef};
 use anyhow::{Result, anyhow};
-use arrow::array::{Array, AsArray};
-use arrow::datatypes::{DataType, Field, Int64Type, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::json;
@@ -200,7 +200,7 @@ impl Stage for JudgeScore {
         for b in &batches {
             let ids = data::ids(b);
             let col = b.column_by_name(&self.opts.answer_column).ok_or_else(|| anyhow!("no answer column"))?;
-            let col = arrow::compute::cast(col, &DataType::Utf8)?;
+            let col = crate::data::arrow::compute::cast(col, &DataType::Utf8)?;
             let text = col.as_string::<i32>();
             let sample = b.column_by_name("sample").map(|c| c.as_primitive::<Int64Type>().clone());
             for i in 0..b.num_rows() {

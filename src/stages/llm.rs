@@ -11,8 +11,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::data::arrow::datatypes::{DataType, Field, SchemaRef};
 use anyhow::{Context, Result, anyhow};
-use arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::Value;

@@ -8,8 +8,8 @@
 //! to the failure table. With `batch = true` the requests go through the provider's
 //! batch API (`/v1/completions` lines) and the output is the same.
 
+use crate::data::arrow::datatypes::{DataType, Field, SchemaRef};
 use anyhow::{Result, anyhow};
-use arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::Value;

@@ -6,9 +6,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::data::arrow::array::{ArrayRef, BooleanArray, RecordBatch, StringArray};
+use crate::data::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use anyhow::{Result, anyhow};
-use arrow::array::{ArrayRef, BooleanArray, RecordBatch, StringArray};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::Value;
@@ -282,7 +282,7 @@ impl Stage for MapStage {
                 }
             }
             let mask = BooleanArray::from(keep);
-            let kept = arrow::compute::filter_record_batch(batch, &mask)?;
+            let kept = crate::data::arrow::compute::filter_record_batch(batch, &mask)?;
             let arrays =
                 derives.iter().zip(derived).map(|(d, values)| build_column(d, values)).collect::<Result<Vec<_>>>()?;
             let ids = rekey.then(|| Arc::new(StringArray::from(new_ids)) as ArrayRef);

@@ -14,9 +14,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::data::arrow::array::{Array, ArrayRef, Float64Array, RecordBatch, StringArray, UInt64Array};
+use crate::data::arrow::datatypes::{DataType, Field, SchemaRef};
 use anyhow::{Context, Result, anyhow, bail};
-use arrow::array::{Array, ArrayRef, Float64Array, RecordBatch, StringArray, UInt64Array};
-use arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use rayon::prelude::*;
 use serde::Deserialize;
@@ -213,7 +213,7 @@ impl Metrics {
         let mut fields: Vec<Field> = self.output_schema().fields().iter().map(|f| f.as_ref().clone()).collect();
         fields.push(Field::new(PART_POSITION, DataType::UInt64, false));
         fields.extend(self.columns.iter().map(|c| Field::new(format!("{PART_RAW}{c}"), DataType::Float64, false)));
-        Arc::new(arrow::datatypes::Schema::new(fields))
+        Arc::new(crate::data::arrow::datatypes::Schema::new(fields))
     }
 
     /// The summary (mean and population std per group and overall) of every row's raw
@@ -250,7 +250,7 @@ impl Metrics {
 
 fn text_column(batch: &RecordBatch, name: &str) -> Result<StringArray> {
     let col = batch.column_by_name(name).ok_or_else(|| anyhow!("no column \"{name}\""))?;
-    let col = arrow::compute::cast(col, &DataType::Utf8)?;
+    let col = crate::data::arrow::compute::cast(col, &DataType::Utf8)?;
     Ok(col.as_any().downcast_ref::<StringArray>().expect("cast to Utf8").clone())
 }
 
@@ -467,7 +467,7 @@ impl Stage for Metrics {
             let picks: Vec<(usize, usize)> = chunk.iter().map(|&(_, b, r)| (b, r)).collect();
             let column = |c: usize| -> Result<ArrayRef> {
                 let arrays: Vec<&dyn Array> = batches.iter().map(|b| b.column(c).as_ref()).collect();
-                Ok(arrow::compute::interleave(&arrays, &picks)?)
+                Ok(crate::data::arrow::compute::interleave(&arrays, &picks)?)
             };
             let columns: Vec<ArrayRef> = (0..width).map(column).collect::<Result<_>>()?;
             if self.opts.group_by.is_some() {

@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::data::arrow::datatypes::SchemaRef;
 use anyhow::Result;
-use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
@@ -646,7 +646,11 @@ impl RunCtx {
 
     /// Write a small Parquet file beside the output (e.g. `<stage>.summary.parquet`),
     /// committed with the stage like any artifact. Returns its row count.
-    pub fn write_side_parquet(&mut self, file_name: &str, batch: &arrow::array::RecordBatch) -> Result<u64> {
+    pub fn write_side_parquet(
+        &mut self,
+        file_name: &str,
+        batch: &crate::data::arrow::array::RecordBatch,
+    ) -> Result<u64> {
         let mut w = ParquetOut::create(&self.out_dir.join(file_name), batch.schema(), self.footer_meta(), false)?;
         w.write(batch)?;
         let (pending, rows) = w.finish()?;

@@ -22,9 +22,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::data::arrow::array::{
+    ArrayRef, Float64Builder, Int64Array, Int64Builder, ListBuilder, RecordBatch, StringArray,
+};
+use crate::data::arrow::datatypes::{DataType, Field, SchemaRef};
 use anyhow::{Context, Result, anyhow, bail};
-use arrow::array::{ArrayRef, Float64Builder, Int64Array, Int64Builder, ListBuilder, RecordBatch, StringArray};
-use arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -719,7 +721,9 @@ fn discrepancy_batch(
             int(&|(_, b, _)| b.layer),
             int(&|(_, b, _)| b.samples),
             int(&|(_, _, t)| t.samples),
-            Arc::new(arrow::array::Float64Array::from_iter_values(rows.iter().map(|(_, b, t)| mean_abs_delta(b, t)))),
+            Arc::new(crate::data::arrow::array::Float64Array::from_iter_values(
+                rows.iter().map(|(_, b, t)| mean_abs_delta(b, t)),
+            )),
             int(&|(_, b, t)| b.counts.iter().zip(&t.counts).filter(|(x, y)| x != y).count() as i64),
             Arc::new(delta.finish()),
         ],

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
+use crate::data::arrow::array::RecordBatch;
+use crate::data::arrow::datatypes::{Schema, SchemaRef};
 use anyhow::{Context, Result, anyhow, bail};
-use arrow::array::RecordBatch;
-use arrow::datatypes::{Schema, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 

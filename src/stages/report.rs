@@ -13,9 +13,9 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
+use crate::data::arrow::array::{Float64Array, RecordBatch, StringArray, UInt64Array};
+use crate::data::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use anyhow::{Result, bail};
-use arrow::array::{Float64Array, RecordBatch, StringArray, UInt64Array};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 

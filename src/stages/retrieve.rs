@@ -23,12 +23,12 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use anyhow::{Context, Result, bail};
-use arrow::array::{
+use crate::data::arrow::array::{
     Array, ArrayRef, BooleanArray, FixedSizeListArray, Float32Array, Float64Array, RecordBatch, StringArray,
     UInt32Array, UInt64Array,
 };
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use crate::data::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use anyhow::{Context, Result, bail};
 use async_trait::async_trait;
 use serde::Deserialize;
 
@@ -132,7 +132,7 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
     Some(Box::new(Retrieve { opts }))
 }
 
-fn vector_dim(schema: &arrow::datatypes::Schema, column: &str) -> std::result::Result<usize, String> {
+fn vector_dim(schema: &crate::data::arrow::datatypes::Schema, column: &str) -> std::result::Result<usize, String> {
     match schema.field_with_name(column).map(|f| f.data_type().clone()) {
         Ok(DataType::FixedSizeList(item, n)) if item.data_type() == &DataType::Float32 => Ok(n as usize),
         Ok(other) => {
@@ -144,7 +144,7 @@ fn vector_dim(schema: &arrow::datatypes::Schema, column: &str) -> std::result::R
 
 impl Retrieve {
     /// Corpus columns copied per match, with their fields.
-    fn carried(&self, corpus: &arrow::datatypes::Schema) -> Vec<Field> {
+    fn carried(&self, corpus: &crate::data::arrow::datatypes::Schema) -> Vec<Field> {
         match &self.opts.carry {
             Some(cols) => cols.iter().filter_map(|c| corpus.field_with_name(c).ok().cloned()).collect(),
             None => corpus
@@ -156,7 +156,11 @@ impl Retrieve {
         }
     }
 
-    fn output_fields(&self, query: &arrow::datatypes::Schema, corpus: &arrow::datatypes::Schema) -> Vec<Field> {
+    fn output_fields(
+        &self,
+        query: &crate::data::arrow::datatypes::Schema,
+        corpus: &crate::data::arrow::datatypes::Schema,
+    ) -> Vec<Field> {
         let mut fields: Vec<Field> = query
             .fields()
             .iter()
@@ -387,7 +391,7 @@ impl Stage for Retrieve {
                 let idx = UInt32Array::from(take);
                 for (k, f) in carried.iter().enumerate() {
                     let col = batch.column_by_name(f.name()).context("carried column")?;
-                    picked[k].push(arrow::compute::take(col, &idx, None)?);
+                    picked[k].push(crate::data::arrow::compute::take(col, &idx, None)?);
                 }
             }
             base = end;
@@ -397,10 +401,10 @@ impl Stage for Retrieve {
             .zip(&carried)
             .map(|(parts, f)| {
                 if parts.is_empty() {
-                    Ok(arrow::array::new_empty_array(f.data_type()))
+                    Ok(crate::data::arrow::array::new_empty_array(f.data_type()))
                 } else {
                     let refs: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
-                    Ok(arrow::compute::concat(&refs)?)
+                    Ok(crate::data::arrow::compute::concat(&refs)?)
                 }
             })
             .collect::<Result<_>>()?;
@@ -445,7 +449,7 @@ impl Stage for Retrieve {
                 cols.push(Arc::new(ids));
                 cols.push(Arc::new(scores));
                 for p in &picked {
-                    cols.push(arrow::compute::take(p, &pos, None)?);
+                    cols.push(crate::data::arrow::compute::take(p, &pos, None)?);
                 }
             }
             if let Some(global) = &partial {
@@ -567,7 +571,7 @@ impl Stage for Retrieve {
                     None => batches[0].column(c).clone(),
                     Some(k) => {
                         let arrays: Vec<&dyn Array> = batches.iter().map(|b| b.column(c).as_ref()).collect();
-                        arrow::compute::interleave(&arrays, &winners[k])?
+                        crate::data::arrow::compute::interleave(&arrays, &winners[k])?
                     }
                 });
             }

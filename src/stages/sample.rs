@@ -5,9 +5,9 @@
 
 use std::collections::{BTreeMap, BinaryHeap, HashSet};
 
+use crate::data::arrow::array::{Array, BooleanArray, RecordBatch};
+use crate::data::arrow::datatypes::{DataType, SchemaRef};
 use anyhow::{Context, Result, bail};
-use arrow::array::{Array, BooleanArray, RecordBatch};
-use arrow::datatypes::{DataType, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 
@@ -85,7 +85,7 @@ impl Stage for Sample {
                     .iter()
                     .map(|id| Some(crate::rng::unit(key(id.unwrap_or_default())) < fraction))
                     .collect();
-                Ok(arrow::compute::filter_record_batch(batch, &mask)?)
+                Ok(crate::data::arrow::compute::filter_record_batch(batch, &mask)?)
             })
             .await;
         }
@@ -152,7 +152,7 @@ impl Stage for Sample {
         super::exec::map_batches(ctx, 0, input.schema.clone(), super::exec::Ids::Kept, move |batch: &RecordBatch, _| {
             let mask: BooleanArray = (0..batch.num_rows() as u64).map(|i| Some(chosen.contains(&(row + i)))).collect();
             row += batch.num_rows() as u64;
-            Ok(arrow::compute::filter_record_batch(batch, &mask)?)
+            Ok(crate::data::arrow::compute::filter_record_batch(batch, &mask)?)
         })
         .await
     }
@@ -164,9 +164,9 @@ fn stratum_strings(batch: &RecordBatch, col: &str) -> Result<Vec<String>> {
         .schema()
         .index_of(col)
         .map_err(|_| anyhow::anyhow!("no column \"{col}\" (columns: {})", data::column_list(&batch.schema())))?;
-    let arr = arrow::compute::cast(batch.column(idx), &DataType::Utf8)
+    let arr = crate::data::arrow::compute::cast(batch.column(idx), &DataType::Utf8)
         .with_context(|| format!("column \"{col}\" cannot be used for strata"))?;
-    let arr = arr.as_any().downcast_ref::<arrow::array::StringArray>().expect("utf8");
+    let arr = arr.as_any().downcast_ref::<crate::data::arrow::array::StringArray>().expect("utf8");
     Ok((0..arr.len()).map(|i| if arr.is_null(i) { String::new() } else { arr.value(i).to_string() }).collect())
 }
 

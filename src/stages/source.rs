@@ -20,9 +20,9 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::data::arrow::array::{Array, ArrayRef, RecordBatch, StringArray};
+use crate::data::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use anyhow::{Context, Result, anyhow, bail};
-use arrow::array::{Array, ArrayRef, RecordBatch, StringArray};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use async_trait::async_trait;
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
@@ -611,12 +611,12 @@ impl Emitter {
                     )
                 })?;
                 let arr = batch.column(idx);
-                let strings = arrow::compute::cast(arr, &DataType::Utf8)
+                let strings = crate::data::arrow::compute::cast(arr, &DataType::Utf8)
                     .with_context(|| format!("{}: id column \"{col}\" cannot be read as text", file.display()))?;
                 let strings = strings.as_any().downcast_ref::<StringArray>().expect("utf8").clone();
                 // Records without an id fail; keep the others.
                 if strings.null_count() > 0 {
-                    let keep: arrow::array::BooleanArray =
+                    let keep: crate::data::arrow::array::BooleanArray =
                         (0..strings.len()).map(|i| Some(strings.is_valid(i))).collect();
                     for (i, ord) in ordinals.iter().enumerate() {
                         if strings.is_null(i) {
@@ -629,8 +629,8 @@ impl Emitter {
                             );
                         }
                     }
-                    let filtered = arrow::compute::filter_record_batch(&batch, &keep)?;
-                    let ids = arrow::compute::filter(&strings, &keep)?;
+                    let filtered = crate::data::arrow::compute::filter_record_batch(&batch, &keep)?;
+                    let ids = crate::data::arrow::compute::filter(&strings, &keep)?;
                     return self.write_with_ids(filtered, ids);
                 }
                 Arc::new(strings)
@@ -1168,7 +1168,7 @@ fn merge_inferred(acc: &mut Option<Schema>, next: Schema) -> Result<()> {
 }
 
 /// Union of two field lists (first-seen order) with types widened where they differ.
-fn merge_fields(a: &arrow::datatypes::Fields, b: &arrow::datatypes::Fields) -> Vec<Field> {
+fn merge_fields(a: &crate::data::arrow::datatypes::Fields, b: &crate::data::arrow::datatypes::Fields) -> Vec<Field> {
     let mut out: Vec<Field> = a.iter().map(|f| f.as_ref().clone()).collect();
     for fb in b.iter() {
         match out.iter_mut().find(|f| f.name() == fb.name()) {
@@ -1280,7 +1280,7 @@ fn schema_to_json(schema: &Schema) -> String {
             other => Value::String(data::type_display(other).to_string()),
         }
     }
-    fn fields(fs: &arrow::datatypes::Fields) -> Value {
+    fn fields(fs: &crate::data::arrow::datatypes::Fields) -> Value {
         Value::Array(fs.iter().map(|f| serde_json::json!([f.name(), ty(f.data_type())])).collect())
     }
     fields(schema.fields()).to_string()

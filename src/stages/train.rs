@@ -28,9 +28,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::data::arrow::array::{Int64Array, RecordBatch, StringArray};
+use crate::data::arrow::datatypes::{DataType, Field, SchemaRef};
 use anyhow::{Result, bail};
-use arrow::array::{Int64Array, RecordBatch, StringArray};
-use arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};

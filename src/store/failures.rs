@@ -5,9 +5,9 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use crate::data::arrow::array::{RecordBatch, StringArray};
+use crate::data::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use anyhow::Result;
-use arrow::array::{RecordBatch, StringArray};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 
 use super::atomic::PendingFile;
 use super::parquet::ParquetOut;
@@ -178,7 +178,7 @@ pub fn failures_schema() -> SchemaRef {
 /// be merged): its rows and its footer metadata (which carries the fingerprint of the run
 /// that wrote it).
 pub fn read_failures(path: &Path) -> Result<(Vec<Failure>, std::collections::HashMap<String, String>)> {
-    use arrow::array::{Array, AsArray};
+    use crate::data::arrow::array::{Array, AsArray};
     let meta = super::parquet::read_footer(path)?.meta;
     let (_, batches) = super::parquet::read_all(path)?;
     let mut out = Vec::new();
@@ -240,12 +240,9 @@ pub fn write_failures(dest: &Path, mut failures: Vec<Failure>, meta: Vec<(String
 }
 
 /// The `attempts` column: null for a failure without a model's answers.
-fn attempts_array(chunk: &[Failure]) -> arrow::array::ListArray {
-    let mut b = arrow::array::ListBuilder::new(arrow::array::StringBuilder::new()).with_field(Arc::new(Field::new(
-        "item",
-        DataType::Utf8,
-        true,
-    )));
+fn attempts_array(chunk: &[Failure]) -> crate::data::arrow::array::ListArray {
+    let mut b = crate::data::arrow::array::ListBuilder::new(crate::data::arrow::array::StringBuilder::new())
+        .with_field(Arc::new(Field::new("item", DataType::Utf8, true)));
     for f in chunk {
         if f.attempts.is_empty() && f.raw.is_none() {
             b.append_null();

@@ -7,9 +7,9 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::data::arrow::array::RecordBatch;
+use crate::data::arrow::datatypes::SchemaRef;
 use anyhow::{Context, Result, bail};
-use arrow::array::RecordBatch;
-use arrow::datatypes::SchemaRef;
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 use parquet::basic::{Compression, ZstdLevel};
@@ -107,7 +107,7 @@ impl ParquetOut {
         let chunk = if held.len() == 1 {
             held.into_iter().next().expect("one")
         } else {
-            arrow::compute::concat_batches(&held[0].schema(), &held)
+            crate::data::arrow::compute::concat_batches(&held[0].schema(), &held)
                 .with_context(|| format!("writing {}", self.pending.tmp.display()))?
         };
         self.write_chunk(&chunk)
@@ -220,7 +220,7 @@ pub fn stream_batches(path: PathBuf, batch_size: usize) -> mpsc::Receiver<Result
 /// Read a whole Parquet file into memory (for small inputs: the right side of a join...).
 pub fn read_all(path: &Path) -> Result<(SchemaRef, Vec<RecordBatch>)> {
     let reader = open_reader(path, 8192)?;
-    let schema = arrow::array::RecordBatchReader::schema(&reader);
+    let schema = crate::data::arrow::array::RecordBatchReader::schema(&reader);
     let batches = reader.collect::<Result<Vec<_>, _>>().with_context(|| format!("reading {}", path.display()))?;
     Ok((schema, batches))
 }
@@ -250,15 +250,15 @@ pub fn schema_of(path: &Path) -> Result<SchemaRef> {
     Ok(read_footer(path)?.schema)
 }
 
-pub fn arc_schema(schema: arrow::datatypes::Schema) -> SchemaRef {
+pub fn arc_schema(schema: crate::data::arrow::datatypes::Schema) -> SchemaRef {
     Arc::new(schema)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow::array::{ArrayRef, Int64Array, ListArray, StringArray};
-    use arrow::datatypes::{DataType, Field, Int64Type, Schema};
+    use crate::data::arrow::array::{ArrayRef, Int64Array, ListArray, StringArray};
+    use crate::data::arrow::datatypes::{DataType, Field, Int64Type, Schema};
 
     /// 150k rows: past the writer's 20,000-row page limit and a 64k row group, with a
     /// nested column, so page cuts would show any dependence on the callers' batching.

@@ -13,9 +13,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::data::arrow::array::{Array, AsArray, Float64Array, RecordBatch, StringArray, UInt64Array};
+use crate::data::arrow::datatypes::{DataType, Field, Float64Type, Schema, SchemaRef, UInt64Type};
 use anyhow::{Context, Result, anyhow, bail};
-use arrow::array::{Array, AsArray, Float64Array, RecordBatch, StringArray, UInt64Array};
-use arrow::datatypes::{DataType, Field, Float64Type, Schema, SchemaRef, UInt64Type};
 
 /// The group of a row that covers the whole input.
 pub const OVERALL: &str = "overall";

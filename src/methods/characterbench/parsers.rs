@@ -9,7 +9,7 @@
 //! `<column>_object` (the parsed object as JSON, for `parity_dict_repr`),
 //! `<column>_fallback`.
 
-use arrow::datatypes::{DataType, Field};
+use crate::data::arrow::datatypes::{DataType, Field};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 

@@ -4,7 +4,7 @@
 //! columns are `pred` (the letter, or null) and `extract_rule` (the rule that fired,
 //! or null).
 
-use arrow::datatypes::{DataType, Field};
+use crate::data::arrow::datatypes::{DataType, Field};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 

@@ -9,7 +9,7 @@
 //! `first` / `narration` option for that record; a null or missing value falls
 //! back to the static option, any other value is a parse error naming the column.
 
-use arrow::datatypes::{DataType, Field, Fields};
+use crate::data::arrow::datatypes::{DataType, Field, Fields};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 

@@ -17,7 +17,7 @@
 
 use std::sync::{Arc, LazyLock};
 
-use arrow::datatypes::{DataType, Field, Fields};
+use crate::data::arrow::datatypes::{DataType, Field, Fields};
 use regex::Regex;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};

@@ -14,7 +14,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use anyhow::{Result, anyhow, bail};
-use arrow::datatypes::SchemaRef;
+use crate::data::arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};

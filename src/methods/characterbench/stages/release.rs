@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Result, anyhow, bail};
-use arrow::datatypes::{DataType, Field, Fields, SchemaRef};
+use crate::data::arrow::datatypes::{DataType, Field, Fields, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};

@@ -6,7 +6,7 @@
 //! `characterbench_response` parser.
 
 use anyhow::{Result, anyhow};
-use arrow::datatypes::{DataType, Field, SchemaRef};
+use crate::data::arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -59,7 +59,7 @@ const NEEDS: &[&str] = &["lang", "character_profile", "user_profile", "messages"
 
 pub(super) fn messages_type() -> DataType {
     let s = |n: &str| Field::new(n, DataType::Utf8, false);
-    let message = DataType::Struct(arrow::datatypes::Fields::from(vec![s("role"), s("content")]));
+    let message = DataType::Struct(crate::data::arrow::datatypes::Fields::from(vec![s("role"), s("content")]));
     DataType::List(std::sync::Arc::new(Field::new("item", message, true)))
 }
 

@@ -18,8 +18,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use anyhow::{Result, anyhow};
-use arrow::array::{Array, ArrayRef, AsArray, Float64Array, Int64Array, RecordBatch, StringArray};
-use arrow::datatypes::{DataType, Field, Float64Type, Int64Type, SchemaRef};
+use crate::data::arrow::array::{Array, ArrayRef, AsArray, Float64Array, Int64Array, RecordBatch, StringArray};
+use crate::data::arrow::datatypes::{DataType, Field, Float64Type, Int64Type, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 
@@ -118,7 +118,7 @@ struct Acc {
 }
 
 fn texts(col: &ArrayRef) -> Result<Vec<String>> {
-    let t = arrow::compute::cast(col, &DataType::Utf8)?;
+    let t = crate::data::arrow::compute::cast(col, &DataType::Utf8)?;
     let s = t.as_string::<i32>();
     Ok((0..s.len()).map(|i| s.value(i).to_string()).collect())
 }
@@ -149,14 +149,14 @@ impl Stage for Score {
             let col = |n: &str| b.column_by_name(n).cloned().ok_or_else(|| anyhow!("no column \"{n}\""));
             let dims = texts(&col("dimension")?)?;
             let lang = texts(&col("lang")?)?;
-            let score = arrow::compute::cast(&col(&self.opts.score_column)?, &DataType::Float64)?;
+            let score = crate::data::arrow::compute::cast(&col(&self.opts.score_column)?, &DataType::Float64)?;
             let score = score.as_primitive::<Float64Type>();
             let fallback = match b.column_by_name(&self.opts.fallback_column) {
-                Some(c) => Some(arrow::compute::cast(c, &DataType::Int64)?),
+                Some(c) => Some(crate::data::arrow::compute::cast(c, &DataType::Int64)?),
                 None => None,
             };
             let gold = match b.column_by_name("gold") {
-                Some(c) => Some(arrow::compute::cast(c, &DataType::Float64)?),
+                Some(c) => Some(crate::data::arrow::compute::cast(c, &DataType::Float64)?),
                 None => None,
             };
             let ids = data::ids(b);

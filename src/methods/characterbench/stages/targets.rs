@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Result, anyhow};
-use arrow::datatypes::{DataType, Field, SchemaRef};
+use crate::data::arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use anyhow::{Result, anyhow};
-use arrow::datatypes::SchemaRef;
+use crate::data::arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::Value;

@@ -16,8 +16,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{Result, anyhow};
-use arrow::array::{Array, AsArray, StringArray};
-use arrow::datatypes::{DataType, Field, SchemaRef};
+use crate::data::arrow::array::{Array, AsArray, StringArray};
+use crate::data::arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};

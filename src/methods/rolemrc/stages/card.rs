@@ -13,8 +13,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use anyhow::Result;
-use arrow::array::{Array, AsArray};
-use arrow::datatypes::{Float64Type, Int64Type, SchemaRef};
+use crate::data::arrow::array::{Array, AsArray};
+use crate::data::arrow::datatypes::{Float64Type, Int64Type, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 

@@ -17,7 +17,7 @@
 //! goes to the failures table with its id and the reason.
 
 use anyhow::anyhow;
-use arrow::datatypes::SchemaRef;
+use crate::data::arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};

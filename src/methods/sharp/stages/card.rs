@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::io::Write as _;
 
 use anyhow::{Result, anyhow};
-use arrow::datatypes::SchemaRef;
+use crate::data::arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};

@@ -22,7 +22,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, mpsc};
 
 use anyhow::{Context, Result, anyhow};
-use arrow::datatypes::{DataType, Field, SchemaRef};
+use crate::data::arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};

@@ -6,7 +6,7 @@
 //! the agent's system prompt, ...) are carried into every turn.
 
 use anyhow::{Result, anyhow, bail};
-use arrow::datatypes::{DataType, Field, SchemaRef};
+use crate::data::arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};

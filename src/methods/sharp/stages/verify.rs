@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::io::Write as _;
 
 use anyhow::{Context, Result, anyhow, bail};
-use arrow::datatypes::{DataType, Field, SchemaRef};
+use crate::data::arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
