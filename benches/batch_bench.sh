@@ -4,7 +4,8 @@
 # interval): client CPU (user+sys), peak RSS, and wall minus the server's simulated
 # processing time (validating 0.02 s + --processing-ms). Installs the SDK into
 # .tools/openai-sdk-venv on first use.
-#   benches/batch_bench.sh [WORK_DIR]      (N=40000 PORT=18300 PROCESSING_MS=2000 POLL=0.2)
+#   benches/batch_bench.sh [WORK_DIR]      (N=40000 PORT=18300 PROCESSING_MS=2000 POLL=0.2
+#                                           ROUNDS=1 BEFORE=)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -18,7 +19,7 @@ fi
 cargo build --release --locked
 cargo bench --no-run --bench mock_batch 2>/dev/null
 SERVER=$(ls -t target/release/deps/mock_batch-* | grep -v '\.d$' | head -1 || true)
-rm -rf "$WORK"; mkdir -p "$WORK"
+rm -rf "$WORK"; mkdir -p "$WORK"; : > "$WORK/rounds.jsonl"
 python3 - "$WORK" "$N" <<'PY'
 import sys
 work, n = sys.argv[1], int(sys.argv[2])
@@ -64,7 +65,29 @@ measure() { # label, command...
   read -r wall user sys rss < "$WORK/$label.time"
   python3 -c "w,u,s,r=$wall,$user,$sys,$rss; p=$PROCESSING_MS/1000+0.02; print('{\"client\": \"$label\", \"wall_s\": %.2f, \"wall_minus_processing_s\": %.2f, \"cpu_s\": %.2f, \"peak_rss_mib\": %.1f}' % (w, w-p, u+s, r/1024))"
 }
-(cd "$WORK" && BENCH_KEY=k measure synth "$ROOT/target/release/synth" run p.toml -q)
-wc -l < "$WORK/out/export.jsonl" | xargs -I{} echo "synth answered {} records"
-measure openai_sdk "$VENV/bin/python" benches/batch_openai_sdk.py "http://127.0.0.1:$PORT/v1" "$N" "$WORK/sdk" "$POLL"
-cat "$WORK/openai_sdk.out"
+# ROUNDS=N repeats the pair N times, interleaved (this VM drifts between minutes); with
+# BEFORE=/path/to/an/older/synth that binary runs in each round too. Medians at the end.
+for round in $(seq 1 "${ROUNDS:-1}"); do
+  rm -rf "$WORK/out" "$WORK/sdk"
+  (cd "$WORK" && BENCH_KEY=k measure synth "$ROOT/target/release/synth" run p.toml -q) | tee -a "$WORK/rounds.jsonl"
+  wc -l < "$WORK/out/export.jsonl" | xargs -I{} echo "synth answered {} records"
+  if [ -n "${BEFORE:-}" ]; then
+    rm -rf "$WORK/out"
+    (cd "$WORK" && BENCH_KEY=k measure synth_before "$BEFORE" run p.toml -q) | tee -a "$WORK/rounds.jsonl"
+  fi
+  measure openai_sdk "$VENV/bin/python" benches/batch_openai_sdk.py "http://127.0.0.1:$PORT/v1" "$N" "$WORK/sdk" "$POLL" \
+    | tee -a "$WORK/rounds.jsonl"
+  cat "$WORK/openai_sdk.out"
+done
+python3 - "$WORK/rounds.jsonl" <<'PY'
+import json, statistics, sys
+runs = [json.loads(l) for l in open(sys.argv[1])]
+med = {}
+for c in sorted({r["client"] for r in runs}):
+    mine = [r for r in runs if r["client"] == c]
+    med[c] = {k: statistics.median(r[k] for r in mine) for k in ("wall_minus_processing_s", "cpu_s", "peak_rss_mib")}
+    print(json.dumps({"median_of": len(mine), "client": c, **med[c]}))
+if len(runs) > 2:
+    sdk = med["openai_sdk"]["wall_minus_processing_s"]
+    print(json.dumps({c: round(m["wall_minus_processing_s"] / sdk, 2) for c, m in med.items()} | {"ratio_to": "openai_sdk, median wall - processing"}))
+PY

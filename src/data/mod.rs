@@ -175,8 +175,8 @@ pub fn row_json(batch: &RecordBatch, row: usize) -> Row {
 
 /// Build a batch from JSON rows with the given schema. On a row that does not fit
 /// the schema, returns the index of the first bad row and the reason.
-pub fn rows_to_batch(schema: &SchemaRef, rows: &[Row]) -> Result<RecordBatch, (usize, ArrowError)> {
-    let build = |rows: &[Row]| -> Result<RecordBatch, ArrowError> {
+pub fn rows_to_batch<R: serde::Serialize>(schema: &SchemaRef, rows: &[R]) -> Result<RecordBatch, (usize, ArrowError)> {
+    let build = |rows: &[R]| -> Result<RecordBatch, ArrowError> {
         let mut decoder = crate::data::arrow::json::ReaderBuilder::new(schema.clone())
             .with_coerce_primitive(true)
             .with_batch_size(rows.len().max(1))

@@ -470,7 +470,9 @@ impl BatchApi for AnthropicBatches {
         let l: ResultLine = serde_json::from_str(line).map_err(|e| format!("not a batch result line: {e}"))?;
         let r = &l.result;
         let outcome = match r["type"].as_str().unwrap_or_default() {
-            "succeeded" => LineOutcome::Answer(r["message"].clone()),
+            "succeeded" => LineOutcome::Answer(
+                serde_json::value::to_raw_value(&r["message"]).map_err(|e| format!("not a batch result line: {e}"))?,
+            ),
             "errored" => {
                 let err = &r["error"]["error"];
                 let kind = match err["type"].as_str().unwrap_or_default() {

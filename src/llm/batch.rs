@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
 use super::{ChatResponse, ErrorKind, LlmError, LoglikRequest, Usage, estimate_tokens};
 
@@ -149,8 +150,9 @@ pub struct BatchInfo {
 /// One result line's outcome.
 #[derive(Debug, Clone)]
 pub enum LineOutcome {
-    /// The endpoint's answer body (a chat completion, a text completion, a message).
-    Answer(serde_json::Value),
+    /// The endpoint's answer body (a chat completion, a text completion, a message),
+    /// as its JSON text: parsed once, into the endpoint's own type, by [`answer_response`].
+    Answer(Box<RawValue>),
     /// No answer: why, and whether sending it again may succeed.
     Error { kind: ErrorKind, message: String },
 }
@@ -258,6 +260,12 @@ struct OpenAiLine {
 struct OpenAiLineResponse {
     status_code: u16,
     #[serde(default)]
+    body: Option<Box<RawValue>>,
+}
+
+/// A result line's non-2xx response.
+struct OpenAiErrorResponse {
+    status_code: u16,
     body: serde_json::Value,
 }
 
@@ -265,8 +273,14 @@ struct OpenAiLineResponse {
 pub fn parse_openai_line(line: &str) -> Result<(String, LineOutcome), String> {
     let l: OpenAiLine = serde_json::from_str(line).map_err(|e| format!("not a batch result line: {e}"))?;
     let outcome = match (l.response, l.error) {
-        (Some(r), _) if (200..300).contains(&r.status_code) => LineOutcome::Answer(r.body),
+        (Some(r), _) if (200..300).contains(&r.status_code) => match r.body {
+            Some(body) => LineOutcome::Answer(body),
+            None => LineOutcome::Error { kind: ErrorKind::Malformed, message: "an answer line without a body".into() },
+        },
         (Some(r), _) => {
+            let body: serde_json::Value =
+                r.body.and_then(|b| serde_json::from_str(b.get()).ok()).unwrap_or(serde_json::Value::Null);
+            let r = OpenAiErrorResponse { status_code: r.status_code, body };
             let message = r.body["error"]["message"].as_str().map(str::to_string).unwrap_or_else(|| r.body.to_string());
             let code = r.body["error"]["code"].as_str().unwrap_or_default();
             let mut kind = ErrorKind::from_status(r.status_code);
@@ -303,30 +317,34 @@ fn clip(s: &str) -> String {
 
 /// The answer of a line as the same [`ChatResponse`] the online call returns. `doc`
 /// is the request's cache document (a log-likelihood answer needs its text).
-pub fn answer_response(
-    endpoint: Endpoint,
-    body: &serde_json::Value,
-    doc: &serde_json::Value,
-    model: &str,
-) -> Result<ChatResponse, LlmError> {
+/// `doc` is the request's cache document (JSON text), read only where the answer needs
+/// it: a chat answer without usage (its prompt tokens are estimated), a log-likelihood.
+pub fn answer_response(endpoint: Endpoint, body: &RawValue, doc: &str, model: &str) -> Result<ChatResponse, LlmError> {
+    let doc = || serde_json::from_str::<serde_json::Value>(doc).unwrap_or_default();
     match endpoint {
         Endpoint::Chat => {
             let estimate = || Usage {
-                prompt_tokens: doc["messages"]
+                prompt_tokens: doc()["messages"]
                     .as_array()
                     .map(|m| m.iter().map(|x| estimate_tokens(x["content"].as_str().unwrap_or_default())).sum())
                     .unwrap_or(1),
                 completion_tokens: 0,
             };
-            super::openai::chat_response(body.clone(), model, estimate)
+            super::openai::chat_response(body.get(), model, estimate)
         }
         Endpoint::Completions => {
-            let req: LoglikRequest = serde_json::from_value(doc["loglik"].clone()).map_err(|e| {
+            let req: LoglikRequest = serde_json::from_value(doc()["loglik"].take()).map_err(|e| {
                 LlmError::new(ErrorKind::Malformed, format!("the cached request is not a log-likelihood request: {e}"))
             })?;
-            super::openai::loglik_response(body.clone(), &req, model)
+            let body = serde_json::from_str(body.get())
+                .map_err(|e| LlmError::new(ErrorKind::Malformed, format!("response is not valid JSON: {e}")))?;
+            super::openai::loglik_response(body, &req, model)
         }
-        Endpoint::Messages => super::anthropic::message_response(body.clone(), model),
+        Endpoint::Messages => {
+            let body = serde_json::from_str(body.get())
+                .map_err(|e| LlmError::new(ErrorKind::Malformed, format!("response is not valid JSON: {e}")))?;
+            super::anthropic::message_response(body, model)
+        }
     }
 }
 
@@ -375,7 +393,7 @@ mod tests {
         let (id, o) = parse_openai_line(ok).unwrap();
         assert_eq!(id, "k1");
         let LineOutcome::Answer(body) = o else { panic!("answer") };
-        let r = answer_response(Endpoint::Chat, &body, &serde_json::json!({}), "x").unwrap();
+        let r = answer_response(Endpoint::Chat, &body, "{}", "x").unwrap();
         assert_eq!((r.text.as_str(), r.usage.prompt_tokens, r.model.as_str()), ("hi", 3, "m"));
 
         let rejected =

@@ -289,15 +289,18 @@ impl ChatBackend for OpenAiChat {
     }
 }
 
-/// A chat completion body as a [`ChatResponse`] (the same for an online answer and a
-/// batch line's); `estimate` gives the usage when the server reports none (the
-/// completion tokens are then estimated from the text).
+/// A chat completion body (a batch result line's, as JSON text) as a [`ChatResponse`];
+/// `estimate` gives the usage when the server reports none (the completion tokens are
+/// then estimated from the text).
 pub(crate) fn chat_response(
-    body: serde_json::Value,
+    body: &str,
     model: &str,
     estimate: impl FnOnce() -> Usage,
 ) -> Result<ChatResponse, LlmError> {
-    completion(from_value(body)?, model, estimate)
+    let body = serde_json::from_str(body).map_err(|e| {
+        LlmError::new(ErrorKind::Malformed, crate::secrets::scrub(&format!("response is not a valid completion: {e}")))
+    })?;
+    completion(body, model, estimate)
 }
 
 fn from_value<T: serde::de::DeserializeOwned>(body: serde_json::Value) -> Result<T, LlmError> {

@@ -268,6 +268,18 @@ pub struct BatchStage {
     figures: Mutex<BatchFigures>,
     /// The last status line shown.
     shown: Mutex<String>,
+    /// Collected parts whose answers the cache writer is committing (see
+    /// [`BatchStage::finish_stores`]): no longer live, not yet journaled done.
+    storing: Mutex<Vec<Storing>>,
+}
+
+/// A collected part waiting for its answers' commit: then it is journaled done, its
+/// files at the provider are deleted and its local files removed.
+struct Storing {
+    part: String,
+    commits: futures::future::BoxFuture<'static, Result<()>>,
+    done: Record,
+    delete: Vec<String>,
 }
 
 impl BatchStage {
@@ -313,6 +325,7 @@ impl BatchStage {
             enqueued: Mutex::new(HashMap::new()),
             figures: Mutex::new(BatchFigures::default()),
             shown: Mutex::new(String::new()),
+            storing: Mutex::new(Vec::new()),
         });
         // Batches an earlier run submitted: enqueued at the provider, and paid when they run.
         for p in this.live_parts() {
@@ -331,13 +344,54 @@ impl BatchStage {
         self.provider.batch.as_ref().expect("batch settings")
     }
 
-    /// This stage's parts not yet done, in journal order.
+    /// This stage's parts not yet done, in journal order (those collected and waiting
+    /// for their answers' commit are not).
     fn live_parts(&self) -> Vec<PartState> {
+        let storing: HashSet<String> = self.storing.lock().expect("storing").iter().map(|s| s.part.clone()).collect();
         self.log
             .parts()
             .into_iter()
             .filter(|p| p.info.stage == self.stage && p.info.provider == self.provider.name && p.phase.live())
+            .filter(|p| !storing.contains(&p.info.part))
             .collect()
+    }
+
+    /// Wait for the answers of every collected part to be committed and fsynced, then
+    /// journal each part done (until then its result file at the provider is the
+    /// answers' durable copy: a killed run downloads it again). Collection returns
+    /// before the commit so that the output pass, which finds the answers held in
+    /// memory by the cache, runs while the writer commits them.
+    pub async fn finish_stores(&self) -> Result<()> {
+        loop {
+            let Some(s) = self.storing.lock().expect("storing").first_mut().map(|s| {
+                let commits: futures::future::BoxFuture<'static, Result<()>> = Box::pin(async { Ok(()) });
+                (s.part.clone(), std::mem::replace(&mut s.commits, commits))
+            }) else {
+                break;
+            };
+            let (part, commits) = s;
+            commits.await.context("storing batch answers")?;
+            let s = {
+                let mut storing = self.storing.lock().expect("storing");
+                let i = storing.iter().position(|x| x.part == part).expect("storing part");
+                storing.remove(i)
+            };
+            self.journal(s.done)?;
+            self.delete_files(&s.delete).await;
+            remove_part_files(&self.log.dir(), &part);
+        }
+        let usage = Use { stage: self.stage.clone(), fingerprint: self.fingerprint.clone() };
+        self.services.cache()?.forget_held(&usage);
+        Ok(())
+    }
+
+    /// Delete a collected part's files at the provider (`batch_delete_files`).
+    async fn delete_files(&self, ids: &[String]) {
+        for id in ids {
+            if let Err(e) = self.api.delete_file(id).await {
+                tracing::warn!("stage \"{}\": deleting file {id} at the provider: {e}", self.stage);
+            }
+        }
     }
 
     fn part_ref(&self, p: &PartInfo) -> PartRef {
@@ -672,6 +726,8 @@ impl BatchStage {
         let mut rejected = 0u64;
         let mut answers: Vec<(KeyLine, ChatResponse)> = Vec::new();
         let mut bad_lines = 0u64;
+        // A part's lines share one endpoint: its name is read once.
+        let mut endpoints: HashMap<String, Endpoint> = HashMap::new();
         for path in [&files.output, &files.errors] {
             let text = match std::fs::read_to_string(path) {
                 Ok(t) => t,
@@ -690,10 +746,16 @@ impl BatchStage {
                 let Some(k) = by_key.remove(&key) else { continue };
                 match outcome {
                     LineOutcome::Answer(body) => {
-                        let endpoint = serde_json::from_value(serde_json::Value::String(k.endpoint.clone()))
-                            .unwrap_or(Endpoint::Chat);
-                        let doc: serde_json::Value = serde_json::from_str(&k.doc).unwrap_or_default();
-                        match answer_response(endpoint, &body, &doc, &self.provider.model) {
+                        let endpoint = match endpoints.get(&k.endpoint) {
+                            Some(e) => *e,
+                            None => {
+                                let e = serde_json::from_value(serde_json::Value::String(k.endpoint.clone()))
+                                    .unwrap_or(Endpoint::Chat);
+                                endpoints.insert(k.endpoint.clone(), e);
+                                e
+                            }
+                        };
+                        match answer_response(endpoint, &body, &k.doc, &self.provider.model) {
                             Ok(r) => answers.push((k, r)),
                             Err(e) => retry.push((k.key, e.to_string())),
                         }
@@ -734,6 +796,7 @@ impl BatchStage {
         let (mut cost, mut online_cost, mut succeeded) = (0.0, 0.0, 0u64);
         let (mut tokens_in, mut tokens_out) = (0u64, 0u64);
         let mut commits = Vec::new();
+        let mut all_held = true;
         let mut rows = Vec::with_capacity(STORE_CHUNK.min(answers.len()));
         let new = answers.into_iter().zip(missing).filter_map(|(a, m)| m.then_some(a));
         for (k, r) in new {
@@ -756,13 +819,18 @@ impl BatchStage {
                 cost_usd: online * factor,
             });
             if rows.len() == STORE_CHUNK {
-                commits.push(cache.put_many(std::mem::take(&mut rows), &usage)?);
+                let (commit, held) = cache.put_many(std::mem::take(&mut rows), &usage)?;
+                commits.push(commit);
+                all_held &= held;
             }
         }
         if !rows.is_empty() {
-            commits.push(cache.put_many(rows, &usage)?);
+            let (commit, held) = cache.put_many(rows, &usage)?;
+            commits.push(commit);
+            all_held &= held;
         }
-        futures::future::try_join_all(commits).await.context("storing batch answers")?;
+        let commits: futures::future::BoxFuture<'static, Result<()>> =
+            Box::pin(async move { futures::future::try_join_all(commits).await.map(|_| ()) });
         let pr = &self.progress;
         pr.tokens_in.fetch_add(tokens_in, Ordering::Relaxed);
         pr.tokens_out.fetch_add(tokens_out, Ordering::Relaxed);
@@ -808,11 +876,13 @@ impl BatchStage {
                 }
             );
         }
-        self.journal(Record::Done {
+        let done = Record::Done {
             part: part.clone(),
             done: DoneInfo { succeeded, failed: retry.len() as u64 + rejected, resubmitted, cost_usd: cost },
             at: now(),
-        })?;
+        };
+        // The batch has ended at the provider: its tokens are no longer enqueued there,
+        // and its cost is known.
         self.release(&part, cost);
         {
             let mut f = self.figures.lock().expect("figures");
@@ -824,17 +894,21 @@ impl BatchStage {
             f.cost_usd += cost;
             f.online_cost_usd += online_cost;
         }
-        if self.settings().delete_files {
-            for id in [p.file.as_ref(), info.output.as_ref(), info.errors.as_ref()].into_iter().flatten() {
-                if id.starts_with("http") || id.starts_with('/') {
-                    continue;
-                }
-                if let Err(e) = self.api.delete_file(id).await {
-                    tracing::warn!("stage \"{}\": deleting file {id} at the provider: {e}", self.stage);
-                }
-            }
+        let delete = if self.settings().delete_files {
+            [p.file.as_ref(), info.output.as_ref(), info.errors.as_ref()]
+                .into_iter()
+                .flatten()
+                .filter(|id| !id.starts_with("http") && !id.starts_with('/'))
+                .cloned()
+                .collect()
+        } else {
+            Vec::new()
+        };
+        self.storing.lock().expect("storing").push(Storing { part, commits, done, delete });
+        if !all_held {
+            // Answers the cache does not hold in memory are found only once committed.
+            self.finish_stores().await?;
         }
-        remove_part_files(&dir, &part);
         Ok(())
     }
 
@@ -871,8 +945,12 @@ impl BatchStage {
     }
 }
 
-/// Answers stored in one transaction of a batch's collection.
-const STORE_CHUNK: usize = 4096;
+/// Answers stored in one transaction of a batch's collection: a whole part of the
+/// OpenAI API (at most 50,000 lines) in one. A transaction writes each page it touches
+/// once, and answers' row ids are spread over the whole table, so smaller transactions
+/// rewrite the same pages again and again (40,000 answers: 4,096 per transaction took
+/// twice as long as one).
+const STORE_CHUNK: usize = 65_536;
 
 /// The `custom_id` of a part line.
 fn custom_id(line: &str) -> Option<String> {

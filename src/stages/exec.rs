@@ -254,7 +254,7 @@ where
     let mut fatal: Option<String> = None;
     let rows = batches
         .map(|batch| match batch {
-            Ok(batch) => (0..batch.num_rows()).map(|i| Ok(data::row_json(&batch, i))).collect::<Vec<_>>(),
+            Ok(batch) => (0..batch.num_rows()).map(|i| Ok(Source { batch: batch.clone(), row: i })).collect::<Vec<_>>(),
             Err(e) => vec![Err(e)],
         })
         .flat_map(futures::stream::iter)
@@ -264,9 +264,9 @@ where
     let mut results = std::pin::pin!(
         rows.map(|row| async move {
             match row {
-                Ok(row) => {
+                Ok(record) => {
+                    let row = data::row_json(&record.batch, record.row);
                     let id = row.get(data::ID).and_then(|v| v.as_str()).unwrap_or_default().to_string();
-                    let record = serde_json::to_string(&row).ok();
                     let out = f(row).await;
                     Ok((id, record, out))
                 }
@@ -305,7 +305,7 @@ where
                 stop.cancel();
                 continue;
             }
-            Err(e) => ctx.fail_answered(&id, e.kind, e.message, record, e.answers.map(|a| *a)),
+            Err(e) => ctx.fail_answered(&id, e.kind, e.message, record.text(), e.answers.map(|a| *a)),
         }
         if n_pending >= ROW_BATCH {
             flush_rows(ctx, &schema, &writer, std::mem::take(&mut pending)).await?;
@@ -343,14 +343,27 @@ where
 struct Group {
     input_row: u64,
     id: String,
-    record: Option<String>,
+    record: Source,
     rows: Vec<Row>,
+}
+
+/// An input record where it was read (its JSON text is made only for a failure).
+struct Source {
+    batch: RecordBatch,
+    row: usize,
+}
+
+impl Source {
+    /// The record as JSON, for the failure table.
+    fn text(&self) -> Option<String> {
+        serde_json::to_string(&data::row_json(&self.batch, self.row)).ok()
+    }
 }
 
 /// Convert gathered rows to a batch; a record whose rows do not fit the schema fails.
 async fn flush_rows(ctx: &RunCtx, schema: &SchemaRef, writer: &WriterTask, mut groups: Vec<Group>) -> Result<()> {
     loop {
-        let rows: Vec<Row> = groups.iter().flat_map(|g| g.rows.iter().cloned()).collect();
+        let rows: Vec<&Row> = groups.iter().flat_map(|g| g.rows.iter()).collect();
         if rows.is_empty() {
             return Ok(());
         }
@@ -374,7 +387,12 @@ async fn flush_rows(ctx: &RunCtx, schema: &SchemaRef, writer: &WriterTask, mut g
                     })
                     .expect("row index within groups");
                 let g = groups.remove(idx);
-                ctx.fail(&g.id, FailureKind::Schema, format!("output does not fit the stage schema: {e}"), g.record);
+                ctx.fail(
+                    &g.id,
+                    FailureKind::Schema,
+                    format!("output does not fit the stage schema: {e}"),
+                    g.record.text(),
+                );
             }
         }
     }
@@ -389,9 +407,32 @@ async fn flush_rows(ctx: &RunCtx, schema: &SchemaRef, writer: &WriterTask, mut g
 /// defer (a re-ask follows an answer), its output is dropped, and collecting passes over
 /// the records that defer follow, each once its batches are in, until a pass defers
 /// nothing; then the output pass. Batches a stopped run left are collected first.
-/// Ctrl-C leaves submitted batches running and stops the stage.
+/// Ctrl-C leaves submitted batches running and stops the stage. Collected parts are
+/// journaled done once their answers are committed, whatever the outcome
+/// ([`BatchStage::finish_stores`]): the output pass runs while the writer commits.
 #[allow(clippy::too_many_arguments)]
 pub async fn batch_map_rows<F, Fut>(
+    ctx: &mut RunCtx,
+    input: usize,
+    schema: SchemaRef,
+    concurrency: usize,
+    collect_concurrency: usize,
+    batch: &BatchStage,
+    call: &CallCtx,
+    f: F,
+) -> Result<()>
+where
+    F: Fn(Row, CallCtx) -> Fut,
+    Fut: Future<Output = Result<Vec<Row>, RowError>>,
+{
+    let result = batch_passes(ctx, input, schema, concurrency, collect_concurrency, batch, call, f).await;
+    let stored = batch.finish_stores().await;
+    result.and(stored)
+}
+
+/// The passes of [`batch_map_rows`].
+#[allow(clippy::too_many_arguments)]
+async fn batch_passes<F, Fut>(
     ctx: &mut RunCtx,
     input: usize,
     schema: SchemaRef,

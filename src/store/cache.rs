@@ -31,10 +31,12 @@
 //! with the stage and stage fingerprint that needed it, which is what `synth cache
 //! gc` keeps.
 //!
-//! A provider batch's answers are stored in bulk ([`Cache::put_many`]): chunks queued
-//! as one command each, one transaction per chunk, not journaled (the batch's result
-//! file at the provider is their durable copy until its part is journaled done, after
-//! the fsync), so 40,000 answers cost a few commits and fsyncs, not 160 windows.
+//! A provider batch's answers are stored in bulk ([`Cache::put_many`]): a part's answers
+//! queued as one command, one transaction in row-id order, not journaled (the batch's
+//! result file at the provider is their durable copy until its part is journaled done,
+//! after the fsync), so 40,000 answers cost one commit and fsync, not 160 windows. They
+//! are held in memory from the moment they are queued until their stage lets them go, so
+//! lookups find them before the commit.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -280,6 +282,21 @@ pub struct Cache {
     /// neither counted in `hits` nor tagged again (its insert tagged it). Without this
     /// the pass costs an UPDATE and an INSERT per answer on random pages.
     bulk: Mutex<std::collections::HashSet<(i64, u64)>>,
+    /// Answers stored in bulk, from the moment they are queued until their stage lets
+    /// them go ([`Cache::forget_held`]; at most [`HELD_BYTES`] of text): lookups find
+    /// them before their transaction commits (a batch stage's output pass runs while the
+    /// writer commits), and without a SQLite read.
+    held: Mutex<Held>,
+}
+
+/// Most bytes of answers [`Cache::put_many`] keeps in memory.
+const HELD_BYTES: usize = 128 << 20;
+
+/// Bulk-stored answers held in memory: key → (use, answer).
+#[derive(Default)]
+struct Held {
+    answers: std::collections::HashMap<String, (u64, StoredResponse)>,
+    bytes: usize,
 }
 
 /// A use as a number (for [`Cache::bulk`]).
@@ -331,6 +348,7 @@ impl Cache {
             journal,
             recovered,
             bulk: Mutex::new(Default::default()),
+            held: Mutex::new(Held::default()),
         })
     }
 
@@ -351,7 +369,13 @@ impl Cache {
 
     /// A cached response, if any (counts the lookup and, on a hit, tags the use).
     pub fn get_response(&self, key: &str, usage: &Use) -> Result<Option<StoredResponse>> {
-        let found = {
+        let held = {
+            let held = self.held.lock().expect("held");
+            if held.answers.is_empty() { None } else { held.answers.get(key).map(|(_, a)| a.clone()) }
+        };
+        let found = if held.is_some() {
+            held
+        } else {
             let conn = self.conn.lock().expect("cache connection");
             let mut stmt = conn
                 .prepare_cached("SELECT response, tokens_in, tokens_out FROM responses WHERE id = ?1 AND key = ?2")?;
@@ -391,6 +415,14 @@ impl Cache {
     pub async fn put_response(&self, row: ResponseRow, usage: &Use) -> Result<()> {
         let (done, wait) = oneshot::channel();
         {
+            let mut held = self.held.lock().expect("held");
+            if !held.answers.is_empty()
+                && let Some((_, old)) = held.answers.remove(&row.key)
+            {
+                held.bytes -= old.response.len();
+            }
+        }
+        {
             let line = response_line(&row, usage);
             // The journal lock is held until the command is queued: compaction (which
             // takes the same lock) keeps every queued response, so it never drops one
@@ -419,19 +451,56 @@ impl Cache {
     /// is not journaled done): a killed process loses the transaction, not the answers.
     /// Commands queued back to back are committed in one transaction and one fsync, so
     /// a caller can prepare the next chunk while the writer commits this one.
+    ///
+    /// Also says whether every answer is held in memory until [`Cache::forget_held`]:
+    /// then lookups find them at once, before the commit; otherwise (past [`HELD_BYTES`])
+    /// the caller must await the commit before anything looks them up.
     pub fn put_many(
         &self,
         rows: Vec<ResponseRow>,
         usage: &Use,
-    ) -> Result<impl std::future::Future<Output = Result<()>> + use<>> {
+    ) -> Result<(impl std::future::Future<Output = Result<()>> + use<>, bool)> {
         let (done, wait) = oneshot::channel();
+        let u = use_hash(usage);
         {
-            let u = use_hash(usage);
             let mut bulk = self.bulk.lock().expect("bulk");
             bulk.extend(rows.iter().map(|r| (row_id(&r.key), u)));
         }
+        let all_held = {
+            let mut held = self.held.lock().expect("held");
+            let mut all = true;
+            for r in &rows {
+                if held.bytes + r.response.len() > HELD_BYTES {
+                    all = false;
+                    break;
+                }
+                let answer =
+                    StoredResponse { response: r.response.clone(), tokens_in: r.tokens_in, tokens_out: r.tokens_out };
+                held.bytes += answer.response.len();
+                if let Some((_, old)) = held.answers.insert(r.key.clone(), (u, answer)) {
+                    held.bytes -= old.response.len();
+                }
+            }
+            all
+        };
         self.send(Cmd::PutMany(rows, usage.clone(), done))?;
-        Ok(async move { wait.await.map_err(|_| anyhow!("the cache writer stopped"))? })
+        Ok((async move { wait.await.map_err(|_| anyhow!("the cache writer stopped"))? }, all_held))
+    }
+
+    /// Let go of the answers a use stored in bulk (once they are committed: lookups
+    /// read them from the database from then on).
+    pub fn forget_held(&self, usage: &Use) {
+        let u = use_hash(usage);
+        let mut held = self.held.lock().expect("held");
+        let mut freed = 0;
+        held.answers.retain(|_, (v, a)| {
+            let keep = *v != u;
+            if !keep {
+                freed += a.response.len();
+            }
+            keep
+        });
+        held.bytes -= freed;
     }
 
     /// Record a request as in flight before it is sent (survives a killed process).
@@ -914,7 +983,12 @@ fn apply_in(tx: &Connection, batch: &[Cmd], counts: &Counts) -> Result<()> {
         match cmd {
             Cmd::PutResponse(row, usage, _) => insert_response(tx, row, usage, t)?,
             Cmd::PutMany(rows, usage, _) => {
-                for row in rows {
+                // In row-id order: the ids are hashes, so in arrival order every insert
+                // lands on a random leaf page and a transaction rewrites most of the
+                // table's pages into the WAL; sorted, each page is written once.
+                let mut order: Vec<(i64, &ResponseRow)> = rows.iter().map(|r| (row_id(&r.key), r)).collect();
+                order.sort_unstable_by_key(|(id, _)| *id);
+                for (_, row) in order {
                     insert_response(tx, row, usage, t)?;
                 }
             }
@@ -1173,6 +1247,34 @@ mod tests {
         assert!(cache.get_response("k1", &u1).unwrap().is_none());
     }
 
+    /// Answers stored in bulk are held in memory until their use lets them go: the same
+    /// answer from memory, then from the database; an online answer for the same key
+    /// replaces the held one.
+    #[tokio::test]
+    async fn bulk_answers_are_held_until_their_use_lets_them_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let u = Use { stage: "batch".into(), fingerprint: "f1".into() };
+        let other = Use { stage: "other".into(), fingerprint: "f2".into() };
+        let cache = Cache::open(dir.path()).unwrap();
+        let (commit, held) = cache.put_many(vec![row("h1"), row("h2")], &u).unwrap();
+        assert!(held);
+        let from_memory = cache.get_response("h1", &u).unwrap().expect("held");
+        assert_eq!((from_memory.response.as_str(), from_memory.tokens_in), ("{\"text\":\"h1\"}", 3));
+        assert_eq!(cache.held.lock().unwrap().answers.len(), 2);
+        commit.await.unwrap();
+        // Another use lets go only of its own.
+        cache.forget_held(&other);
+        assert_eq!(cache.held.lock().unwrap().answers.len(), 2);
+        cache.put_response(ResponseRow { response: "{\"text\":\"new\"}".into(), ..row("h2") }, &other).await.unwrap();
+        assert_eq!(cache.get_response("h2", &u).unwrap().unwrap().response, "{\"text\":\"new\"}");
+        cache.forget_held(&u);
+        let held = cache.held.lock().unwrap();
+        assert!(held.answers.is_empty() && held.bytes == 0, "{} bytes left", held.bytes);
+        drop(held);
+        let from_db = cache.get_response("h1", &u).unwrap().expect("stored");
+        assert_eq!((from_db.response, from_db.tokens_out), (from_memory.response, 4));
+    }
+
     /// Reading back what this process stored in bulk, for the use it was stored for, is
     /// not a hit; for another use it is (counted and tagged, so gc keeps it for both).
     #[tokio::test]
@@ -1188,7 +1290,9 @@ mod tests {
         let other = Use { stage: "later".into(), fingerprint: "f9".into() };
         {
             let cache = Cache::open(dir.path()).unwrap();
-            cache.put_many(vec![row("b1"), row("b2")], &u).unwrap().await.unwrap();
+            let (commit, held) = cache.put_many(vec![row("b1"), row("b2")], &u).unwrap();
+            assert!(held);
+            commit.await.unwrap();
             for k in ["b1", "b2"] {
                 assert!(cache.get_response(k, &u).unwrap().is_some());
             }
