@@ -369,7 +369,12 @@ impl BatchApi for AnthropicBatches {
     }
 
     fn line(&self, key: &str, body: &BatchBody) -> String {
-        serde_json::json!({"custom_id": key, "params": body.body}).to_string()
+        #[derive(serde::Serialize)]
+        struct Line<'a> {
+            custom_id: &'a str,
+            params: &'a serde_json::Value,
+        }
+        serde_json::to_string(&Line { custom_id: key, params: &body.body }).expect("a JSON value serializes")
     }
 
     async fn upload(&self, _part: &PartRef) -> Result<Option<String>, LlmError> {

@@ -246,6 +246,20 @@ pub trait BatchApi: Send + Sync {
     }
 }
 
+/// A request line in OpenAI's batch input format (also `vllm run-batch`'s), serialized
+/// from references (a `json!` value would copy the body first).
+pub fn openai_line(key: &str, body: &BatchBody) -> String {
+    #[derive(Serialize)]
+    struct Line<'a> {
+        custom_id: &'a str,
+        method: &'static str,
+        url: &'static str,
+        body: &'a serde_json::Value,
+    }
+    serde_json::to_string(&Line { custom_id: key, method: "POST", url: body.endpoint.path(), body: &body.body })
+        .expect("a JSON value serializes")
+}
+
 /// A result line in OpenAI's batch output format (also `vllm run-batch`'s).
 #[derive(Deserialize)]
 struct OpenAiLine {
@@ -406,6 +420,16 @@ mod tests {
         let (_, o) = parse_openai_line(expired).unwrap();
         assert!(o.retryable());
         assert!(parse_openai_line("{\"custom_id\":").is_err());
+    }
+
+    /// The line is byte for byte what the `json!` value it replaced serialized to.
+    #[test]
+    fn request_lines_keep_their_bytes() {
+        let body =
+            serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "é \"q\"\n"}], "stream": false});
+        let b = BatchBody { endpoint: Endpoint::Chat, body: body.clone() };
+        let old = serde_json::json!({"custom_id": "k1", "method": "POST", "url": "/v1/chat/completions", "body": body});
+        assert_eq!(openai_line("k1", &b), old.to_string());
     }
 
     #[test]

@@ -163,8 +163,7 @@ impl BatchApi for OpenAiBatches {
     }
 
     fn line(&self, key: &str, body: &BatchBody) -> String {
-        serde_json::json!({"custom_id": key, "method": "POST", "url": body.endpoint.path(), "body": body.body})
-            .to_string()
+        super::batch::openai_line(key, body)
     }
 
     async fn upload(&self, part: &PartRef) -> Result<Option<String>, LlmError> {
