@@ -11,7 +11,8 @@
 //!   enqueued tokens under `batch_enqueued_tokens`, each part's most possible cost
 //!   under `max_cost_usd`), journaling every file id and batch id before and after it
 //!   is created; polls; downloads ended batches and stores every answer in the cache at
-//!   the batch price. Lines without an answer that may get one (expired, cancelled,
+//!   the batch price (in bulk; the part is journaled done once they are committed,
+//!   [`BatchStage::finish_stores`], while the output pass already reads them). Lines without an answer that may get one (expired, cancelled,
 //!   server errors, a failed batch) are resubmitted as a new part (the part's child,
 //!   planned once even across restarts) up to `batch_attempts`, or sent online with
 //!   `batch_fallback = "online"`; lines the provider rejects fail their record, as
