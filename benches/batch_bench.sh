@@ -87,7 +87,7 @@ for c in sorted({r["client"] for r in runs}):
     mine = [r for r in runs if r["client"] == c]
     med[c] = {k: statistics.median(r[k] for r in mine) for k in ("wall_minus_processing_s", "cpu_s", "peak_rss_mib")}
     print(json.dumps({"median_of": len(mine), "client": c, **med[c]}))
-if len(runs) > 2:
+if "openai_sdk" in med and len(med) > 1:
     sdk = med["openai_sdk"]["wall_minus_processing_s"]
     print(json.dumps({c: round(m["wall_minus_processing_s"] / sdk, 2) for c, m in med.items()} | {"ratio_to": "openai_sdk, median wall - processing"}))
 PY
