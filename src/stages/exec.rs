@@ -425,46 +425,30 @@ where
     F: Fn(Row, CallCtx) -> Fut,
     Fut: Future<Output = Result<Vec<Row>, RowError>>,
 {
-    let result = batch_passes(ctx, input, schema, concurrency, collect_concurrency, batch, call, f).await;
+    let passes = async {
+        batch_rounds(ctx, input, batch, call, collect_concurrency, &f, Some(1)).await?;
+        batch.collector.begin_pass()?;
+        let route = RowRoute::new(&batch.collector);
+        let open = call.with_batch(route.clone());
+        let kept =
+            map_rows_unless(ctx, input, schema.clone(), concurrency, |row| f(row, open.clone()), || route.deferred())
+                .await?;
+        let deferred = batch.collector.end_pass()?;
+        if !kept {
+            tracing::info!(
+                "stage \"{}\": {deferred} request(s) follow batch answers (re-asks); collecting until none is left",
+                ctx.name
+            );
+            batch_rounds(ctx, input, batch, call, collect_concurrency, &f, None).await?;
+            let closed = call.with_batch(batch.collector.clone());
+            map_rows(ctx, input, schema, concurrency, |row| f(row, closed.clone())).await?;
+        }
+        batch.collector.close();
+        Ok::<(), anyhow::Error>(())
+    };
+    let result = passes.await;
     let stored = batch.finish_stores().await;
     result.and(stored)
-}
-
-/// The passes of [`batch_map_rows`].
-#[allow(clippy::too_many_arguments)]
-async fn batch_passes<F, Fut>(
-    ctx: &mut RunCtx,
-    input: usize,
-    schema: SchemaRef,
-    concurrency: usize,
-    collect_concurrency: usize,
-    batch: &BatchStage,
-    call: &CallCtx,
-    f: F,
-) -> Result<()>
-where
-    F: Fn(Row, CallCtx) -> Fut,
-    Fut: Future<Output = Result<Vec<Row>, RowError>>,
-{
-    batch_rounds(ctx, input, batch, call, collect_concurrency, &f, Some(1)).await?;
-    batch.collector.begin_pass()?;
-    let route = RowRoute::new(&batch.collector);
-    let open = call.with_batch(route.clone());
-    let kept =
-        map_rows_unless(ctx, input, schema.clone(), concurrency, |row| f(row, open.clone()), || route.deferred())
-            .await?;
-    let deferred = batch.collector.end_pass()?;
-    if !kept {
-        tracing::info!(
-            "stage \"{}\": {deferred} request(s) follow batch answers (re-asks); collecting until none is left",
-            ctx.name
-        );
-        batch_rounds(ctx, input, batch, call, collect_concurrency, &f, None).await?;
-        let closed = call.with_batch(batch.collector.clone());
-        map_rows(ctx, input, schema, concurrency, |row| f(row, closed.clone())).await?;
-    }
-    batch.collector.close();
-    Ok(())
 }
 
 /// The collecting passes of [`batch_map_rows`]: every record first, then again those
