@@ -7,7 +7,8 @@
 //! Retry-After; with --window-s W a strict sliding window: at most R * W / 60 requests in
 //! any W seconds), --advertise (with --rpm: x-ratelimit-* headers on every answer and an exact
 //! retry-after-ms), --p-500 X, --p-429 X, --p-malformed X, --seconds S (lifetime, default 900).
-//! It binds 127.0.0.1 only and stops by itself after its lifetime.
+//! It binds 127.0.0.1 only and stops by itself after its lifetime, printing what it served
+//! (with --window-s: the most requests it accepted in one window).
 
 #[path = "../tests/support/openai_server.rs"]
 mod openai_server;
@@ -37,5 +38,11 @@ fn main() {
     std::thread::sleep(lifetime);
     let c = &server.counters;
     use std::sync::atomic::Ordering::Relaxed;
-    eprintln!("served {} requests: {} ok, {} 429", c.total.load(Relaxed), c.ok.load(Relaxed), c.s429.load(Relaxed));
+    eprintln!(
+        "served {} requests: {} ok, {} 429, fullest window {}",
+        c.total.load(Relaxed),
+        c.ok.load(Relaxed),
+        c.s429.load(Relaxed),
+        c.max_in_window.load(Relaxed)
+    );
 }

@@ -275,7 +275,9 @@ impl Services {
         }
         let net = self.net().map_err(|e| LlmError::new(ErrorKind::Unavailable, format!("{e:#}")))?;
         let (this, provider, ctx) = (self.clone(), provider.clone(), ctx.clone());
-        net.run(async move { this.call_here(&provider, call, &ctx).await })
+        // The record's sending slot goes along (`llm::slot`): given back once answered.
+        let slot = crate::llm::slot::current();
+        net.run(crate::llm::slot::within(slot, async move { this.call_here(&provider, call, &ctx).await }))
             .await
             .unwrap_or_else(|e| Err(LlmError::new(ErrorKind::Unavailable, e.to_string())))
     }
@@ -349,6 +351,8 @@ impl Services {
                 Route::Online => {}
             }
         }
+        // A record that gave its slot back after an earlier answer takes one again.
+        crate::llm::slot::sending().await;
         // The most this call may cost, held against `max_cost_usd` until it is paid.
         let reserved = if self.costs.capped(&ctx.stage) {
             let most = provider.price.map(|p| p.cost(max_in, max_out)).unwrap_or(0.0);
@@ -401,6 +405,9 @@ impl Services {
                     .await;
                 match outcome {
                     Ok((response, retries)) => {
+                        // Answered: the record's slot goes to the next one while the
+                        // answer is made durable.
+                        crate::llm::slot::answered();
                         let (tin, tout) = (response.usage.prompt_tokens, response.usage.completion_tokens);
                         let cost = self.cost(provider, tin, tout);
                         let row = ResponseRow {
@@ -495,6 +502,7 @@ async fn keep_answer(
     ctx: &CallCtx,
     what: &str,
 ) -> Result<(), LlmError> {
+    crate::llm::slot::answered();
     let kept = match cache.journal_start(key, &ctx.stage) {
         Ok(()) => cache.put_response(row, usage).await,
         Err(e) => Err(e),

@@ -24,6 +24,7 @@ pub mod pricing;
 pub mod provider;
 pub mod rate;
 pub mod schema;
+pub mod slot;
 
 use std::time::Duration;
 

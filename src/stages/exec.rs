@@ -177,6 +177,11 @@ impl RowError {
     }
 }
 
+/// Records a record loop keeps beyond its `concurrency` for those whose answers are in
+/// and wait for the cache to make them durable: two of the cache's group commits (it
+/// closes one at 256 paid answers), so a rate the senders sustain survives a slow fsync.
+const AWAITING_DURABLE: usize = 512;
+
 /// A writer running on a blocking thread, fed through a bounded channel.
 pub struct WriterTask {
     tx: mpsc::Sender<RecordBatch>,
@@ -209,7 +214,8 @@ impl WriterTask {
     }
 }
 
-/// Process every record of input `input` with `f` (at most `concurrency` at once),
+/// Process every record of input `input` with `f` (at most `concurrency` being prepared or
+/// sent at once; see [`AWAITING_DURABLE`]),
 /// writing the rows it returns in input order. A record for which `f` fails goes
 /// to the failure table; a returned row that does not fit `schema` fails its record.
 /// On cancellation no new record starts; records in flight finish, then the stage
@@ -261,19 +267,30 @@ where
         .take_until(stop.clone().cancelled_owned());
 
     let f = &f;
+    // `concurrency` records are prepared or sent at once; a record whose answer is in and
+    // only waits for the cache's group commit gives its slot back (`llm::slot`), so up to
+    // `AWAITING_DURABLE` more may be waiting for theirs without holding the others back.
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(concurrency.max(1)));
+    let (slots, stop_feeding) = (&slots, &stop);
     let mut results = std::pin::pin!(
         rows.map(|row| async move {
             match row {
                 Ok(record) => {
+                    let permit = tokio::select! {
+                        biased;
+                        // Stopped before its turn: the record never starts.
+                        _ = stop_feeding.cancelled() => return Ok(None),
+                        p = slots.clone().acquire_owned() => p.expect("the slots are never closed"),
+                    };
                     let row = data::row_json(&record.batch, record.row);
                     let id = row.get(data::ID).and_then(|v| v.as_str()).unwrap_or_default().to_string();
-                    let out = f(row).await;
-                    Ok((id, record, out))
+                    let out = crate::llm::slot::hold(slots.clone(), permit, f(row)).await;
+                    Ok(Some((id, record, out)))
                 }
                 Err(e) => Err(e),
             }
         })
-        .buffered(concurrency.max(1))
+        .buffered(concurrency.max(1) + AWAITING_DURABLE)
     );
 
     let mut pending: Vec<Group> = Vec::new();
@@ -281,7 +298,9 @@ where
     let mut rows_in = 0u64;
     while let Some(item) = results.next().await {
         let (id, record, out) = match item {
-            Ok(x) => x,
+            Ok(Some(x)) => x,
+            // Only once feeding stopped (Ctrl-C or a fatal error): the stage fails below.
+            Ok(None) => continue,
             Err(e) => {
                 read_error = Some(e);
                 break;

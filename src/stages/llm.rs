@@ -96,9 +96,12 @@ pub(super) const EXTRA: OptionSpec =
     OptionSpec::optional("extra", Ty::Map(&Ty::Any), "extra body parameters (merged over the provider's)");
 pub(super) const KEEP_COLUMNS: OptionSpec =
     OptionSpec::optional("keep_columns", Ty::StrList, "input columns to carry over (default: all)");
-pub(super) const CONCURRENCY: OptionSpec =
-    OptionSpec::optional("concurrency", POSITIVE, "records in flight (default: twice the provider's concurrency)")
-        .runtime_only();
+pub(super) const CONCURRENCY: OptionSpec = OptionSpec::optional(
+    "concurrency",
+    POSITIVE,
+    "records being prepared or sent at once (default: twice the provider's concurrency)",
+)
+.runtime_only();
 // Batch mode and the cost cap, shared by every provider-calling kind (none changes the output).
 pub(super) const BATCH: OptionSpec = OptionSpec::optional(
     "batch",
