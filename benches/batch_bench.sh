@@ -20,41 +20,16 @@ cargo build --release --locked
 cargo bench --no-run --bench mock_batch 2>/dev/null
 SERVER=$(ls -t target/release/deps/mock_batch-* | grep -v '\.d$' | head -1 || true)
 rm -rf "$WORK"; mkdir -p "$WORK"; : > "$WORK/rounds.jsonl"
-python3 - "$WORK" "$N" <<'PY'
-import sys
-work, n = sys.argv[1], int(sys.argv[2])
-with open(f"{work}/records.jsonl", "w") as f:
-    for i in range(n):
-        f.write('{"name": "item %d", "topic": "topic %d"}\n' % (i, i % 7))
-PY
-printf 'Record {{ id }}: write one sentence about {{ name }} and {{ topic }}.\n' > "$WORK/prompt.j2"
-cat > "$WORK/p.toml" <<TOML
-[pipeline]
-name = "batch-bench"
-output_dir = "out"
-
-[providers.api]
-kind = "openai"
-base_url = "http://127.0.0.1:$PORT/v1"
-model = "bench-model"
-api_key_env = "BENCH_KEY"
+source benches/llm_project.sh
+llm_project "$WORK" "$N" "kind = \"openai\"
+base_url = \"http://127.0.0.1:$PORT/v1\"
+model = \"bench-model\"
+api_key_env = \"BENCH_KEY\"
 batch = true
-batch_poll_seconds = $POLL
-
-[stages.records]
-kind = "source"
-path = "records.jsonl"
-
-[stages.answers]
-kind = "llm"
-inputs = ["records"]
-provider = "api"
-prompt = "prompt.j2"
-
+batch_poll_seconds = $POLL" "
 [stages.export]
-kind = "jsonl"
-inputs = ["answers"]
-TOML
+kind = \"jsonl\"
+inputs = [\"answers\"]"
 "$SERVER" --port "$PORT" --processing-ms "$PROCESSING_MS" --seconds 900 2>/dev/null &
 SPID=$!
 trap 'kill $SPID 2>/dev/null || true' EXIT

@@ -16,14 +16,7 @@ cargo build --release --locked --bench mock_openai --bin synth >/dev/null 2>&1
 MOCK=$(ls -t target/release/deps/mock_openai-* | grep -v '\.d$' | head -1)
 SYNTH=$PWD/target/release/synth
 
-python3 - "$W" <<'PY'
-import json, sys
-w = sys.argv[1]
-with open(f"{w}/records.jsonl", "w") as f:
-    for i in range(1100):
-        f.write(json.dumps({"id": f"r{i:05}", "name": f"name {i}", "topic": f"topic {i % 17}"}) + "\n")
-open(f"{w}/prompt.j2", "w").write("Record {{ id }}: write one sentence about {{ name }} and {{ topic }}.\n")
-PY
+source benches/llm_project.sh
 
 pressure() {
   (while :; do dd if=/dev/zero of="$W/dd-big" bs=1M count=2000 2>/dev/null; sync; done) &
@@ -43,30 +36,13 @@ one() { # NAME BINARY
   local mock=$!
   sleep 0.5
   rm -rf "$W/out"
-  cat > "$W/p.toml" <<TOML
-[pipeline]
-name = "rate-under-pressure"
-output_dir = "out"
-
-[providers.api]
-kind = "openai"
-base_url = "http://127.0.0.1:$port/v1"
-model = "m"
-api_key_env = "SYNTH_BENCH_KEY"
+  llm_project "$W" 1100 "kind = \"openai\"
+base_url = \"http://127.0.0.1:$port/v1\"
+model = \"m\"
+api_key_env = \"SYNTH_BENCH_KEY\"
 requests_per_minute = 6000
 max_concurrency = 16
-initial_concurrency = 16
-
-[stages.records]
-kind = "source"
-path = "records.jsonl"
-
-[stages.answers]
-kind = "llm"
-inputs = ["records"]
-provider = "api"
-prompt = "prompt.j2"
-TOML
+initial_concurrency = 16"
   pressure
   (cd "$W" && SYNTH_BENCH_KEY=k-123456789 "$2" -q run p.toml) || echo "$1: run FAILED"
   calm
