@@ -37,13 +37,21 @@ pub fn register_env<'a>(vars: impl IntoIterator<Item = (&'a str, &'a str)>) {
 
 /// Replace every registered secret and every secret-looking token with `***`.
 pub fn scrub(text: &str) -> String {
-    let mut out = text.to_string();
+    // Copied once when nothing is found (this runs on every stored request).
+    let mut out: Option<String> = None;
     for s in SECRETS.read().expect("secrets").iter() {
-        if out.contains(s.as_str()) {
-            out = out.replace(s.as_str(), "***");
+        let now = out.as_deref().unwrap_or(text);
+        if now.contains(s.as_str()) {
+            out = Some(now.replace(s.as_str(), "***"));
         }
     }
-    redact_text(&out)
+    redact_text(out.as_deref().unwrap_or(text))
+}
+
+/// Whether `s` holds "bearer" in any ASCII case (without a lower-cased copy).
+fn mentions_bearer(s: &str) -> bool {
+    let b = s.as_bytes();
+    memchr::memchr2_iter(b'b', b'B', b).any(|i| b.get(i..i + 6).is_some_and(|w| w.eq_ignore_ascii_case(b"bearer")))
 }
 
 /// Read an API key from an environment variable and register it.
@@ -90,7 +98,7 @@ pub fn redact(value: &serde_json::Value) -> serde_json::Value {
 
 /// Replace secret-looking tokens inside free text (`sk-...`, `hf_...`, `Bearer x`).
 pub fn redact_text(s: &str) -> String {
-    if !s.contains("sk-") && !s.contains("hf_") && !s.to_lowercase().contains("bearer") {
+    if !s.contains("sk-") && !s.contains("hf_") && !mentions_bearer(s) {
         return s.to_string();
     }
     let mut out = String::with_capacity(s.len());
@@ -135,6 +143,9 @@ mod tests {
         assert_eq!(r["providers"]["gpt"]["note"], "***");
         assert_eq!(redact_text("key sk-abcdefghijklmnop here"), "key *** here");
         assert_eq!(redact_text("Authorization: Bearer abc"), "Authorization: Bearer ***");
+        assert_eq!(redact_text("auth: BEARER abc"), "auth: BEARER ***");
+        assert_eq!(redact_text("a bear, a beare, abearer! b"), "a bear, a beare, abearer! b");
+        assert!(mentions_bearer("x bEaReR") && !mentions_bearer("bearebearb") && !mentions_bearer("b"));
     }
 
     #[test]
