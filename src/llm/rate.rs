@@ -107,22 +107,25 @@ impl ServerLimits {
         let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
         // "600", or a float some gateways send ("600.0").
         let num = |name: &str| get(name).and_then(|v| v.parse::<f64>().ok()).filter(|x| x.is_finite() && *x >= 0.0);
-        // OpenAI's name for a figure, else Anthropic's.
-        let either = |what: &str, of: &str| {
-            num(&format!("x-ratelimit-{what}-{of}")).or_else(|| num(&format!("anthropic-ratelimit-{of}-{what}")))
-        };
-        let reset = |of: &str| {
-            get(&format!("x-ratelimit-reset-{of}"))
-                .and_then(parse_go_duration)
-                .or_else(|| get(&format!("anthropic-ratelimit-{of}-reset")).and_then(until_rfc3339))
+        // OpenAI's name for a figure, else Anthropic's (names spelled out: this runs on
+        // every answer).
+        let either = |openai: &str, anthropic: &str| num(openai).or_else(|| num(anthropic));
+        let reset = |openai: &str, anthropic: &str| {
+            get(openai).and_then(parse_go_duration).or_else(|| get(anthropic).and_then(until_rfc3339))
         };
         let l = ServerLimits {
-            requests_limit: either("limit", "requests").map(|x| x as u32).filter(|x| *x > 0),
-            requests_remaining: either("remaining", "requests").map(|x| x as u32),
-            requests_reset: reset("requests"),
-            tokens_limit: either("limit", "tokens").map(|x| x as u32).filter(|x| *x > 0),
-            tokens_remaining: either("remaining", "tokens").map(|x| x as u32),
-            tokens_reset: reset("tokens"),
+            requests_limit: either("x-ratelimit-limit-requests", "anthropic-ratelimit-requests-limit")
+                .map(|x| x as u32)
+                .filter(|x| *x > 0),
+            requests_remaining: either("x-ratelimit-remaining-requests", "anthropic-ratelimit-requests-remaining")
+                .map(|x| x as u32),
+            requests_reset: reset("x-ratelimit-reset-requests", "anthropic-ratelimit-requests-reset"),
+            tokens_limit: either("x-ratelimit-limit-tokens", "anthropic-ratelimit-tokens-limit")
+                .map(|x| x as u32)
+                .filter(|x| *x > 0),
+            tokens_remaining: either("x-ratelimit-remaining-tokens", "anthropic-ratelimit-tokens-remaining")
+                .map(|x| x as u32),
+            tokens_reset: reset("x-ratelimit-reset-tokens", "anthropic-ratelimit-tokens-reset"),
         };
         (l != ServerLimits::default()).then_some(l)
     }
