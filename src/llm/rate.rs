@@ -289,6 +289,9 @@ struct BreakerState {
     failing_since: Option<Instant>,
     open_until: Option<Instant>,
     trips: u32,
+    /// Set when the breaker gave up: every call of this run fails with it from then on,
+    /// without sending (the other records must not keep retrying one by one).
+    gave_up: Option<LlmError>,
 }
 
 /// Everything that paces requests to one endpoint.
@@ -458,6 +461,9 @@ impl RateControl {
     /// Record a failure; errors when the provider has been down for good.
     fn breaker_failure(&self, last: &LlmError) -> Result<(), LlmError> {
         let mut s = self.breaker.state.lock().expect("breaker");
+        if let Some(e) = &s.gave_up {
+            return Err(e.clone());
+        }
         let now = Instant::now();
         if s.open_until.is_some_and(|t| t > now) {
             return Ok(());
@@ -470,7 +476,7 @@ impl RateControl {
         s.failing_since = None;
         self.stats.breaker_trips.fetch_add(1, Ordering::Relaxed);
         if s.trips > self.cfg.breaker_max_trips {
-            return Err(LlmError::new(
+            let e = LlmError::new(
                 ErrorKind::Unavailable,
                 format!(
                     "provider \"{}\" kept failing for {} trips of the circuit breaker; last error: {}",
@@ -478,7 +484,9 @@ impl RateControl {
                     s.trips - 1,
                     last.message
                 ),
-            ));
+            );
+            s.gave_up = Some(e.clone());
+            return Err(e);
         }
         s.open_until = Some(now + self.cfg.breaker_pause);
         tracing::warn!(
@@ -521,6 +529,9 @@ impl RateControl {
         let mut retries = 0u32;
         loop {
             self.breaker_wait().await;
+            if let Some(e) = &self.breaker.state.lock().expect("breaker").gave_up {
+                return Err(e.clone());
+            }
             // The first request to an endpoint goes alone, so that a server advertising
             // its limits is never sent more than the first answer says it takes.
             let mut probe = None;
@@ -886,5 +897,38 @@ mod tests {
         let err = rc.call(10, None, || async { Err(LlmError::new(ErrorKind::Auth, "bad key")) }).await.unwrap_err();
         assert_eq!(err.kind, ErrorKind::Auth);
         assert_eq!(rc.stats.sent.load(Ordering::Relaxed), 7);
+    }
+
+    /// Once the breaker gives up, every other call fails at once without sending: the
+    /// records still retrying do not each wait out another trip.
+    /// (Real time: the breaker reads the clock, which a paused tokio runtime does not move.)
+    #[tokio::test]
+    async fn a_breaker_that_gave_up_fails_every_call_without_sending() {
+        let cfg = RateConfig {
+            max_retries: 100_000,
+            backoff_initial: Duration::from_millis(1),
+            backoff_max: Duration::from_millis(2),
+            breaker_after: Duration::from_millis(30),
+            breaker_pause: Duration::from_millis(10),
+            breaker_max_trips: 1,
+            ..Default::default()
+        };
+        let rc = RateControl::new("t", cfg);
+        let down = || async { Err(LlmError::new(ErrorKind::Server, "down")) };
+        let (a, b) = tokio::join!(rc.call(10, None, down), rc.call(10, None, down));
+        for e in [a.unwrap_err(), b.unwrap_err()] {
+            assert!(e.message.contains("kept failing"), "{}", e.message);
+        }
+        let sent = rc.stats.sent.load(Ordering::Relaxed);
+        let mut called = false;
+        let e = rc
+            .call(10, None, || {
+                called = true;
+                down()
+            })
+            .await
+            .unwrap_err();
+        assert!(e.message.contains("kept failing") && !called, "{}", e.message);
+        assert_eq!(rc.stats.sent.load(Ordering::Relaxed), sent);
     }
 }
