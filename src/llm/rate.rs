@@ -107,25 +107,32 @@ impl ServerLimits {
         let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
         // "600", or a float some gateways send ("600.0").
         let num = |name: &str| get(name).and_then(|v| v.parse::<f64>().ok()).filter(|x| x.is_finite() && *x >= 0.0);
-        // OpenAI's name for a figure, else Anthropic's (names spelled out: this runs on
-        // every answer).
-        let either = |openai: &str, anthropic: &str| num(openai).or_else(|| num(anthropic));
-        let reset = |openai: &str, anthropic: &str| {
-            get(openai).and_then(parse_go_duration).or_else(|| get(anthropic).and_then(until_rfc3339))
+        // Per figure: OpenAI's name, else Anthropic's (spelled out, not formatted: this
+        // runs on every answer). Each row: limit, remaining, reset.
+        const REQUESTS: [[&str; 2]; 3] = [
+            ["x-ratelimit-limit-requests", "anthropic-ratelimit-requests-limit"],
+            ["x-ratelimit-remaining-requests", "anthropic-ratelimit-requests-remaining"],
+            ["x-ratelimit-reset-requests", "anthropic-ratelimit-requests-reset"],
+        ];
+        const TOKENS: [[&str; 2]; 3] = [
+            ["x-ratelimit-limit-tokens", "anthropic-ratelimit-tokens-limit"],
+            ["x-ratelimit-remaining-tokens", "anthropic-ratelimit-tokens-remaining"],
+            ["x-ratelimit-reset-tokens", "anthropic-ratelimit-tokens-reset"],
+        ];
+        let either = |[openai, anthropic]: [&str; 2]| num(openai).or_else(|| num(anthropic)).map(|x| x as u32);
+        let figures = |[limit, remaining, [openai, anthropic]]: [[&str; 2]; 3]| {
+            let reset = get(openai).and_then(parse_go_duration).or_else(|| get(anthropic).and_then(until_rfc3339));
+            (either(limit).filter(|x| *x > 0), either(remaining), reset)
         };
+        let (requests_limit, requests_remaining, requests_reset) = figures(REQUESTS);
+        let (tokens_limit, tokens_remaining, tokens_reset) = figures(TOKENS);
         let l = ServerLimits {
-            requests_limit: either("x-ratelimit-limit-requests", "anthropic-ratelimit-requests-limit")
-                .map(|x| x as u32)
-                .filter(|x| *x > 0),
-            requests_remaining: either("x-ratelimit-remaining-requests", "anthropic-ratelimit-requests-remaining")
-                .map(|x| x as u32),
-            requests_reset: reset("x-ratelimit-reset-requests", "anthropic-ratelimit-requests-reset"),
-            tokens_limit: either("x-ratelimit-limit-tokens", "anthropic-ratelimit-tokens-limit")
-                .map(|x| x as u32)
-                .filter(|x| *x > 0),
-            tokens_remaining: either("x-ratelimit-remaining-tokens", "anthropic-ratelimit-tokens-remaining")
-                .map(|x| x as u32),
-            tokens_reset: reset("x-ratelimit-reset-tokens", "anthropic-ratelimit-tokens-reset"),
+            requests_limit,
+            requests_remaining,
+            requests_reset,
+            tokens_limit,
+            tokens_remaining,
+            tokens_reset,
         };
         (l != ServerLimits::default()).then_some(l)
     }
