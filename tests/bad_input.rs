@@ -210,6 +210,30 @@ fn two_runs_cannot_share_an_output_directory() {
     p.synth(&["run", "p.toml"]).ok();
 }
 
+/// A lock released a moment after the run starts (a run that has just ended, or a child
+/// process between fork and exec holding a copy of its descriptor) is waited for.
+#[test]
+fn a_lock_released_a_moment_later_is_waited_for() {
+    let p = Project::new();
+    p.write("people.jsonl", people_jsonl(5));
+    p.write("p.toml", source_pipeline("people.jsonl", ""));
+    std::fs::create_dir_all(p.path().join("out/_synth")).unwrap();
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(p.path().join("out/_synth/lock"))
+        .unwrap();
+    lock.lock().unwrap();
+    let holder = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        drop(lock);
+    });
+    let run = p.synth(&["run", "p.toml"]);
+    holder.join().unwrap();
+    run.ok();
+}
+
 /// Run a shell script inside a private mount namespace where `out` is a small tmpfs.
 /// Returns None (and says why) when this machine cannot create namespaces.
 fn on_tiny_disk(p: &Project, size: &str, script: &str) -> Option<support::Run> {

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
 use tokio::task::JoinSet;
@@ -47,7 +47,7 @@ pub struct RunOptions {
     pub force: bool,
     pub dry_run: bool,
     /// Lifetime of the coordinator's lease on an object store (renewed every third).
-    pub lease_ttl: Option<std::time::Duration>,
+    pub lease_ttl: Option<Duration>,
     /// A part of a sharded run (`dag::shard` sets it): which stages run how, and where
     /// their inputs come from.
     pub role: Option<Arc<super::shard::Role>>,
@@ -84,7 +84,7 @@ impl std::fmt::Debug for RunOptions {
 }
 
 /// Default lifetime of a lease (renewed every third of it while the holder works).
-pub const LEASE_TTL: std::time::Duration = std::time::Duration::from_secs(60);
+pub const LEASE_TTL: Duration = Duration::from_secs(60);
 
 /// How a run ended badly; each carries the message for the user.
 #[derive(Debug, thiserror::Error)]
@@ -258,7 +258,7 @@ pub async fn run(
 
     // Output directory: create, lock, clear debris of interrupted runs; on an object
     // store, take the coordinator's lease and bring the state records into the mirror.
-    let _lock = if opts.dry_run { None } else { Some(prepare_out_dir(&out_dir)?) };
+    let _lock = if opts.dry_run { None } else { Some(prepare_out_dir(&out_dir).await?) };
     if !opts.dry_run && opts.state.is_none() {
         hub.write_live_to(out_dir.join(INTERNAL_DIR).join(crate::progress::LIVE_FILE));
     }
@@ -595,8 +595,14 @@ fn fail(e: anyhow::Error) -> RunError {
     }
 }
 
+/// How long a run waits for the output directory's lock before it says another run holds
+/// it. A lock is an open file description: a child process forked by any thread of this
+/// process (a sibling run's worker, a training script) holds a copy of it until its `exec`
+/// closes it, so a lock whose run has just ended can stay taken for a few milliseconds.
+const LOCK_GRACE: Duration = Duration::from_millis(1000);
+
 /// Create the output directory, take its lock and remove debris of interrupted runs.
-fn prepare_out_dir(out_dir: &Path) -> Result<std::fs::File, RunError> {
+async fn prepare_out_dir(out_dir: &Path) -> Result<std::fs::File, RunError> {
     let internal = out_dir.join(INTERNAL_DIR);
     std::fs::create_dir_all(&internal)
         .map_err(|e| RunError::Failed(format!("cannot create output directory {}: {e}", out_dir.display())))?;
@@ -607,7 +613,13 @@ fn prepare_out_dir(out_dir: &Path) -> Result<std::fs::File, RunError> {
         .write(true)
         .open(&lock_path)
         .map_err(|e| RunError::Failed(format!("output directory {} is not writable: {e}", out_dir.display())))?;
-    match lock.try_lock() {
+    let waited = Instant::now();
+    let mut taken = lock.try_lock();
+    while matches!(taken, Err(std::fs::TryLockError::WouldBlock)) && waited.elapsed() < LOCK_GRACE {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        taken = lock.try_lock();
+    }
+    match taken {
         Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {
             return Err(RunError::Busy(format!(
