@@ -48,6 +48,17 @@ pub fn scrub(text: &str) -> String {
     redact_text(out.as_deref().unwrap_or(text))
 }
 
+/// [`scrub`] of an owned text: a clean one (the usual case) comes back as it is, without
+/// a copy.
+pub fn scrub_owned(text: String) -> String {
+    let registered = SECRETS.read().expect("secrets").iter().any(|s| text.contains(s.as_str()));
+    if registered || text.contains("sk-") || text.contains("hf_") || mentions_bearer(&text) {
+        scrub(&text)
+    } else {
+        text
+    }
+}
+
 /// Whether `s` holds "bearer" in any ASCII case (without a lower-cased copy).
 fn mentions_bearer(s: &str) -> bool {
     let b = s.as_bytes();
@@ -154,6 +165,18 @@ mod tests {
         assert_eq!(scrub("auth failed for my-very-secret-key-123!"), "auth failed for ***!");
         register("short");
         assert_eq!(scrub("a short text"), "a short text");
+    }
+
+    #[test]
+    fn an_owned_clean_text_is_not_copied_and_a_dirty_one_is_scrubbed() {
+        register("owned-secret-value-77");
+        let clean = String::from("{\"messages\":[{\"content\":\"hello\"}]}");
+        let at = clean.as_ptr();
+        let out = scrub_owned(clean);
+        assert_eq!(out.as_ptr(), at, "a clean text came back as a copy");
+        assert_eq!(scrub_owned("key owned-secret-value-77 here".into()), "key *** here");
+        assert_eq!(scrub_owned("Bearer abc".into()), scrub("Bearer abc"));
+        assert_eq!(scrub_owned("sk-abcdefghijklmnop".into()), "***");
     }
 
     #[test]

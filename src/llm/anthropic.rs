@@ -10,12 +10,13 @@
 //! part of the journal holds (see `find_batch`).
 
 use std::collections::HashSet;
-use std::path::Path;
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::batch::{BatchApi, BatchBody, BatchInfo, BatchState, Endpoint as BatchEndpoint, LineOutcome, PartRef};
+use super::batch::{
+    BatchApi, BatchBody, BatchInfo, BatchState, Endpoint as BatchEndpoint, LineOutcome, PartRef, Results,
+};
 use super::{Call, ChatBackend, ChatRequest, ChatResponse, ErrorKind, GenParams, LlmError, Role, Usage};
 
 pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
@@ -462,13 +463,12 @@ impl BatchApi for AnthropicBatches {
         json::<MessageBatch>(&answer, "a message batch")?.info()
     }
 
-    async fn download(&self, info: &BatchInfo, output: &Path, _errors: &Path) -> Result<(), LlmError> {
-        let Some(url) = &info.output else { return Ok(()) };
+    async fn download(&self, info: &BatchInfo) -> Result<Results, LlmError> {
+        let Some(url) = &info.output else { return Ok(Results::default()) };
         let e = &self.endpoint;
         let answer =
             super::batch::with_retries(TRIES, || send(e.request(&self.http, reqwest::Method::GET, url))).await?;
-        crate::store::atomic::write_atomic(output, &answer)
-            .map_err(|err| LlmError::new(ErrorKind::Unavailable, format!("saving {}: {err:#}", output.display())))
+        Ok(Results { output: Some(answer.into()), errors: None })
     }
 
     fn parse_line(&self, line: &str) -> Result<(String, LineOutcome), String> {

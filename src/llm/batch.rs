@@ -12,7 +12,7 @@
 //! for the batch first (`find_batch`), since a create whose answer was lost may exist.
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -221,9 +221,11 @@ pub trait BatchApi: Send + Sync {
 
     async fn cancel(&self, id: &str) -> Result<BatchInfo, LlmError>;
 
-    /// Write an ended batch's result lines to `output` (and its error lines to `errors`
-    /// when they are apart); a file that does not exist stays absent.
-    async fn download(&self, info: &BatchInfo, output: &Path, errors: &Path) -> Result<(), LlmError>;
+    /// An ended batch's result lines (and its error lines, when they are apart), in
+    /// memory: they are parsed at once and never saved (a run that stops before
+    /// journaling the part done downloads them again; the provider's copy is the durable
+    /// one).
+    async fn download(&self, info: &BatchInfo) -> Result<Results, LlmError>;
 
     /// Batches whose metadata names this output directory (`synth batch status --refresh`
     /// lists those its journal does not hold); empty where batches carry no metadata.
@@ -241,7 +243,7 @@ pub trait BatchApi: Send + Sync {
 
     /// When batches are run by the user rather than by synth: what to tell them for
     /// a part (`None`: synth runs them).
-    fn external(&self, _part: &PartRef, _output: &Path) -> Option<String> {
+    fn external(&self, _part: &PartRef) -> Option<String> {
         None
     }
 }
@@ -360,6 +362,13 @@ pub fn answer_response(endpoint: Endpoint, body: &RawValue, doc: &str, model: &s
             super::anthropic::message_response(body, model)
         }
     }
+}
+
+/// The result files of an ended batch, as downloaded.
+#[derive(Debug, Default)]
+pub struct Results {
+    pub output: Option<bytes::Bytes>,
+    pub errors: Option<bytes::Bytes>,
 }
 
 /// Retry a batch control call (never a create) on transient failures: 429, 5xx,

@@ -11,7 +11,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use super::batch::{BatchApi, BatchBody, BatchInfo, BatchState, LineOutcome, PartRef, now, parse_openai_line};
+use super::batch::{BatchApi, BatchBody, BatchInfo, BatchState, LineOutcome, PartRef, Results, now, parse_openai_line};
 use super::{ErrorKind, LlmError};
 
 /// The command run for a part when none is configured (shown to the user).
@@ -191,19 +191,18 @@ impl BatchApi for LocalBatch {
         Ok(self.info(&part, BatchState::Cancelled, None))
     }
 
-    async fn download(&self, info: &BatchInfo, output: &Path, _errors: &Path) -> Result<(), LlmError> {
-        let Some(results) = &info.output else { return Ok(()) };
+    async fn download(&self, info: &BatchInfo) -> Result<Results, LlmError> {
+        let Some(results) = &info.output else { return Ok(Results::default()) };
         let bytes = std::fs::read(results)
             .map_err(|e| LlmError::new(ErrorKind::Unavailable, format!("reading {results}: {e}")))?;
-        crate::store::atomic::write_atomic(output, &bytes)
-            .map_err(|e| LlmError::new(ErrorKind::Unavailable, format!("saving {}: {e:#}", output.display())))
+        Ok(Results { output: Some(bytes.into()), errors: None })
     }
 
     fn parse_line(&self, line: &str) -> Result<(String, LineOutcome), String> {
         parse_openai_line(line)
     }
 
-    fn external(&self, part: &PartRef, _output: &Path) -> Option<String> {
+    fn external(&self, part: &PartRef) -> Option<String> {
         if !self.command.is_empty() {
             return None;
         }

@@ -7,7 +7,6 @@
 //! by our own lenient types (`byot`): compatible servers differ in optional fields.
 
 use std::collections::HashSet;
-use std::path::Path;
 
 use async_openai::Client;
 use async_openai::config::OpenAIConfig;
@@ -16,7 +15,7 @@ use async_openai::types::InputSource;
 use async_openai::types::files::{CreateFileRequest, FileInput, FilePurpose};
 use serde::Deserialize;
 
-use super::batch::{BatchApi, BatchBody, BatchInfo, BatchState, LineOutcome, PartRef, parse_openai_line};
+use super::batch::{BatchApi, BatchBody, BatchInfo, BatchState, LineOutcome, PartRef, Results, parse_openai_line};
 use super::openai::{Endpoint, observed};
 use super::{ErrorKind, LlmError};
 
@@ -150,11 +149,8 @@ impl BatchObject {
     }
 }
 
-/// Write downloaded bytes under their final name, complete or not at all.
-fn save(path: &Path, bytes: &[u8]) -> Result<(), LlmError> {
-    crate::store::atomic::write_atomic(path, bytes)
-        .map_err(|e| LlmError::new(ErrorKind::Unavailable, format!("saving {}: {e:#}", path.display())))
-}
+/// Parts up to this many bytes are uploaded from memory, larger ones streamed from disk.
+const UPLOAD_FROM_MEMORY: u64 = 64 << 20;
 
 #[async_trait::async_trait]
 impl BatchApi for OpenAiBatches {
@@ -167,13 +163,23 @@ impl BatchApi for OpenAiBatches {
     }
 
     async fn upload(&self, part: &PartRef) -> Result<Option<String>, LlmError> {
-        // A file whose name is not the part's (the provider keeps it): copy-free, the
-        // part file is named `synth-<part>.jsonl` on disk already.
-        let request = CreateFileRequest {
-            file: FileInput { source: InputSource::Path { path: part.input.clone() } },
-            purpose: FilePurpose::Batch,
-            expires_after: None,
+        // Sent under the part's file name (`synth-<part>.jsonl`, as on disk), which
+        // `find_file` looks for. A part up to UPLOAD_FROM_MEMORY is read whole first: from
+        // a path, async-openai reads the file through tokio's blocking pool 8 KiB at a
+        // time, which doubled the upload's wall for a 20 MB part (BENCHMARKS.md, "Batch
+        // mode"); a retry resends the same bytes without reading them again.
+        let source = if part.bytes <= UPLOAD_FROM_MEMORY {
+            let path = part.input.clone();
+            let bytes = tokio::task::spawn_blocking(move || std::fs::read(path))
+                .await
+                .map_err(|e| LlmError::new(ErrorKind::Unavailable, format!("reading the batch part: {e}")))?
+                .map_err(|e| LlmError::new(ErrorKind::Unavailable, format!("reading {}: {e}", part.input.display())))?;
+            InputSource::Bytes { filename: part.filename(), bytes: bytes.into() }
+        } else {
+            InputSource::Path { path: part.input.clone() }
         };
+        let request =
+            CreateFileRequest { file: FileInput { source }, purpose: FilePurpose::Batch, expires_after: None };
         let file: FileObject = super::batch::with_retries(TRIES, || {
             let request = request.clone();
             async move { observed(self.client.files().create_byot(request)).await }
@@ -293,17 +299,18 @@ impl BatchApi for OpenAiBatches {
         b.info()
     }
 
-    async fn download(&self, info: &BatchInfo, output: &Path, errors: &Path) -> Result<(), LlmError> {
-        for (file, dest) in [(&info.output, output), (&info.errors, errors)] {
+    async fn download(&self, info: &BatchInfo) -> Result<Results, LlmError> {
+        let mut results = Results::default();
+        for (file, got) in [(&info.output, &mut results.output), (&info.errors, &mut results.errors)] {
             let Some(file) = file else { continue };
             let bytes = super::batch::with_retries(TRIES, || async move {
                 let files = self.client.files();
                 observed(files.content(file)).await
             })
             .await?;
-            save(dest, &bytes)?;
+            *got = Some(bytes);
         }
-        Ok(())
+        Ok(results)
     }
 
     async fn delete_file(&self, id: &str) -> Result<(), LlmError> {

@@ -39,7 +39,7 @@ use crate::llm::provider::Provider;
 use crate::llm::{CallCtx, ChatResponse, ErrorKind, LlmError};
 use crate::progress::StageProgress;
 use crate::store::batch::{
-    BatchLog, DoneInfo, KeyLine, PartInfo, PartState, PartWriter, Phase, Record, part_files, read_keys,
+    BatchLog, DoneInfo, KeyLine, PartInfo, PartState, PartWriter, Phase, Record, part_files, read_key_names, read_keys,
     remove_part_files,
 };
 use crate::store::cache::{ResponseRow, Use};
@@ -84,6 +84,10 @@ struct Collecting {
     in_parts: HashSet<String>,
     /// Requests deferred this pass.
     deferred: u64,
+    /// The keys of the open part, and of the live parts this process wrote or read (so a
+    /// pass need not read their key files again).
+    open_keys: Vec<String>,
+    part_keys: HashMap<String, Vec<String>>,
 }
 
 impl Collector {
@@ -100,10 +104,12 @@ impl Collector {
     /// Close the open part (files complete, then journaled).
     fn close_part(&self, c: &mut Collecting) -> Result<()> {
         let Some((w, endpoint)) = c.writer.take() else { return Ok(()) };
+        let keys = std::mem::take(&mut c.open_keys);
         if w.requests == 0 {
             return Ok(());
         }
         let (part, requests, bytes, tokens) = (w.part.clone(), w.requests, w.bytes, w.tokens);
+        c.part_keys.insert(part.clone(), keys);
         let (max_in, max_out) = (w.max_in, w.max_out);
         w.finish()?;
         let settings = self.provider.batch.as_ref().expect("batch settings");
@@ -129,15 +135,26 @@ impl Collector {
 
     /// Start a collecting pass: the keys of the stage's live parts are not written again.
     pub fn begin_pass(&self) -> Result<()> {
-        let mut in_parts = HashSet::new();
-        for p in self.log.parts() {
-            if p.info.stage == self.stage && p.phase.live() {
-                for k in read_keys(&self.log.dir(), &p.info.part)? {
-                    in_parts.insert(k.key);
-                }
-            }
-        }
         let mut c = self.state.lock().expect("collector");
+        let live: Vec<String> = self
+            .log
+            .parts()
+            .into_iter()
+            .filter(|p| p.info.stage == self.stage && p.phase.live())
+            .map(|p| p.info.part)
+            .collect();
+        c.part_keys.retain(|part, _| live.contains(part));
+        let mut in_parts = HashSet::new();
+        for part in live {
+            let keys = match c.part_keys.entry(part) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    let keys = read_key_names(&self.log.dir(), e.key())?;
+                    e.insert(keys)
+                }
+            };
+            in_parts.extend(keys.iter().cloned());
+        }
         c.in_parts = in_parts;
         c.seen.clear();
         c.deferred = 0;
@@ -202,7 +219,9 @@ impl BatchRoute for Collector {
             let part = self.new_part_id();
             c.writer = Some((PartWriter::create(&self.log.dir(), &part).map_err(io)?, key.endpoint.clone()));
         }
-        c.writer.as_mut().expect("open part").0.push(&line, &key).map_err(io)
+        c.writer.as_mut().expect("open part").0.push(&line, &key).map_err(io)?;
+        c.open_keys.push(key.key);
+        Ok(())
     }
 }
 
@@ -499,7 +518,7 @@ impl BatchStage {
                 .iter()
                 .filter_map(|p| {
                     let r = self.part_ref(&p.info);
-                    self.api.external(&r, &part_files(&self.log.dir(), &p.info.part).output)
+                    self.api.external(&r)
                 })
                 .collect();
             let unsent = live.iter().any(|p| p.phase != Phase::Created);
@@ -688,7 +707,6 @@ impl BatchStage {
     async fn collect(&self, p: &PartState, info: BatchInfo) -> Result<()> {
         let part = p.info.part.clone();
         let dir = self.log.dir();
-        let files = part_files(&dir, &part);
         if info.state == BatchState::Failed
             && let Some((code, message)) = &info.failure
             && (code.contains("token_limit") || message.contains("enqueued token"))
@@ -709,14 +727,13 @@ impl BatchStage {
             }
             return Ok(());
         }
-        let _ = std::fs::remove_file(&files.output);
-        let _ = std::fs::remove_file(&files.errors);
-        if info.state != BatchState::Failed {
-            self.api
-                .download(&info, &files.output, &files.errors)
-                .await
-                .map_err(|e| anyhow!("batch {}: downloading its results: {e}", info.id))?;
-        }
+        let started = std::time::Instant::now();
+        let results = if info.state != BatchState::Failed {
+            self.api.download(&info).await.map_err(|e| anyhow!("batch {}: downloading its results: {e}", info.id))?
+        } else {
+            Default::default()
+        };
+        let downloaded = started.elapsed();
         let keys = read_keys(&dir, &part)?;
         let mut by_key: HashMap<String, KeyLine> = keys.into_iter().map(|k| (k.key.clone(), k)).collect();
         let cache = self.services.cache()?;
@@ -729,12 +746,10 @@ impl BatchStage {
         let mut bad_lines = 0u64;
         // A part's lines share one endpoint: its name is read once.
         let mut endpoints: HashMap<String, Endpoint> = HashMap::new();
-        for path in [&files.output, &files.errors] {
-            let text = match std::fs::read_to_string(path) {
-                Ok(t) => t,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-            };
+        for (bytes, what) in [(&results.output, "results"), (&results.errors, "errors")] {
+            let Some(bytes) = bytes else { continue };
+            let text = std::str::from_utf8(bytes)
+                .with_context(|| format!("batch {}: its {what} file is not UTF-8", info.id))?;
             for line in text.lines().filter(|l| !l.trim().is_empty()) {
                 let (key, outcome) = match self.api.parse_line(line) {
                     Ok(x) => x,
@@ -772,6 +787,8 @@ impl BatchStage {
                 }
             }
         }
+        drop(results);
+        let parsed = started.elapsed();
         let why_missing = match &info.failure {
             Some((code, message)) => format!("the batch {} {}: {code}: {message}", info.id, info.state.as_str()),
             None => format!("no result for this line (the batch {} ended {})", info.id, info.state.as_str()),
@@ -794,6 +811,7 @@ impl BatchStage {
         let missing = cache.missing(&keys)?;
         drop(keys);
         let provider = &self.provider;
+        let base_url = crate::secrets::scrub(&provider.base_url);
         let (mut cost, mut online_cost, mut succeeded) = (0.0, 0.0, 0u64);
         let (mut tokens_in, mut tokens_out) = (0u64, 0u64);
         let mut commits = Vec::new();
@@ -811,9 +829,9 @@ impl BatchStage {
             rows.push(ResponseRow {
                 key: k.key,
                 provider: provider.kind.to_string(),
-                base_url: crate::secrets::scrub(&provider.base_url),
+                base_url: base_url.clone(),
                 model: provider.model.clone(),
-                request: crate::secrets::scrub(&k.doc),
+                request: crate::secrets::scrub_owned(k.doc),
                 response: serde_json::to_string(&r).expect("serializable"),
                 tokens_in: tin,
                 tokens_out: tout,
@@ -830,6 +848,14 @@ impl BatchStage {
             commits.push(commit);
             all_held &= held;
         }
+        tracing::debug!(
+            "stage \"{}\": batch {}: results downloaded in {:.0?}, read in {:.0?}, {succeeded} answer(s) queued for the cache in {:.0?}",
+            self.stage,
+            info.id,
+            downloaded,
+            parsed - downloaded,
+            started.elapsed() - parsed
+        );
         let commits: futures::future::BoxFuture<'static, Result<()>> =
             Box::pin(async move { futures::future::try_join_all(commits).await.map(|_| ()) });
         let pr = &self.progress;

@@ -5,7 +5,8 @@
 //! lines sent, in the API's format; each `custom_id` is a cache key) and
 //! `synth-<part>.keys.jsonl` (per line: the key, its cache document, its token
 //! estimates), written complete before the part is journaled. Results are downloaded
-//! to `synth-<part>.output.jsonl` / `.errors.jsonl` before they are read.
+//! into memory and parsed there (never saved: until the part is journaled done, the
+//! provider's copy is the durable one).
 //!
 //! The journal is append-only JSON lines, each fsynced before the action it announces
 //! and after the one it records: `part` (planned), `uploading` → `uploaded` (file id),
@@ -370,17 +371,10 @@ impl BatchLog {
 pub struct PartFiles {
     pub input: PathBuf,
     pub keys: PathBuf,
-    pub output: PathBuf,
-    pub errors: PathBuf,
 }
 
 pub fn part_files(dir: &Path, part: &str) -> PartFiles {
-    PartFiles {
-        input: dir.join(format!("synth-{part}.jsonl")),
-        keys: dir.join(format!("synth-{part}.keys.jsonl")),
-        output: dir.join(format!("synth-{part}.output.jsonl")),
-        errors: dir.join(format!("synth-{part}.errors.jsonl")),
-    }
+    PartFiles { input: dir.join(format!("synth-{part}.jsonl")), keys: dir.join(format!("synth-{part}.keys.jsonl")) }
 }
 
 /// Remove a finished part's local files.
@@ -479,6 +473,25 @@ pub fn read_keys(dir: &Path, part: &str) -> Result<Vec<KeyLine>> {
         .collect()
 }
 
+/// The keys of a part's lines, without their documents.
+pub fn read_key_names(dir: &Path, part: &str) -> Result<Vec<String>> {
+    #[derive(Deserialize)]
+    struct Key<'a> {
+        #[serde(borrow)]
+        key: std::borrow::Cow<'a, str>,
+    }
+    let path = part_files(dir, part).keys;
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .map(|(i, l)| {
+            serde_json::from_str::<Key>(l)
+                .map(|k| k.key.into_owned())
+                .with_context(|| format!("{}:{}: not a key line", path.display(), i + 1))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -531,20 +544,21 @@ mod tests {
             })
             .unwrap();
             assert_eq!(read_keys(&log.dir(), "a1").unwrap()[0].max_out, 7);
+            assert_eq!(read_key_names(&log.dir(), "a1").unwrap(), vec!["k".to_string()]);
         }
         // A kill mid-record.
         let path = dir.path().join(BATCH_JOURNAL);
         let mut text = std::fs::read_to_string(&path).unwrap();
         text.push_str("{\"op\":\"created\",\"part\":\"a1\",\"ba");
         std::fs::write(&path, text).unwrap();
-        std::fs::write(part_files(&dir.path().join(BATCH_DIR), "b2").output, "x").unwrap();
+        std::fs::write(part_files(&dir.path().join(BATCH_DIR), "b2").keys, "x").unwrap();
 
         let log = BatchLog::open(dir.path()).unwrap();
         let a = log.get("a1").unwrap();
         assert_eq!((a.phase, a.file.as_deref(), a.creating_at), (Phase::Creating, Some("file-1"), 3));
         assert_eq!(log.get("b2").unwrap().phase, Phase::Done);
         // The done part's files are gone, the live part's kept.
-        assert!(!part_files(&log.dir(), "b2").output.exists());
+        assert!(!part_files(&log.dir(), "b2").keys.exists());
         assert!(part_files(&log.dir(), "a1").input.exists());
         log.append(&Record::Created { part: "a1".into(), batch: "batch_1".into(), at: 5 }).unwrap();
         log.append(&Record::Requeued { part: "a1".into(), reason: "token_limit_exceeded".into(), at: 6 }).unwrap();
