@@ -198,6 +198,36 @@ struct Llm {
     params: GenParams,
     /// The checked `schema` file (structured answers).
     schema: Option<Arc<SchemaFile>>,
+    /// The names of the columns every output row carries (`output_prefix` + name).
+    columns: Columns,
+}
+
+/// The fixed output column names, formatted once (not per row).
+struct Columns {
+    raw: String,
+    model: String,
+    tokens_in: String,
+    tokens_out: String,
+    finish_reason: String,
+    attempts: String,
+    sample: String,
+    rejections: String,
+}
+
+impl Columns {
+    fn new(prefix: &str) -> Columns {
+        let name = |n: &str| format!("{prefix}{n}");
+        Columns {
+            raw: name("raw"),
+            model: name("model"),
+            tokens_in: name("tokens_in"),
+            tokens_out: name("tokens_out"),
+            finish_reason: name("finish_reason"),
+            attempts: name("attempts"),
+            sample: name("sample"),
+            rejections: name("rejections"),
+        }
+    }
 }
 
 fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> {
@@ -314,7 +344,8 @@ pub(super) fn build_with(opts: Options, ctx: &BuildCtx<'_>, diags: &mut Diagnost
         extra: opts.extra.clone().unwrap_or_default(),
     };
     ok.then(|| {
-        Box::new(Llm { opts, templates: Arc::new(templates), vars, parser: Arc::from(parser), params, schema })
+        let columns = Columns::new(&opts.output_prefix);
+        Box::new(Llm { opts, templates: Arc::new(templates), vars, parser: Arc::from(parser), params, schema, columns })
             as Box<dyn Stage>
     })
 }
@@ -727,19 +758,20 @@ impl Llm {
             for (k, v) in fields {
                 out.insert(format!("{prefix}{k}"), v);
             }
-            let r = &completed.response;
-            out.insert(format!("{prefix}raw"), Value::String(r.text.clone()));
-            out.insert(format!("{prefix}model"), Value::String(r.model.clone()));
-            out.insert(format!("{prefix}tokens_in"), Value::from(r.usage.prompt_tokens));
-            out.insert(format!("{prefix}tokens_out"), Value::from(r.usage.completion_tokens));
-            out.insert(format!("{prefix}finish_reason"), Value::String(r.finish_reason.clone()));
-            out.insert(format!("{prefix}attempts"), Value::from(attempts));
+            let r = completed.response;
+            let c = &self.columns;
+            out.insert(c.raw.clone(), Value::String(r.text));
+            out.insert(c.model.clone(), Value::String(r.model));
+            out.insert(c.tokens_in.clone(), Value::from(r.usage.prompt_tokens));
+            out.insert(c.tokens_out.clone(), Value::from(r.usage.completion_tokens));
+            out.insert(c.finish_reason.clone(), Value::String(r.finish_reason));
+            out.insert(c.attempts.clone(), Value::from(attempts));
             if self.opts.n > 1 {
-                out.insert(format!("{prefix}sample"), Value::from(sample));
+                out.insert(c.sample.clone(), Value::from(sample));
             }
             if self.opts.record_rejections {
                 let kinds: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
-                out.insert(format!("{prefix}rejections"), serde_json::json!(kinds));
+                out.insert(c.rejections.clone(), serde_json::json!(kinds));
             }
             out_rows.push(out);
         }

@@ -119,7 +119,8 @@ fn now() -> i64 {
 /// A cached LLM response.
 #[derive(Debug, Clone)]
 pub struct StoredResponse {
-    pub response: String,
+    /// Shared: an answer held in memory is handed out without a copy.
+    pub response: std::sync::Arc<str>,
     pub tokens_in: u64,
     pub tokens_out: u64,
 }
@@ -424,17 +425,18 @@ impl Cache {
     pub fn get_response(&self, key: &str, usage: &Use) -> Result<Option<StoredResponse>> {
         let held = {
             let held = self.held.lock().expect("held");
-            if held.answers.is_empty() { None } else { held.answers.get(key).map(|(_, a)| a.clone()) }
+            if held.answers.is_empty() { None } else { held.answers.get(key).map(|(u, a)| (*u, a.clone())) }
         };
-        let found = if held.is_some() {
-            held
+        let held_use = held.as_ref().map(|(u, _)| *u);
+        let found = if let Some((_, a)) = held {
+            Some(a)
         } else {
             let conn = self.conn.lock().expect("cache connection");
             let mut stmt = conn
                 .prepare_cached("SELECT response, tokens_in, tokens_out FROM responses WHERE id = ?1 AND key = ?2")?;
             stmt.query_row(params![row_id(key), key], |r| {
                 Ok(StoredResponse {
-                    response: r.get(0)?,
+                    response: r.get::<_, String>(0)?.into(),
                     tokens_in: r.get::<_, i64>(1)? as u64,
                     tokens_out: r.get::<_, i64>(2)? as u64,
                 })
@@ -447,7 +449,11 @@ impl Cache {
             self.counts.hits.fetch_add(1, Ordering::Relaxed);
             let stored_here = {
                 let bulk = self.bulk.lock().expect("bulk");
-                !bulk.is_empty() && bulk.contains(&(row_id(key), use_hash(usage)))
+                !bulk.is_empty() && {
+                    let u = use_hash(usage);
+                    // `put_many` marks in `bulk` every answer it holds, under the same use.
+                    held_use == Some(u) || bulk.contains(&(row_id(key), u))
+                }
             };
             if !stored_here {
                 self.send(Cmd::Hit(key.to_string(), usage.clone()))?;
@@ -527,8 +533,11 @@ impl Cache {
                     all = false;
                     break;
                 }
-                let answer =
-                    StoredResponse { response: r.response.clone(), tokens_in: r.tokens_in, tokens_out: r.tokens_out };
+                let answer = StoredResponse {
+                    response: r.response.as_str().into(),
+                    tokens_in: r.tokens_in,
+                    tokens_out: r.tokens_out,
+                };
                 held.bytes += answer.response.len();
                 if let Some((_, old)) = held.answers.insert(r.key.clone(), (u, answer)) {
                     held.bytes -= old.response.len();
@@ -1315,14 +1324,14 @@ mod tests {
         let (commit, held) = cache.put_many(vec![row("h1"), row("h2")], &u).unwrap();
         assert!(held);
         let from_memory = cache.get_response("h1", &u).unwrap().expect("held");
-        assert_eq!((from_memory.response.as_str(), from_memory.tokens_in), ("{\"text\":\"h1\"}", 3));
+        assert_eq!((&*from_memory.response, from_memory.tokens_in), ("{\"text\":\"h1\"}", 3));
         assert_eq!(cache.held.lock().unwrap().answers.len(), 2);
         commit.await.unwrap();
         // Another use lets go only of its own.
         cache.forget_held(&other);
         assert_eq!(cache.held.lock().unwrap().answers.len(), 2);
         cache.put_response(ResponseRow { response: "{\"text\":\"new\"}".into(), ..row("h2") }, &other).await.unwrap();
-        assert_eq!(cache.get_response("h2", &u).unwrap().unwrap().response, "{\"text\":\"new\"}");
+        assert_eq!(&*cache.get_response("h2", &u).unwrap().unwrap().response, "{\"text\":\"new\"}");
         cache.forget_held(&u);
         let held = cache.held.lock().unwrap();
         assert!(held.answers.is_empty() && held.bytes == 0, "{} bytes left", held.bytes);
@@ -1385,7 +1394,7 @@ mod tests {
 
         let cache = Cache::open(dir.path()).unwrap();
         assert_eq!(cache.recovered(), 1);
-        assert_eq!(cache.get_response("kx", &u).unwrap().unwrap().response, "{\"text\":\"kx\"}");
+        assert_eq!(&*cache.get_response("kx", &u).unwrap().unwrap().response, "{\"text\":\"kx\"}");
         let in_flight: Vec<String> = cache.in_flight().unwrap().into_iter().map(|(k, _)| k).collect();
         assert_eq!(in_flight, ["ky", "kz"]);
         // The rewritten journal keeps only those two.
