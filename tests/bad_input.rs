@@ -191,8 +191,8 @@ fn an_output_directory_that_cannot_be_written_is_reported() {
     assert!(run.stderr.contains("cannot create output directory blocker/out"), "{}", run.stderr);
 }
 
-#[test]
-fn two_runs_cannot_share_an_output_directory() {
+/// A source pipeline whose output directory's lock this test holds (as another run would).
+fn project_with_its_output_locked() -> (Project, std::fs::File) {
     let p = Project::new();
     p.write("people.jsonl", people_jsonl(5));
     p.write("p.toml", source_pipeline("people.jsonl", ""));
@@ -204,6 +204,12 @@ fn two_runs_cannot_share_an_output_directory() {
         .open(p.path().join("out/_synth/lock"))
         .unwrap();
     lock.lock().unwrap();
+    (p, lock)
+}
+
+#[test]
+fn two_runs_cannot_share_an_output_directory() {
+    let (p, lock) = project_with_its_output_locked();
     let run = p.synth(&["run", "p.toml"]).code(75);
     assert!(run.stderr.contains("another synth run is using out"), "{}", run.stderr);
     drop(lock);
@@ -214,17 +220,7 @@ fn two_runs_cannot_share_an_output_directory() {
 /// process between fork and exec holding a copy of its descriptor) is waited for.
 #[test]
 fn a_lock_released_a_moment_later_is_waited_for() {
-    let p = Project::new();
-    p.write("people.jsonl", people_jsonl(5));
-    p.write("p.toml", source_pipeline("people.jsonl", ""));
-    std::fs::create_dir_all(p.path().join("out/_synth")).unwrap();
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(p.path().join("out/_synth/lock"))
-        .unwrap();
-    lock.lock().unwrap();
+    let (p, lock) = project_with_its_output_locked();
     let holder = std::thread::spawn(move || {
         std::thread::sleep(std::time::Duration::from_millis(300));
         drop(lock);
