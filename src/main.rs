@@ -3,7 +3,12 @@
 
 /// mimalloc instead of glibc's malloc: an LLM request allocates and frees hundreds of
 /// small buffers (JSON, headers, futures); with glibc that was ~12% of the client's
-/// CPU per request (BENCHMARKS.md, "LLM provider layer").
+/// CPU per request (BENCHMARKS.md, "LLM provider layer"). Built with its `no_thp`
+/// feature: mimalloc otherwise asks the kernel for transparent huge pages on all its
+/// memory, and the kernel then zeroes (and compacts for) 2 MiB at a time on first touch;
+/// a batch collection of 40,000 answers spent ~14% of its network thread there (now
+/// 2.18 -> 1.75 s, 195 -> 163 MiB; BENCHMARKS.md, "Batch mode"). The system's own THP
+/// setting still applies.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
