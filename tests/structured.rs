@@ -333,14 +333,15 @@ fn a_server_that_refuses_the_form_falls_back_to_text_once_per_stage() {
         r.stderr
     );
     let m = manifest(&p.path().join("out"));
+    // The two stages run side by side: whichever had the form refused says why; the other
+    // (started before or after that) falls back too.
+    let mut reasons = Vec::new();
     for stage in ["profiles", "again"] {
         let info = &m["stages"][stage]["report"]["info"];
         assert_eq!(info["structured"], "text", "{stage}: {info}");
-        assert!(
-            info["structured_fallback"].as_str().unwrap().contains("response_format") || stage == "again",
-            "{info}"
-        );
+        reasons.push(info["structured_fallback"].as_str().unwrap().to_string());
     }
+    assert!(reasons.iter().any(|r| r.contains("response_format")), "{reasons:?}");
     let refused = server.bodies().iter().filter(|b| structured(b)).count();
     assert!((1..=6).contains(&refused), "refused requests are not retried: {refused}");
 

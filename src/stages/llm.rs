@@ -627,12 +627,21 @@ impl StructuredRun {
             if run.require {
                 anyhow::bail!("structured = \"require\", but {why}");
             }
-            if provider.kind != "offline" {
-                tracing::warn!("stage \"{}\": {why}: answers use the parser's text protocol", run.stage);
-            }
-            *run.fallback.lock().expect("fallback") = Some(why);
+            run.fall_back(provider, why);
         }
         Ok(run)
+    }
+
+    /// Answers use the text protocol from now on, because `why` (said once per stage).
+    fn fall_back(&self, provider: &Provider, why: String) {
+        let mut fallback = self.fallback.lock().expect("fallback");
+        if fallback.is_some() {
+            return;
+        }
+        if provider.kind != "offline" {
+            tracing::warn!("stage \"{}\": {why}: answers use the parser's text protocol", self.stage);
+        }
+        *fallback = Some(why);
     }
 
     /// The structured part of the next request (`None`: the text protocol).
@@ -641,7 +650,16 @@ impl StructuredRun {
         if self.fallback.lock().expect("fallback").is_some() && !self.require {
             return None;
         }
-        let form = provider.structured.current()?;
+        let Some(form) = provider.structured.current() else {
+            // Another stage on the provider had the last form refused after this one
+            // started: this stage falls back too, and says so.
+            if !self.require {
+                let why =
+                    format!("provider \"{}\" refused every structured-output form earlier in this run", self.provider);
+                self.fall_back(provider, why);
+            }
+            return None;
+        };
         self.used.lock().expect("forms").insert(form.name());
         Some((Structured { form, schema: schema.request.clone() }, schema))
     }
