@@ -407,7 +407,7 @@ pub struct RetrieveBench {
     pub queries: usize,
     pub passages: usize,
     pub dim: usize,
-    /// "exact" (the GEMM search, with its sgemm peak), "fused" or "hnsw".
+    /// "exact" (the GEMM search, with its sgemm peak) or "hnsw".
     pub method: String,
     /// The GEMM shape of the exact search.
     pub tiles: crate::retrieval::gemm::Tiles,
@@ -419,11 +419,10 @@ pub struct RetrieveBench {
 /// Exact (or HNSW) most/least similar passage per query on seeded random unit vectors.
 /// Effective GFLOP/s counts the 2·Q·N·D multiply-adds of the full score matrix.
 pub fn retrieve(a: &RetrieveBench) -> Result<serde_json::Value> {
-    use crate::retrieval::{self, PackedCorpus};
+    use crate::retrieval;
     let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
     let queries = retrieval::random_unit_vectors(a.queries, a.dim, a.seed);
-    let (hnsw, fused) = (a.method == "hnsw", a.method == "fused");
-    if !hnsw && !fused {
+    if a.method != "hnsw" {
         let t = Instant::now();
         let mut corpus = retrieval::gemm::RowCorpus::with_capacity(a.dim, a.passages);
         for v in retrieval::random_unit_vectors(a.passages, a.dim, a.seed ^ 0x9e37_79b9).chunks_exact(a.dim) {
@@ -439,37 +438,25 @@ pub fn retrieve(a: &RetrieveBench) -> Result<serde_json::Value> {
         // The same GEMM call without the fold, on this machine, in this run: the peak.
         let peak = retrieval::gemm::sgemm_peak(a.dim, threads, 3.0, a.tiles);
         let round = |x: f64| (x * 1000.0).round() / 1000.0;
+        // Fewer queries than a block: every GEMM of the search has that many rows, so
+        // the peak of that shape too (reported beside the full block's, not instead).
+        let small = (a.queries < a.tiles.query_block).then(|| {
+            let rows = crate::retrieval::gemm::Tiles { query_block: a.queries.max(1), ..a.tiles };
+            let p = retrieval::gemm::sgemm_peak(a.dim, threads, 3.0, rows);
+            serde_json::json!({ "query_rows": a.queries, "sgemm_peak_gflops": round(p), "ratio_to_peak": round(gflops / p) })
+        });
         return Ok(serde_json::json!({
             "bench": "retrieve", "method": "exact", "kernel": retrieval::gemm::kernel_name(), "threads": threads,
             "query_block": a.tiles.query_block, "corpus_tile": a.tiles.corpus_tile,
             "queries": a.queries, "passages": a.passages, "dim": a.dim, "seed": a.seed,
             "generate_and_pack_seconds": round(load_s), "wall_seconds": round(wall), "gflops": round(gflops),
             "sgemm_peak_gflops": round(peak), "ratio_to_peak": round(gflops / peak),
+            "same_rows_peak": small,
             "peak_rss_mib": peak_rss_mib().map(round),
         }));
     }
-    let t = Instant::now();
     let passages = retrieval::random_unit_vectors(a.passages, a.dim, a.seed ^ 0x9e37_79b9);
-    let flop = 2.0 * a.queries as f64 * a.passages as f64 * a.dim as f64;
     let round = |x: f64| (x * 1000.0).round() / 1000.0;
-    if fused {
-        // Pack passage by passage, as the stage does while it streams the corpus.
-        let mut corpus = PackedCorpus::with_capacity(a.dim, a.passages);
-        for v in passages.chunks_exact(a.dim) {
-            corpus.push(v, true, true);
-        }
-        let load_s = t.elapsed().as_secs_f64();
-        let t = Instant::now();
-        let res = retrieval::exact_max_min(&queries, &corpus, threads);
-        let wall = t.elapsed().as_secs_f64();
-        std::hint::black_box(&res);
-        return Ok(serde_json::json!({
-            "bench": "retrieve", "method": "fused", "kernel": retrieval::kernel_name(), "threads": threads,
-            "queries": a.queries, "passages": a.passages, "dim": a.dim, "seed": a.seed,
-            "generate_and_pack_seconds": round(load_s), "wall_seconds": round(wall), "gflops": round(flop / wall / 1e9),
-            "peak_rss_mib": peak_rss_mib().map(round),
-        }));
-    }
     let n = a.passages;
     let corpus = retrieval::gemm::RowCorpus::from_rows(&passages, a.dim);
     drop(passages);

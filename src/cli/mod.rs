@@ -304,8 +304,9 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 384)]
         dim: usize,
         /// exact: the GEMM search (prints the same-shape sgemm peak of this machine and
-        /// the ratio); fused: the one-pass kernel; hnsw: usearch with measured recall.
-        #[arg(long, value_parser = ["exact", "fused", "hnsw"], default_value = "exact")]
+        /// the ratio, and with fewer queries than a block that many rows' peak too);
+        /// hnsw: usearch with measured recall.
+        #[arg(long, value_parser = ["exact", "hnsw"], default_value = "exact")]
         method: String,
         /// exact: queries per GEMM.
         #[arg(long, default_value_t = crate::retrieval::gemm::QUERY_BLOCK)]

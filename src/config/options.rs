@@ -93,17 +93,20 @@ pub struct OptionSpec {
     /// Options this one stands in for (`path` instead of `hf` or `url`): a profile that
     /// sets it drops them from the base's table it merges over.
     pub instead_of: &'static [&'static str],
+    /// Values this option took once and no longer does, each with what to use instead
+    /// (said in place of the plain "must be one of" error).
+    pub retired: &'static [(&'static str, &'static str)],
 }
 
 impl OptionSpec {
     pub const fn required(name: &'static str, ty: Ty, doc: &'static str) -> OptionSpec {
-        OptionSpec { name, ty, need: Need::Required, doc, affects_output: true, instead_of: &[] }
+        OptionSpec { name, ty, need: Need::Required, doc, affects_output: true, instead_of: &[], retired: &[] }
     }
     pub const fn optional(name: &'static str, ty: Ty, doc: &'static str) -> OptionSpec {
-        OptionSpec { name, ty, need: Need::Optional, doc, affects_output: true, instead_of: &[] }
+        OptionSpec { name, ty, need: Need::Optional, doc, affects_output: true, instead_of: &[], retired: &[] }
     }
     pub const fn default(name: &'static str, ty: Ty, default: &'static str, doc: &'static str) -> OptionSpec {
-        OptionSpec { name, ty, need: Need::Default(default), doc, affects_output: true, instead_of: &[] }
+        OptionSpec { name, ty, need: Need::Default(default), doc, affects_output: true, instead_of: &[], retired: &[] }
     }
     /// Mark an option as not affecting the output (left out of fingerprints).
     pub const fn runtime_only(mut self) -> OptionSpec {
@@ -114,6 +117,12 @@ impl OptionSpec {
     /// to say the same thing, e.g. where the records come from).
     pub const fn instead_of(mut self, others: &'static [&'static str]) -> OptionSpec {
         self.instead_of = others;
+        self
+    }
+
+    /// Mark values the option no longer takes, with what to use instead.
+    pub const fn retired(mut self, values: &'static [(&'static str, &'static str)]) -> OptionSpec {
+        self.retired = values;
         self
     }
 
@@ -178,7 +187,17 @@ pub fn check_table(
         spans.by_path.insert(path.clone(), entry.node.span.clone());
         match specs.iter().find(|s| s.name == entry.key) {
             Some(spec) => {
-                if let Some(value) = check_value(&entry.node, &spec.ty, ctx, &path, spans, diags) {
+                let retired = match &entry.node.value {
+                    Value::Str(s) => spec.retired.iter().find(|(v, _)| v == s),
+                    _ => None,
+                };
+                if let Some((v, instead)) = retired {
+                    diags.error(
+                        &entry.node.span,
+                        ctx.subject,
+                        format!("option \"{path}\": \"{v}\" was removed; {instead}"),
+                    );
+                } else if let Some(value) = check_value(&entry.node, &spec.ty, ctx, &path, spans, diags) {
                     out.insert(entry.key.clone(), value);
                 }
             }

@@ -128,7 +128,8 @@ pub fn recall(approx: &[Extremes], exact: &[Extremes]) -> (f64, f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::retrieval::{PackedCorpus, exact_max_min, random_unit_vectors};
+    use crate::retrieval::gemm::{RowCorpus, exact_max_min};
+    use crate::retrieval::random_unit_vectors;
 
     #[test]
     fn hnsw_finds_extremes_on_small_data() {
@@ -145,7 +146,7 @@ mod tests {
         )
         .unwrap();
         let approx = h.max_min(&q, 2).unwrap();
-        let exact = exact_max_min(&q, &PackedCorpus::from_rows(&c, dim), 1);
+        let exact = exact_max_min(&q, &RowCorpus::from_rows(&c, dim), 1);
         let (rmax, rmin) = recall(&approx, &exact);
         assert!(rmax >= 0.9 && rmin >= 0.9, "recall {rmax} {rmin}");
         for (a, e) in approx.iter().zip(&exact) {

@@ -5,8 +5,7 @@
 //! `method = "exact"` (the default) searches through a blocked GEMM with the CPU's
 //! fastest kernel, chosen at run time, into cache-sized score tiles folded into running
 //! maxima and minima (`crate::retrieval::gemm`); results equal a float64 reference on
-//! every CPU. `method = "fused"` is the older one-pass kernel (fast with AVX-512 only,
-//! f32 scores). `method = "hnsw"` builds a
+//! every CPU. `method = "hnsw"` builds a
 //! usearch index and measures its recall against the exact kernel on a sample of
 //! queries, reported in the manifest (farthest-point search is where HNSW is weak).
 //! Boolean corpus columns can restrict which records may be a maximum (`most_where`)
@@ -17,8 +16,9 @@
 //! writes its winners with their global corpus positions and f64 scores; the merge
 //! ([`Stage::combine`]) keeps, per query, the larger maximum and the smaller minimum,
 //! ties to the lower corpus position: exactly the unsharded result (within a part the
-//! order of the corpus is kept, so the part's own tie rule agrees). `fused` and `hnsw`
-//! search the whole corpus once.
+//! order of the corpus is kept, so the part's own tie rule agrees). `hnsw` searches
+//! the whole corpus once. (`fused`, an older one-pass kernel, was removed: no faster
+//! with AVX-512, ~5% of peak without; BENCHMARKS.md, "Exact retrieval".)
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -39,7 +39,7 @@ use super::{
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, POSITIVE, Ty};
 use crate::data::{self, ID};
-use crate::retrieval::{self, Extremes, PackedCorpus, hnsw};
+use crate::retrieval::{self, Extremes, hnsw};
 use crate::store::parquet::stream_batches;
 
 const OPTIONS: &[OptionSpec] = &[
@@ -47,10 +47,14 @@ const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default("corpus_column", Ty::Str, "\"embedding\"", "vector column of the second input (corpus)"),
     OptionSpec::default(
         "method",
-        Ty::Enum(&["exact", "fused", "hnsw"]),
+        Ty::Enum(&["exact", "hnsw"]),
         "\"exact\"",
-        "exact: a blocked GEMM with the CPU's fastest kernel chosen at run time, folded into max and min (results equal a float64 reference on every CPU); fused: the one-pass kernel (fast with AVX-512 only; f32 scores); hnsw: usearch index, recall measured on a sample",
-    ),
+        "exact: a blocked GEMM with the CPU's fastest kernel chosen at run time, folded into max and min (results equal a float64 reference on every CPU); hnsw: usearch index, recall measured on a sample",
+    )
+    .retired(&[(
+        "fused",
+        "use \"exact\" (as fast with AVX-512, ~20x faster without it, and equal to a float64 reference; BENCHMARKS.md, \"Exact retrieval\")",
+    )]),
     OptionSpec::optional("carry", Ty::StrList, "corpus columns to copy for each match (default: all but vectors)"),
     OptionSpec::default("most_prefix", Ty::Str, "\"most_\"", "prefix of the most similar match's columns"),
     OptionSpec::default("least_prefix", Ty::Str, "\"least_\"", "prefix of the least similar match's columns"),
@@ -253,13 +257,9 @@ impl Stage for Retrieve {
         let dim = vector_dim(&corpus_in.schema, &self.opts.corpus_column).map_err(anyhow::Error::msg)?;
         ctx.progress.set_total(corpus_in.num_rows + queries_in.num_rows);
 
-        // 1. Stream the corpus in: row-major (exact, and HNSW with its exact recall
-        // check), or packed for the fused kernel.
+        // 1. Stream the corpus in, row-major (exact, and HNSW with its exact recall check).
         let hnsw_mode = self.opts.method == "hnsw";
-        let fused_mode = self.opts.method == "fused";
-        let rows = corpus_in.num_rows as usize;
-        let mut packed = PackedCorpus::with_capacity(dim, if fused_mode { rows } else { 0 });
-        let mut row_corpus = retrieval::gemm::RowCorpus::with_capacity(dim, if fused_mode { 0 } else { rows });
+        let mut row_corpus = retrieval::gemm::RowCorpus::with_capacity(dim, corpus_in.num_rows as usize);
         let mut corpus_ids: Vec<String> = Vec::with_capacity(corpus_in.num_rows as usize);
         let mut rx = stream_batches(corpus_in.path.clone(), 8192);
         while let Some(batch) = rx.recv().await {
@@ -286,11 +286,7 @@ impl Stage for Retrieve {
                 let v = &values[offsets[i]..offsets[i] + dim];
                 let ok = |f: &Option<BooleanArray>| f.as_ref().is_none_or(|a| a.is_valid(i) && a.value(i));
                 let (a, b) = (ok(&mx), ok(&mn));
-                if fused_mode {
-                    packed.push(v, a, b);
-                } else {
-                    row_corpus.push(v, a, b);
-                }
+                row_corpus.push(v, a, b);
                 corpus_ids.push(ids.value(i).to_string());
             }
             ctx.progress.inc(batch.num_rows() as u64);
@@ -320,10 +316,6 @@ impl Stage for Retrieve {
         type Found = (Vec<Extremes>, BTreeMap<String, String>, Vec<[f64; 2]>);
         let (extremes, info, scores64) = tokio::task::spawn_blocking(move || -> Result<Found> {
             let mut info = BTreeMap::new();
-            if fused_mode {
-                info.insert("kernel".into(), retrieval::kernel_name().to_string());
-                return Ok((retrieval::exact_max_min(&qvec, &packed, threads), info, Vec::new()));
-            }
             if !hnsw_mode {
                 info.insert("kernel".into(), retrieval::gemm::kernel_name().to_string());
                 let found = retrieval::gemm::exact_max_min(&qvec, &row_corpus, threads);

@@ -238,27 +238,25 @@ fn until_profiles(p: &Project, dir: &std::path::Path, extra: &[&str]) -> support
 }
 
 #[test]
-fn exact_retrieval_picks_the_same_passages_as_the_fused_kernel() {
+fn exact_retrieval_is_the_same_for_any_thread_count() {
     // The default exact search goes through the gemm crate, with `least_where`
-    // (answerable) honoured; the fused kernel finds the same matches.
+    // (answerable) honoured; one thread and three give the same bytes.
     let p = Project::new();
-    let run = |name: &str, method: &str| {
+    let run = |name: &str, threads: usize| {
         let dir = p.path().join(name);
-        until_profiles(&p, &dir, &["--set", &format!("stages.profiles.method=\"{method}\"")]).ok();
+        until_profiles(&p, &dir, &["--set", &format!("stages.profiles.threads={threads}")]).ok();
         dir
     };
-    let (fused, gemm) = (run("fused", "fused"), run("gemm", "exact"));
-    let info = support::manifest(&gemm)["stages"]["profiles"].to_string();
+    let (one, three) = (run("one", 1), run("three", 3));
+    let info = support::manifest(&three)["stages"]["profiles"].to_string();
     assert!(info.contains("gemm-"), "the gemm kernel ran: {info}");
-    let (a, b) = (parquet_rows(&fused.join("profiles.parquet")), parquet_rows(&gemm.join("profiles.parquet")));
-    assert_eq!(a.len(), b.len());
-    for (x, y) in a.iter().zip(&b) {
-        for col in ["id", "most_id", "least_id"] {
-            assert_eq!(x[col], y[col], "{col} of {}", x["id"]);
-        }
-        let close = |c: &str| (x[c].as_f64().unwrap() - y[c].as_f64().unwrap()).abs() < 1e-5;
-        assert!(close("most_score") && close("least_score"), "{x:?} vs {y:?}");
-        assert_eq!(y["least_answerable"], true);
+    let bytes = |d: &std::path::Path| std::fs::read(d.join("profiles.parquet")).unwrap();
+    assert_eq!(bytes(&one), bytes(&three), "profiles.parquet differs between 1 and 3 threads");
+    let rows = parquet_rows(&three.join("profiles.parquet"));
+    assert!(!rows.is_empty());
+    for r in &rows {
+        assert_eq!(r["least_answerable"], true, "{r:?}");
+        assert!(r["most_score"].as_f64().unwrap() >= r["least_score"].as_f64().unwrap(), "{r:?}");
     }
 }
 
