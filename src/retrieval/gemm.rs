@@ -233,57 +233,49 @@ fn beyond(row: &[f32], hi: f32, lo: f32) -> (bool, bool) {
 // Explicit vectors: left to the auto-vectoriser, the 16-lane flag loop this replaced
 // compiled to gathers and stack spills and took 11% of the search (BENCHMARKS.md).
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn beyond_avx512(row: &[f32], hi: f32, lo: f32) -> (bool, bool) {
-    use std::arch::x86_64::*;
-    let (n, p) = (row.len(), row.as_ptr());
-    let (mut mx0, mut mx1) = (_mm512_set1_ps(f32::NEG_INFINITY), _mm512_set1_ps(f32::NEG_INFINITY));
-    let (mut mn0, mut mn1) = (_mm512_set1_ps(f32::INFINITY), _mm512_set1_ps(f32::INFINITY));
-    let mut i = 0;
-    while i + 32 <= n {
-        // SAFETY: both loads read 16 floats from p + i and p + i + 16, i + 32 <= n.
-        let (a, b) = unsafe { (_mm512_loadu_ps(p.add(i)), _mm512_loadu_ps(p.add(i + 16))) };
-        (mx0, mx1) = (_mm512_max_ps(a, mx0), _mm512_max_ps(b, mx1));
-        (mn0, mn1) = (_mm512_min_ps(a, mn0), _mm512_min_ps(b, mn1));
-        i += 32;
-    }
-    if i + 16 <= n {
-        // SAFETY: 16 floats from p + i, i + 16 <= n.
-        let a = unsafe { _mm512_loadu_ps(p.add(i)) };
-        (mx0, mn0) = (_mm512_max_ps(a, mx0), _mm512_min_ps(a, mn0));
-        i += 16;
-    }
-    let mx = _mm512_reduce_max_ps(_mm512_max_ps(mx0, mx1));
-    let mn = _mm512_reduce_min_ps(_mm512_min_ps(mn0, mn1));
-    let (above, below) = beyond_generic(&row[i..], hi, lo);
-    (mx >= hi || above, mn <= lo || below)
+/// One x86 version of [`beyond`]: two running maxima and two running minima of `$lanes`
+/// floats over the row, then the tail (under two vectors) one value at a time.
+macro_rules! beyond_x86 {
+    ($name:ident, $feature:literal, $lanes:literal, $set1:ident, $load:ident, $store:ident, $max:ident, $min:ident) => {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $feature)]
+        unsafe fn $name(row: &[f32], hi: f32, lo: f32) -> (bool, bool) {
+            use std::arch::x86_64::*;
+            const L: usize = $lanes;
+            let (n, p) = (row.len(), row.as_ptr());
+            let (mut mx0, mut mx1) = ($set1(f32::NEG_INFINITY), $set1(f32::NEG_INFINITY));
+            let (mut mn0, mut mn1) = ($set1(f32::INFINITY), $set1(f32::INFINITY));
+            let mut i = 0;
+            while i + 2 * L <= n {
+                // SAFETY: both loads read L floats, from p + i and p + i + L; i + 2L <= n.
+                let (a, b) = unsafe { ($load(p.add(i)), $load(p.add(i + L))) };
+                (mx0, mx1) = ($max(a, mx0), $max(b, mx1));
+                (mn0, mn1) = ($min(a, mn0), $min(b, mn1));
+                i += 2 * L;
+            }
+            let (mut mx, mut mn) = ([0f32; L], [0f32; L]);
+            // SAFETY: each store writes L floats into an L-float array.
+            unsafe {
+                $store(mx.as_mut_ptr(), $max(mx0, mx1));
+                $store(mn.as_mut_ptr(), $min(mn0, mn1));
+            }
+            let (above, below) = beyond_generic(&row[i..], hi, lo);
+            (above || mx.iter().any(|v| *v >= hi), below || mn.iter().any(|v| *v <= lo))
+        }
+    };
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn beyond_avx2(row: &[f32], hi: f32, lo: f32) -> (bool, bool) {
-    use std::arch::x86_64::*;
-    let (n, p) = (row.len(), row.as_ptr());
-    let (mut mx0, mut mx1) = (_mm256_set1_ps(f32::NEG_INFINITY), _mm256_set1_ps(f32::NEG_INFINITY));
-    let (mut mn0, mut mn1) = (_mm256_set1_ps(f32::INFINITY), _mm256_set1_ps(f32::INFINITY));
-    let mut i = 0;
-    while i + 16 <= n {
-        // SAFETY: both loads read 8 floats from p + i and p + i + 8, i + 16 <= n.
-        let (a, b) = unsafe { (_mm256_loadu_ps(p.add(i)), _mm256_loadu_ps(p.add(i + 8))) };
-        (mx0, mx1) = (_mm256_max_ps(a, mx0), _mm256_max_ps(b, mx1));
-        (mn0, mn1) = (_mm256_min_ps(a, mn0), _mm256_min_ps(b, mn1));
-        i += 16;
-    }
-    let (mut mx, mut mn) = ([0f32; 8], [0f32; 8]);
-    // SAFETY: each store writes 8 floats into an 8-float array.
-    unsafe {
-        _mm256_storeu_ps(mx.as_mut_ptr(), _mm256_max_ps(mx0, mx1));
-        _mm256_storeu_ps(mn.as_mut_ptr(), _mm256_min_ps(mn0, mn1));
-    }
-    let (above, below) = beyond_generic(&row[i..], hi, lo);
-    (above || mx.iter().any(|v| *v >= hi), below || mn.iter().any(|v| *v <= lo))
-}
+beyond_x86!(
+    beyond_avx512,
+    "avx512f",
+    16,
+    _mm512_set1_ps,
+    _mm512_loadu_ps,
+    _mm512_storeu_ps,
+    _mm512_max_ps,
+    _mm512_min_ps
+);
+beyond_x86!(beyond_avx2, "avx2", 8, _mm256_set1_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_max_ps, _mm256_min_ps);
 
 /// The same, one value at a time with eight running maxima and minima (NEON and other
 /// CPUs, and the tails of the vector versions).
