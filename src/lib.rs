@@ -10,7 +10,8 @@
 //!   [`store`] (crash-safe files, Parquet, failures, state, the summary protocol, the
 //!   response cache), [`eval`] (reference metric ports), [`retrieval`] (exact and HNSW
 //!   max/min inner-product search), [`onnx`] (ONNX Runtime), [`hub`] (hf-hub, Hub
-//!   commits), [`fetch`] (files from http(s) URLs).
+//!   commits), [`fetch`] (files from http(s) URLs), [`quality`] (content checks,
+//!   near-duplicate removal, review decisions).
 //! - L1 capabilities: [`llm`] (providers, rate control, retries, parsers, the offline
 //!   stand-in), [`embed`] (hashing, fastembed, OpenAI-compatible embedders).
 //! - L2 run services: [`services`] (what a run shares: providers, embedders, cache,
@@ -36,6 +37,7 @@ pub mod methods;
 pub mod onnx;
 pub mod pipeline;
 pub mod progress;
+pub mod quality;
 pub mod regen;
 pub mod registry;
 pub mod retrieval;

@@ -26,6 +26,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "onnx",
             "hub",
             "fetch",
+            "quality",
         ],
     ),
     ("L1 capabilities", &["llm", "embed"]),
@@ -50,12 +51,16 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("onnx", &[]),
     ("hub", &[]),
     ("fetch", &["store"]),
+    ("quality", &["data", "config", "template"]),
     ("llm", &["config", "data", "progress", "secrets", "store", "hub"]),
     ("embed", &["llm", "config", "store", "secrets", "onnx", "retrieval"]),
     ("services", &["llm", "embed", "store", "config", "progress", "secrets"]),
     (
         "stages::api",
-        &["services", "llm", "config", "data", "progress", "secrets", "store", "rng", "template", "hub", "fetch"],
+        &[
+            "services", "llm", "config", "data", "progress", "secrets", "store", "rng", "template", "hub", "fetch",
+            "quality",
+        ],
     ),
     (
         "stages::kinds",
@@ -75,6 +80,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "progress",
             "secrets",
             "onnx",
+            "quality",
         ],
     ),
     (
@@ -92,10 +98,14 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "rng",
             "secrets",
             "hub",
+            "quality",
         ],
     ),
     ("pipeline", &["config", "dag", "registry", "stages::api", "llm", "embed", "data", "template"]),
-    ("dag", &["pipeline", "stages::api", "services", "store", "config", "progress", "secrets", "llm", "data"]),
+    (
+        "dag",
+        &["pipeline", "stages::api", "services", "store", "config", "progress", "secrets", "llm", "data", "quality"],
+    ),
     ("registry", &["stages::api", "stages::kinds", "methods", "llm"]),
     ("regen", &["dag", "pipeline", "stages::api", "progress", "store", "config", "secrets", "hub", "data", "llm"]),
 ];

@@ -1,7 +1,7 @@
 //! `synth list`: every stage kind with its options and defaults — the engine's kinds,
 //! then each method's — plus the options common to all stages, those of the
-//! `[pipeline]` table, and the provider, embedder and parser kinds; as text, or as the
-//! Markdown page `docs/reference.md`.
+//! `[pipeline]` table, and the provider, embedder, content check and parser kinds; as
+//! text, or as the Markdown page `docs/reference.md`.
 
 use super::EXIT_OK;
 use crate::config::options::describe_specs;
@@ -72,6 +72,14 @@ pub fn render() -> String {
     }
     out.push_str("\nembedder kinds ([embedders.NAME] kind = ...):\n");
     for k in crate::embed::EMBEDDER_KINDS {
+        out.push_str(&format!("\n  {}: {}\n", k.name, k.about));
+        describe_specs(k.options, "    ", &mut out);
+    }
+    out.push_str(
+        "\ncontent checks (llm and check stages: checks = { NAME = { kind, ... } }; options of every check):\n",
+    );
+    describe_specs(crate::quality::checks::COMMON, "    ", &mut out);
+    for k in crate::quality::KINDS {
         out.push_str(&format!("\n  {}: {}\n", k.name, k.about));
         describe_specs(k.options, "    ", &mut out);
     }

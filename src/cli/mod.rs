@@ -14,6 +14,7 @@ mod inspect;
 mod list;
 mod lock;
 mod regenerate;
+mod review;
 mod run;
 mod score;
 mod snapshot;
@@ -101,6 +102,34 @@ pub enum Command {
     /// Provider batches of an output directory (stages run with `batch = true`).
     #[command(subcommand)]
     Batch(BatchCommand),
+    /// Review decisions of an output directory (review.jsonl): record keep / drop with a
+    /// note; the next run drops what was dropped (a spare takes its place where the
+    /// method plans spares). Without --keep / --drop: the decisions so far.
+    Review(ReviewArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ReviewArgs {
+    /// An output directory of `synth run`.
+    pub output_dir: PathBuf,
+    /// Drop these records (their ids).
+    #[arg(long, value_name = "ID", num_args = 1.., conflicts_with = "keep")]
+    pub drop: Vec<String>,
+    /// Keep these records (their ids): reviewed and approved.
+    #[arg(long, value_name = "ID", num_args = 1..)]
+    pub keep: Vec<String>,
+    /// Why (goes with each decision of this call).
+    #[arg(long)]
+    pub note: Option<String>,
+    /// Who decides (default: $SYNTH_REVIEWER, else $USER).
+    #[arg(long)]
+    pub reviewer: Option<String>,
+    /// The stage (table) the records were read in: each id must be one of its records.
+    #[arg(long)]
+    pub stage: Option<String>,
+    /// Print the decisions as JSON lines (the current decision per id).
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -747,6 +776,7 @@ pub fn main() -> i32 {
         Command::View(a) => view::run(&a),
         Command::Emit(e) => emit::run(&e),
         Command::Batch(c) => batch::run(c),
+        Command::Review(a) => review::run(&a),
     }
 }
 

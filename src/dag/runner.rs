@@ -279,6 +279,12 @@ pub async fn run(
         });
     }
     store.pull_state().await.map_err(fail)?;
+    // The review decisions: read once, before anything runs; a bad line stops the run here
+    // (exit 78, file and line), with nothing made lost.
+    let review = Arc::new(
+        crate::quality::review::Review::load(&out_dir.join(crate::quality::review::FILE))
+            .map_err(|e| RunError::Usage(format!("{e}")))?,
+    );
     let previous = Manifest::load(&out_dir).ok();
     let mut manifest = new_manifest(&p, &previous);
     if !opts.dry_run {
@@ -358,6 +364,7 @@ pub async fn run(
                     dry_run: opts.dry_run,
                     resolve_only: opts.resolve_only && opts.dry_run,
                     lock: opts.lock.clone(),
+                    review: review.clone(),
                 };
                 let task = async move {
                     let idx = job.idx;
@@ -685,6 +692,7 @@ fn new_manifest(p: &Pipeline, previous: &Option<Manifest>) -> Manifest {
         stages,
         totals: Default::default(),
         release: None,
+        quality: None,
     }
 }
 
@@ -727,6 +735,7 @@ struct StageJob {
     dry_run: bool,
     resolve_only: bool,
     lock: Option<Arc<PipelineLock>>,
+    review: Arc<crate::quality::review::Review>,
 }
 
 impl StageJob {
@@ -748,6 +757,7 @@ impl StageJob {
             resolve_only: self.resolve_only,
             pins,
             limit: self.limit,
+            review: &self.review,
         };
         let prepared = decl.stage.prepare(&prepare_ctx).await?;
         let unknown_input = self.input_fps.iter().find(|(_, fp)| fp.is_none()).map(|(n, _)| n.clone());
@@ -838,6 +848,17 @@ impl StageJob {
             whole_input,
             part_positions,
             part,
+            review: self.review.clone(),
+            ancestors: {
+                let up = self.p.graph.ancestors(self.idx);
+                self.p
+                    .graph
+                    .order
+                    .iter()
+                    .filter(|i| **i != self.idx && up.contains(i))
+                    .map(|&i| self.p.stages[i].name.clone())
+                    .collect()
+            },
         };
         let started = Instant::now();
         let result = match (merging, &self.role) {
@@ -1043,6 +1064,12 @@ pub const COORDINATOR_LEASE: &str = "_synth/leases/coordinator.json";
 
 /// Save the manifest locally, then publish it.
 async fn save_manifest(m: &mut Manifest, store: &StateStore) -> Result<()> {
+    let quality: Vec<crate::quality::summary::StageQuality> = m
+        .stages
+        .iter()
+        .filter_map(|(name, s)| s.report.as_ref().and_then(|r| crate::quality::summary::of_stage(name, &r.metrics)))
+        .collect();
+    m.quality = (!quality.is_empty()).then(|| crate::quality::summary::to_json(&quality));
     m.save(store.dir())?;
     store.publish(MANIFEST).await
 }

@@ -34,6 +34,13 @@ pub trait Parser: Send + Sync {
     fn check(&self, fields: Row, _record: &Row) -> Result<Row, Rejection> {
         Ok(fields)
     }
+    /// What a stage's content checks read when a check names no `fields` (field
+    /// selectors, `quality::select`): by default every column this parser adds; a parser
+    /// leaves out what it derives from the others (a text rendered from the parsed
+    /// sections) or what is not text (a turn's speaker).
+    fn checked_fields(&self) -> Vec<String> {
+        self.fields().iter().map(|f| f.name().clone()).collect()
+    }
     /// The top-level keys of a structured (JSON) answer this parser reads; empty when it
     /// reads text only. A stage's `schema` must declare and require them.
     fn json_keys(&self) -> Vec<String> {

@@ -65,10 +65,16 @@ impl Form {
     /// The `response_format` of an OpenAI-compatible request in this form.
     pub fn response_format(self, schema: &AnswerSchema) -> Option<Value> {
         match self {
-            Form::OpenAi => Some(serde_json::json!({
-                "type": "json_schema",
-                "json_schema": {"name": schema.name, "schema": schema.schema, "strict": strict_problem(&schema.schema).is_none()},
-            })),
+            Form::OpenAi => {
+                // Strict mode refuses some assertions (minLength, maxLength...): they are
+                // left out of what is sent and checked on the answer (`SchemaFile::read`).
+                let sent = strict_view(&schema.schema);
+                let strict = strict_problem(&sent).is_none();
+                Some(serde_json::json!({
+                    "type": "json_schema",
+                    "json_schema": {"name": schema.name, "schema": sent, "strict": strict},
+                }))
+            }
             Form::Vllm => Some(serde_json::json!({
                 "type": "json_schema",
                 "json_schema": {"name": schema.name, "schema": schema.schema},
@@ -188,6 +194,40 @@ pub fn strict_problem(schema: &Value) -> Option<String> {
     walk(schema, "")
 }
 
+/// Keywords that only assert something of a value (they never change its shape), which
+/// OpenAI's strict mode refuses: left out of the schema sent in that mode, and checked
+/// after parsing like every keyword.
+const ASSERTIONS_STRICT_LACKS: [&str; 5] = ["minLength", "maxLength", "minProperties", "maxProperties", "uniqueItems"];
+
+/// The schema as sent in OpenAI's strict mode: `schema` without the assertions strict mode
+/// lacks ([`ASSERTIONS_STRICT_LACKS`]); everything else (shape, `pattern`, `enum`, item
+/// counts) as it is.
+pub fn strict_view(schema: &Value) -> Value {
+    match schema {
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .filter(|(k, _)| !ASSERTIONS_STRICT_LACKS.contains(&k.as_str()))
+                .map(|(k, v)| {
+                    // Values of these keywords are data, not schemas.
+                    let data = matches!(k.as_str(), "enum" | "const" | "default" | "examples" | "required");
+                    // These map names (which may be spelled like keywords) to schemas.
+                    let named = matches!(k.as_str(), "properties" | "$defs" | "definitions" | "patternProperties");
+                    let v = match (data, named, v) {
+                        (true, _, v) => v.clone(),
+                        (_, true, Value::Object(m)) => {
+                            Value::Object(m.iter().map(|(n, x)| (n.clone(), strict_view(x))).collect())
+                        }
+                        (_, _, v) => strict_view(v),
+                    };
+                    (k.clone(), v)
+                })
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(strict_view).collect()),
+        other => other.clone(),
+    }
+}
+
 /// A checked schema file: what requests carry, plus its validator.
 pub struct SchemaFile {
     /// The file as the pipeline names it (for messages).
@@ -282,7 +322,7 @@ impl SchemaFile {
             .validator
             .iter_errors(value)
             .take(MAX_REPORTED + 1)
-            .map(|e| format!("at {}: {}", pointer(e.instance_path()), shorten(&e.to_string(), 200)))
+            .map(|e| format!("at {}: {}", pointer(e.instance_path()), shorten(&explain(&e), 200)))
             .collect();
         if errors.is_empty() {
             return Ok(());
@@ -295,6 +335,22 @@ impl SchemaFile {
 
 /// Violations named in one message.
 const MAX_REPORTED: usize = 3;
+
+/// A violation in words a model can act on: a text the schema's `pattern` refuses is not
+/// text (the answer schemas' patterns ask for words without bracket debris), a length
+/// says which bound; anything else as the validator says it.
+fn explain(e: &jsonschema::ValidationError<'_>) -> String {
+    use jsonschema::error::ValidationErrorKind as K;
+    let value = shorten(&e.instance().to_string(), 60);
+    match e.kind() {
+        K::Pattern { pattern } => {
+            format!("{value} is not usable text: write words, without square or curly brackets (pattern {pattern})")
+        }
+        K::MinLength { limit } => format!("{value} is too short: write at least {limit} characters"),
+        K::MaxLength { limit } => format!("{value} is too long: write at most {limit} characters"),
+        _ => e.to_string(),
+    }
+}
 
 /// A location as a JSON pointer, `/` for the root.
 fn pointer(loc: &impl std::fmt::Display) -> String {
@@ -373,6 +429,26 @@ mod tests {
         // A late refusal of a form already left behind changes nothing.
         assert_eq!(n.refused(Form::OpenAi), Some(Form::LlamaCpp));
         assert_eq!(n.refused(Form::LlamaCpp), None);
+    }
+
+    #[test]
+    fn strict_mode_gets_the_shape_and_the_answer_is_checked_for_the_rest() {
+        let text = json!({"type": "string", "minLength": 5, "maxLength": 9, "pattern": "^[^\\[\\]{}]*[A-Za-z]"});
+        let schema = json!({"type": "object", "properties": {"minLength": text.clone(), "a": text},
+            "required": ["minLength", "a"], "additionalProperties": false});
+        let s = AnswerSchema { name: "n".into(), schema: schema.clone() };
+        let sent = Form::OpenAi.response_format(&s).unwrap();
+        assert_eq!(sent["json_schema"]["strict"], true);
+        let props = &sent["json_schema"]["schema"]["properties"];
+        // A property named like a keyword stays; the assertions strict mode lacks go.
+        assert!(props.get("minLength").is_some());
+        assert!(props["a"].get("minLength").is_none() && props["a"].get("maxLength").is_none());
+        assert_eq!(props["a"]["pattern"], "^[^\\[\\]{}]*[A-Za-z]");
+        // Other forms send the whole schema; the answer is validated against all of it.
+        assert_eq!(Form::Vllm.response_format(&s).unwrap()["json_schema"]["schema"], schema);
+        let f = file(schema).unwrap();
+        let e = f.read("{\"minLength\": \"][{\", \"a\": \"abc\"}").unwrap_err();
+        assert!(e.contains("is not usable text") && e.contains("too short: write at least 5"), "{e}");
     }
 
     #[test]

@@ -163,6 +163,8 @@ pub struct RowError {
 pub struct Answers {
     pub raw: Option<String>,
     pub attempts: Vec<String>,
+    /// The content check that failed the last answer (the failure table's `check`).
+    pub check: Option<String>,
 }
 
 impl RowError {

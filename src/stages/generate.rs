@@ -81,6 +81,8 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
         parser_options: Some(json!({"min_chars": 0, "column": "response", "trim": false})),
         schema: None,
         structured: "off".into(),
+        // A model under evaluation is scored on what it wrote: nothing is re-asked.
+        checks: None,
         n: 1,
         max_attempts: 1,
         reask: String::new(),

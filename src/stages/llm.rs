@@ -29,6 +29,7 @@ use crate::llm::parse::{self, Parser};
 use crate::llm::provider::Provider;
 use crate::llm::schema::{Form, SchemaFile, Structured};
 use crate::llm::{CallCtx, ChatRequest, Completed, GenParams, Message};
+use crate::quality::{Action, Checks, Tally};
 use crate::services::Services;
 use crate::services::batch::{BatchStage, StageBatch};
 use crate::store::failures::FailureKind;
@@ -47,6 +48,7 @@ const OPTIONS: &[OptionSpec] = &[
     OptionSpec::optional("parser_options", Ty::Any, "options of the parser"),
     SCHEMA,
     STRUCTURED,
+    CHECKS,
     OptionSpec::default("n", POSITIVE, "1", "answers per record (each its own row, id \"<id>/<k>\")"),
     OptionSpec::default("max_attempts", POSITIVE, "3", "asks per answer when it does not parse"),
     OptionSpec::default(
@@ -85,6 +87,13 @@ pub(super) const STRUCTURED: OptionSpec = OptionSpec::default(
     Ty::Enum(&["auto", "require", "off"]),
     "\"auto\"",
     "with `schema`: \"auto\" sends it in the provider's structured-output mode and falls back to the parser's text protocol (one warning, recorded in the manifest) when the provider has none or refuses it; \"require\": no fallback (a provider without one is an error); \"off\": the text protocol",
+);
+
+/// Content checks of each parsed answer (shared with kinds that preset the rest).
+pub(super) const CHECKS: OptionSpec = OptionSpec::optional(
+    "checks",
+    Ty::Map(&Ty::Any),
+    "content checks of each parsed answer, a table `name = { kind, action, fields, ... }` (kinds: debris, repetition, echo, language, length, chat; `synth list` has their options): a failed check re-asks with its reason (`action = \"reask\"`), then drops the record to the failures (kind `check`, column `check`); `drop` drops at once, `flag` only counts",
 );
 
 // Generation options shared with kinds that preset the rest (`generate`).
@@ -147,6 +156,8 @@ pub(super) struct Options {
     pub(super) schema: Option<String>,
     #[serde(default = "structured_auto")]
     pub(super) structured: String,
+    #[serde(default)]
+    pub(super) checks: Option<Value>,
     pub(super) n: u32,
     pub(super) max_attempts: u32,
     pub(super) reask: String,
@@ -200,6 +211,8 @@ struct Llm {
     schema: Option<Arc<SchemaFile>>,
     /// The names of the columns every output row carries (`output_prefix` + name).
     columns: Columns,
+    /// Content checks of each parsed answer.
+    checks: Arc<Checks>,
 }
 
 /// The fixed output column names, formatted once (not per row).
@@ -335,6 +348,18 @@ pub(super) fn build_with(opts: Options, ctx: &BuildCtx<'_>, diags: &mut Diagnost
         }
         None => None,
     };
+    let checks = match Checks::build(
+        opts.checks.as_ref().unwrap_or(&Value::Null),
+        &crate::quality::Env { default_fields: &parser.checked_fields() },
+    ) {
+        Ok(c) => c,
+        Err(problems) => {
+            for (name, msg) in problems {
+                ctx.error(diags, &if name.is_empty() { "checks".to_string() } else { format!("checks.{name}") }, msg);
+            }
+            return None;
+        }
+    };
     let params = GenParams {
         temperature: opts.temperature,
         top_p: opts.top_p,
@@ -345,8 +370,16 @@ pub(super) fn build_with(opts: Options, ctx: &BuildCtx<'_>, diags: &mut Diagnost
     };
     ok.then(|| {
         let columns = Columns::new(&opts.output_prefix);
-        Box::new(Llm { opts, templates: Arc::new(templates), vars, parser: Arc::from(parser), params, schema, columns })
-            as Box<dyn Stage>
+        Box::new(Llm {
+            opts,
+            templates: Arc::new(templates),
+            vars,
+            parser: Arc::from(parser),
+            params,
+            schema,
+            columns,
+            checks: Arc::new(checks),
+        }) as Box<dyn Stage>
     })
 }
 
@@ -520,6 +553,7 @@ impl Stage for Llm {
         }
         let outcomes = rejected.into_inner().expect("rejection counts");
         report_outcomes(ctx, outcomes.values().flatten());
+        report_checks(ctx, &self.checks, outcomes.values().flatten());
         structured.report(ctx);
         report_local(ctx, &provider, local_before);
         report_limits(ctx, &rate);
@@ -560,6 +594,7 @@ pub(crate) fn report_local(ctx: &mut RunCtx, provider: &Provider, before: Option
 struct Outcome {
     rejected: Vec<FailureKind>,
     accepted: bool,
+    checks: Vec<CheckEvent>,
 }
 
 /// The stage's answer figures into its report: answers accepted first time, after a re-ask,
@@ -583,6 +618,24 @@ fn report_outcomes<'a>(ctx: &mut RunCtx, outcomes: impl Iterator<Item = &'a Outc
     m.insert("answers.failed".into(), failed as f64);
     for (kind, n) in &counts {
         m.insert(format!("rejected.{kind}"), *n as f64);
+    }
+}
+
+/// The content checks' figures into the report (`check.<name>.checked|failed|reasked|dropped|flagged`).
+fn report_checks<'a>(ctx: &mut RunCtx, checks: &Checks, outcomes: impl Iterator<Item = &'a Outcome>) {
+    if checks.is_empty() {
+        return;
+    }
+    let tally = Tally::default();
+    for o in outcomes {
+        for e in &o.checks {
+            tally.count(checks, &e.verdict, e.reasked, e.dropped);
+        }
+    }
+    let counts = tally.counts();
+    for name in checks.names() {
+        let c = counts.get(name).copied().unwrap_or_default();
+        ctx.report.metrics.extend(c.metrics(name));
     }
 }
 
@@ -752,17 +805,24 @@ impl Llm {
             messages.push(Message::new(ChatRole::User, user));
         }
         let id = row.get(data::ID).and_then(Value::as_str).unwrap_or_default().to_string();
-        let samples = futures::future::join_all(
-            (0..self.opts.n)
-                .map(|sample| self.sample(&messages, sample, &row, Asker { services, provider, call, structured })),
-        )
+        // What an `echo` check compares with: the messages as sent.
+        let prompt = if self.checks.is_empty() {
+            String::new()
+        } else {
+            messages.iter().map(|m| m.content.as_str()).collect::<Vec<_>>().join("\n\n")
+        };
+        let samples = futures::future::join_all((0..self.opts.n).map(|sample| {
+            self.sample(&messages, sample, &row, &prompt, Asker { services, provider, call, structured })
+        }))
         .await;
         // Batch mode passes over a record more than once: the last pass has its outcome.
-        let outcomes =
-            samples.iter().map(|(r, kinds)| Outcome { rejected: kinds.clone(), accepted: r.is_ok() }).collect();
+        let outcomes = samples
+            .iter()
+            .map(|(r, log)| Outcome { rejected: log.kinds.clone(), accepted: r.is_ok(), checks: log.checks.clone() })
+            .collect();
         rejected.lock().expect("rejection counts").insert(id.clone(), outcomes);
         let mut out_rows = Vec::with_capacity(samples.len());
-        for (sample, (result, kinds)) in samples.into_iter().enumerate() {
+        for (sample, (result, SampleLog { kinds, .. })) in samples.into_iter().enumerate() {
             let (fields, completed, attempts) = result?;
             let mut out = Row::new();
             let out_id = if self.opts.n > 1 { format!("{id}/{sample}") } else { id.clone() };
@@ -803,13 +863,14 @@ impl Llm {
         messages: &[Message],
         sample: u32,
         row: &Row,
+        prompt: &str,
         asker: Asker<'_>,
-    ) -> (std::result::Result<(Row, Completed, u32), RowError>, Vec<FailureKind>) {
+    ) -> (std::result::Result<(Row, Completed, u32), RowError>, SampleLog) {
         let Asker { services, provider, call, structured } = asker;
         let mut convo = messages.to_vec();
         let mut last_error = String::new();
         let mut last_kind = FailureKind::Validation;
-        let mut kinds: Vec<FailureKind> = Vec::new();
+        let mut log = SampleLog::default();
         let mut answers = Answers::default();
         let mut attempt = 1;
         // A refused structured form is asked again in the next form (or as text), as the
@@ -840,7 +901,7 @@ impl Llm {
                         fatal: e.kind.fatal(),
                         answers: (answers.raw.is_some()).then(|| Box::new(answers.clone())),
                     };
-                    return (Err(err), kinds);
+                    return (Err(err), log);
                 }
             };
             let text = completed.response.text.clone();
@@ -851,10 +912,37 @@ impl Llm {
                 },
                 None => self.parser.accept(&text, row),
             };
+            // Content checks of a parsed answer: a failure is a rejection of kind `check`
+            // (re-asked with its reason), or drops the record at once (`action = "drop"`).
+            let accepted = match accepted {
+                Ok(fields) if !self.checks.is_empty() => {
+                    let last = attempt >= self.opts.max_attempts;
+                    match self.vet(fields, row, prompt, last, &mut log) {
+                        Vetted::Pass(fields) => Ok(fields),
+                        Vetted::Reask(check, reason) => {
+                            answers.check = Some(check);
+                            Err(parse::Rejection { kind: FailureKind::Check, reason })
+                        }
+                        Vetted::Drop(check, reason) => {
+                            log.kinds.push(FailureKind::Check);
+                            answers.attempts.push(reason.clone());
+                            answers.raw = Some(text);
+                            answers.check = Some(check);
+                            let err = RowError::new(FailureKind::Check, format!("dropped by a check: {reason}"))
+                                .with_answers(answers);
+                            return (Err(err), log);
+                        }
+                    }
+                }
+                other => {
+                    answers.check = None;
+                    other
+                }
+            };
             match accepted {
-                Ok(fields) => return (Ok((fields, completed, attempt)), kinds),
+                Ok(fields) => return (Ok((fields, completed, attempt)), log),
                 Err(parse::Rejection { kind, reason }) => {
-                    kinds.push(kind);
+                    log.kinds.push(kind);
                     last_kind = kind;
                     last_error = reason.clone();
                     answers.attempts.push(reason.clone());
@@ -872,8 +960,46 @@ impl Llm {
             format!("no usable answer after {} attempt(s): {last_error}", self.opts.max_attempts),
         )
         .with_answers(answers);
-        (Err(err), kinds)
+        (Err(err), log)
     }
+
+    /// Run the content checks on a parsed answer; `last`: no attempt follows it.
+    fn vet(&self, fields: Row, row: &Row, prompt: &str, last: bool, log: &mut SampleLog) -> Vetted {
+        let verdict = self.checks.run(&crate::quality::Subject { fields: &fields, record: row, prompt: Some(prompt) });
+        let blocking = verdict.blocking();
+        let drop_now = blocking.iter().any(|f| f.action == Action::Drop);
+        let stop = !blocking.is_empty() && (last || drop_now);
+        log.checks.push(CheckEvent { verdict: verdict.clone(), reasked: !blocking.is_empty() && !stop, dropped: stop });
+        let Some(first) = blocking.first() else { return Vetted::Pass(fields) };
+        let reason =
+            blocking.iter().map(|f| format!("check \"{}\": {}", f.check, f.reason)).collect::<Vec<_>>().join("; ");
+        if drop_now { Vetted::Drop(first.check.clone(), reason) } else { Vetted::Reask(first.check.clone(), reason) }
+    }
+}
+
+/// What the content checks made of an answer.
+enum Vetted {
+    Pass(Row),
+    /// Ask again (the check's name, the reason).
+    Reask(String, String),
+    /// Drop the record now.
+    Drop(String, String),
+}
+
+/// One checked answer: the checks it failed, and whether it was re-asked or its record dropped.
+#[derive(Debug, Clone)]
+struct CheckEvent {
+    verdict: crate::quality::Verdict,
+    reasked: bool,
+    dropped: bool,
+}
+
+/// What happened on the way to a sample's answer: the failure kind of every rejected
+/// answer, and every content-checked answer.
+#[derive(Debug, Clone, Default)]
+struct SampleLog {
+    kinds: Vec<FailureKind>,
+    checks: Vec<CheckEvent>,
 }
 
 /// Who a sample asks, and how: the services, the provider, the call context and the

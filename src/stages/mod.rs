@@ -30,8 +30,10 @@ use crate::store::parquet::{FINGERPRINT_KEY, Footer, ParquetOut, STAGE_KEY};
 use crate::store::state::StageReport;
 
 pub mod aggregate;
+pub mod check;
 pub mod concat;
 pub mod correlate;
+pub mod dedup;
 pub mod embed;
 pub mod exec;
 pub mod external;
@@ -49,6 +51,7 @@ pub mod neurons;
 pub mod parquet;
 pub mod report;
 pub mod retrieve;
+pub mod review;
 pub mod sample;
 pub mod source;
 pub mod train;
@@ -63,6 +66,9 @@ pub static KINDS: &[&KindInfo] = &[
     &concat::KIND,
     &join::KIND,
     &llm::KIND,
+    &check::KIND,
+    &dedup::KIND,
+    &review::KIND,
     &generate::KIND,
     &loglik::KIND,
     &embed::KIND,
@@ -410,6 +416,8 @@ pub struct PrepareCtx<'a> {
     /// to the versions recorded there, not to what their revisions point to now.
     pub pins: Option<&'a StageLock>,
     pub limit: Option<u64>,
+    /// The run's review decisions (`review.jsonl` in the output directory).
+    pub review: &'a crate::quality::review::Review,
 }
 
 impl PrepareCtx<'_> {
@@ -606,6 +614,12 @@ pub struct RunCtx {
     /// In a shard of a wave, for a [`Partitioning::OwnParts`] stage: `(part, parts)`,
     /// the shard's part of the stage's own work. `None` otherwise.
     pub part: Option<(usize, usize)>,
+    /// The run's review decisions (`review.jsonl` in the output directory), read once
+    /// when the run starts.
+    pub review: Arc<crate::quality::review::Review>,
+    /// The stages upstream of this one, in the pipeline's order (their reports are
+    /// committed before this stage runs: [`RunCtx::ancestor_reports`]).
+    pub ancestors: Vec<String>,
 }
 
 impl RunCtx {
@@ -684,9 +698,30 @@ impl RunCtx {
         if let Some(a) = answers {
             failure.raw = a.raw.map(|r| scrub(&r));
             failure.attempts = a.attempts.iter().map(|m| scrub(m)).collect();
+            failure.check = a.check;
         }
         self.failures.push(failure);
         self.progress.failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The committed reports of the stages upstream of this one, in pipeline order (a
+    /// stage without a state record is left out). What a dataset card reads to say what
+    /// the checks upstream did.
+    pub fn ancestor_reports(&self) -> Vec<(String, StageReport)> {
+        self.ancestors
+            .iter()
+            .filter_map(|name| {
+                crate::store::state::StageState::load(&self.out_dir, name).map(|s| (name.clone(), s.report))
+            })
+            .collect()
+    }
+
+    /// The quality figures of the stages upstream of this one (`quality::summary`).
+    pub fn upstream_quality(&self) -> Vec<crate::quality::summary::StageQuality> {
+        self.ancestor_reports()
+            .iter()
+            .filter_map(|(name, r)| crate::quality::summary::of_stage(name, &r.metrics))
+            .collect()
     }
 
     pub fn record_key(&self, id: &str, purpose: &str) -> u64 {

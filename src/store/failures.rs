@@ -41,6 +41,12 @@ pub enum FailureKind {
     /// A preference pair whose chosen and rejected texts are the same (after whitespace
     /// normalization, or above a configured similarity): it would teach nothing.
     DegeneratePair,
+    /// A record that failed a content check (`check` names it) after its re-asks.
+    Check,
+    /// A near-duplicate of an earlier record (a `dedup` stage).
+    Duplicate,
+    /// A record a person dropped (the review file).
+    Review,
 }
 
 impl FailureKind {
@@ -57,6 +63,9 @@ impl FailureKind {
         FailureKind::BadRecord,
         FailureKind::JudgePlan,
         FailureKind::DegeneratePair,
+        FailureKind::Check,
+        FailureKind::Duplicate,
+        FailureKind::Review,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -73,6 +82,9 @@ impl FailureKind {
             FailureKind::BadRecord => "bad_record",
             FailureKind::JudgePlan => "judge_plan",
             FailureKind::DegeneratePair => "degenerate_pair",
+            FailureKind::Check => "check",
+            FailureKind::Duplicate => "duplicate",
+            FailureKind::Review => "review",
         }
     }
 }
@@ -101,6 +113,8 @@ pub struct Failure {
     pub raw: Option<String>,
     /// A model stage's reason for each answer it did not accept, in order (`attempts`).
     pub attempts: Vec<String>,
+    /// The content check (or `dedup` / review stage) that dropped the record (`check`).
+    pub check: Option<String>,
 }
 
 impl Failure {
@@ -111,7 +125,7 @@ impl Failure {
         message: impl Into<String>,
         record: Option<String>,
     ) -> Failure {
-        Failure { id: id.into(), kind, message: message.into(), record, raw: None, attempts: Vec::new() }
+        Failure { id: id.into(), kind, message: message.into(), record, raw: None, attempts: Vec::new(), check: None }
     }
 }
 
@@ -171,6 +185,7 @@ pub fn failures_schema() -> SchemaRef {
         Field::new("record", DataType::Utf8, true),
         Field::new("raw", DataType::Utf8, true),
         Field::new("attempts", DataType::List(Arc::new(Field::new("item", DataType::Utf8, true))), true),
+        Field::new("check", DataType::Utf8, true),
     ]))
 }
 
@@ -192,6 +207,8 @@ pub fn read_failures(path: &Path) -> Result<(Vec<Failure>, std::collections::Has
         // Tables written before the model's answers were kept have no `raw` / `attempts`.
         let raw = b.column_by_name("raw").map(|c| c.as_string::<i32>().clone());
         let attempts = b.column_by_name("attempts").and_then(|c| c.as_list_opt::<i32>().cloned());
+        // Tables written before content checks have no `check`.
+        let check = b.column_by_name("check").map(|c| c.as_string::<i32>().clone());
         for i in 0..b.num_rows() {
             let k = FailureKind::parse(kind.value(i))
                 .ok_or_else(|| anyhow::anyhow!("{}: unknown failure kind \"{}\"", path.display(), kind.value(i)))?;
@@ -209,6 +226,7 @@ pub fn read_failures(path: &Path) -> Result<(Vec<Failure>, std::collections::Has
                     }
                     _ => Vec::new(),
                 },
+                check: check.as_ref().filter(|c| c.is_valid(i)).map(|c| c.value(i).to_string()),
             });
         }
     }
@@ -232,6 +250,7 @@ pub fn write_failures(dest: &Path, mut failures: Vec<Failure>, meta: Vec<(String
                 Arc::new(StringArray::from_iter(chunk.iter().map(|f| f.record.as_deref()))),
                 Arc::new(StringArray::from_iter(chunk.iter().map(|f| f.raw.as_deref()))),
                 Arc::new(attempts_array(chunk)),
+                Arc::new(StringArray::from_iter(chunk.iter().map(|f| f.check.as_deref()))),
             ],
         )?;
         out.write(&batch)?;

@@ -187,6 +187,10 @@ pub struct Manifest {
     /// Where `synth regenerate --push` published this run's snapshot (repository, commit, tag).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub release: Option<serde_json::Value>,
+    /// What the content checks, near-duplicate removal and review did, per stage and in
+    /// all (`quality::summary`; absent when no stage reported any).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quality: Option<serde_json::Value>,
 }
 
 impl Manifest {

@@ -5,6 +5,7 @@
 //! content by the generic offline provider's helpers; placeholder text of the right
 //! shape, not training data.
 
+use rand::seq::SliceRandom;
 use rand::{Rng, RngExt};
 
 use crate::llm::offline::{OfflineShape, between, block_after, content_words, paragraph, pick, pick_word, title};
@@ -76,6 +77,8 @@ const GESTURES: &[&str] = &[
     "laughs softly and shakes their head",
     "pauses, then nods slowly",
 ];
+/// Skills a stand-in profile adds when its persona has fewer words than skills.
+const CRAFTS: &[&str] = &["storytelling", "planning", "teaching", "listening", "sketching"];
 const FAR_TOPICS: &[&str] =
     &["quantum chemistry", "tax law", "neurosurgery", "aircraft engineering", "maritime law", "astrophysics"];
 /// The role name from a standardized profile (the line after the first heading).
@@ -109,7 +112,8 @@ fn profile<R: Rng>(prompt: &str, rng: &mut R) -> String {
     out.push_str("####Specific Abilities and Skills\n");
     let n_skills = rng.random_range(3..=5);
     for i in 0..n_skills {
-        let w = words.get(i).cloned().unwrap_or_else(|| pick_word(rng, &words));
+        // A skill of its own for each line: the persona's words, then general crafts.
+        let w = words.get(i).cloned().unwrap_or_else(|| CRAFTS[(i - words.len().min(i)) % CRAFTS.len()].to_string());
         out.push_str(&format!(
             "{}. {} Expertise: {first} knows the ins and outs of {w} and explains them clearly.\n",
             i + 1,
@@ -139,11 +143,13 @@ fn profile<R: Rng>(prompt: &str, rng: &mut R) -> String {
         pick_word(rng, &words)
     ));
     out.push_str("####Ability and Knowledge Boundaries\n");
+    let mut far = FAR_TOPICS.to_vec();
+    far.shuffle(rng);
     out.push_str(&format!(
         "While {first} is knowledgeable about {}, that expertise does not extend to {} or {}; {first} will say so when a question goes there.\n",
         focus.join(", ").to_lowercase(),
-        pick(rng, FAR_TOPICS),
-        pick(rng, FAR_TOPICS)
+        far[0],
+        far[1]
     ));
     out.push_str("####Speech Examples\n");
     let n_examples = rng.random_range(3..=4);
@@ -159,10 +165,13 @@ fn profile<R: Rng>(prompt: &str, rng: &mut R) -> String {
     out
 }
 
+/// The persona as the rest of a sentence: its article lower-cased (`A teacher` → `a
+/// teacher`); a persona without one as it is.
 fn lower_first(s: &str) -> String {
     let s = s.trim();
-    let s = s.strip_prefix("A ").map(|r| format!("a {r}")).or_else(|| s.strip_prefix("An ").map(|r| format!("an {r}")));
-    s.unwrap_or_default()
+    let lowered =
+        s.strip_prefix("A ").map(|r| format!("a {r}")).or_else(|| s.strip_prefix("An ").map(|r| format!("an {r}")));
+    lowered.unwrap_or_else(|| s.to_string())
 }
 
 fn narration_allowed(prompt: &str) -> bool {
@@ -184,13 +193,19 @@ fn dialogue<R: Rng>(prompt: &str, rng: &mut R) -> String {
         words.extend(content_words(profile_text));
     }
     let n = rng.random_range(10..=15);
+    // Each sentence at most once per dialogue (a dialogue that repeats its turns fails the
+    // pipelines' repetition checks, and the stand-in passes every check).
+    let mut role_lines: Vec<&str> = ROLE_LINES.to_vec();
+    let mut user_lines: Vec<&str> = USER_LINES.to_vec();
+    role_lines.shuffle(rng);
+    user_lines.shuffle(rng);
     let mut lines = Vec::with_capacity(n);
     for i in 0..n {
         let role_turn = (i % 2 == 0) == role_first;
         let w = pick_word(rng, &words);
         if role_turn {
             let source = if passages.is_some() && rng.random_bool(0.4) {
-                format!("As mentioned in the passage [{}], ", rng.random_range(1..=3))
+                SOURCES[(i / 2) % SOURCES.len()].replace("{n}", &rng.random_range(1..=3).to_string())
             } else {
                 String::new()
             };
@@ -199,20 +214,59 @@ fn dialogue<R: Rng>(prompt: &str, rng: &mut R) -> String {
             } else {
                 String::new()
             };
-            lines.push(format!(
-                "**{name}**: {nar}{source}{} is something I could talk about all day; the trick is to start small.",
-                title(&w)
-            ));
+            let line = role_lines[(i / 2) % role_lines.len()].replace("{w}", &w);
+            let line = if source.is_empty() { upper_first(&line) } else { line };
+            lines.push(format!("**{name}**: {nar}{source}{line}"));
         } else {
-            let text = match rng.random_range(0..3) {
-                0 => format!("What would you do first about {w}?"),
-                1 => format!("I tried something with {w} last year and it went badly."),
-                _ => format!("That makes sense. How does {w} fit in?"),
-            };
-            lines.push(format!("**User**: {text}"));
+            let text = user_lines[(i / 2) % user_lines.len()].replace("{w}", &w);
+            lines.push(format!("**User**: {}", upper_first(&text)));
         }
     }
     lines.join("\n")
+}
+
+/// The role's turns of a stand-in dialogue (`{w}`: a word of the profile or passages).
+const ROLE_LINES: &[&str] = &[
+    "{w} is something I could talk about all day; the trick is to start small.",
+    "when it comes to {w}, I always begin with the simplest question and build from there.",
+    "I learned most of what I know about {w} by making mistakes early and often.",
+    "give {w} a week of patient practice and you will see the difference yourself.",
+    "people overcomplicate {w}, while a clear plan and steady habits go a long way.",
+    "my favourite part of {w} is the moment when everything suddenly clicks.",
+    "if you ask me, {w} rewards curiosity far more than talent.",
+    "I keep a small notebook about {w} and jot down every lesson it teaches me.",
+];
+
+/// How a stand-in role cites a passage, each way once per dialogue.
+const SOURCES: &[&str] = &[
+    "As mentioned in the passage [{n}], ",
+    "Passage [{n}] backs me up here: ",
+    "Going by what passage [{n}] says, ",
+    "If I read passage [{n}] right, ",
+    "Taking a page from passage [{n}], ",
+    "Passage [{n}] reminds me that ",
+    "On the strength of passage [{n}], ",
+    "Judging from passage [{n}], ",
+];
+
+/// The user's turns of a stand-in dialogue.
+const USER_LINES: &[&str] = &[
+    "what would you do first about {w}?",
+    "I tried something with {w} last year and it went badly.",
+    "that makes sense. How does {w} fit in?",
+    "my sister swears by {w}, but I never understood why.",
+    "could you give me one practical tip about {w}?",
+    "I read a book about {w} once and forgot most of it.",
+    "is {w} hard to learn for someone my age?",
+    "honestly, {w} sounds expensive. Is it?",
+];
+
+fn upper_first(s: &str) -> String {
+    let mut c = s.chars();
+    match c.next() {
+        Some(f) => f.to_uppercase().collect::<String>() + c.as_str(),
+        None => String::new(),
+    }
 }
 
 fn stylized<R: Rng>(prompt: &str, rng: &mut R) -> String {
@@ -240,11 +294,35 @@ fn stylized<R: Rng>(prompt: &str, rng: &mut R) -> String {
     }
     let (_, body) = split_narration(&answer);
     // Always an interjection, so the stylized answer differs from the naive one even
-    // without narration.
+    // without narration, and a word of the role's own, so two roles never answer alike.
     let interjection = ["Well, ", "Ah, ", "You know, ", "Right, ", "Honestly, "][rng.random_range(0..5)];
-    let body = format!("{interjection}{}", lower_if(body, true));
+    let signature = pick(rng, SIGN_OFFS).replace("{name}", &first);
+    let body = format!("{interjection}{} {signature}", lower_if(body, true));
     if narration_allowed(prompt) { format!("({first} {}) {body}", pick(rng, GESTURES)) } else { body }
 }
+
+/// How a stand-in role ends a stylized answer (`{name}`: the role's first name).
+const SIGN_OFFS: &[&str] = &[
+    "That is how {name} sees it.",
+    "Take it from {name}.",
+    "{name} would bet on it.",
+    "Or so {name} has found.",
+    "You have {name}'s word on that.",
+];
+
+/// Bullets a stand-in list adds when the answer has fewer sentences than bullets.
+const BULLETS: &[&str] = &["Keep the main point in mind", "Check the details twice", "Ask again if anything is unclear"];
+
+/// Sentences a stand-in answer adds to pass 50 words, each once.
+const PADDING: &[&str] = &[
+    "Let me put it another way, so that nothing important gets lost.",
+    "I have seen this question come up many times over the years.",
+    "The details matter, but the overall picture matters even more.",
+    "Take your time with it; there is no need to rush a good answer.",
+    "If something still seems unclear, we can go through it together.",
+    "Most people find it easier once they have tried it themselves.",
+    "That, in short, is how I would explain it to a friend.",
+];
 
 /// What a ruled rewrite adds when its rule left the answer unchanged.
 const CLOSINGS: &[&str] = &["That is my answer.", "So it stands.", "There you have it.", "That is all I can say."];
@@ -290,18 +368,27 @@ fn apply_rule<R: Rng>(rule: &str, body: &str, prompt: &str, rng: &mut R) -> Stri
     } else if r.contains("emoji") {
         format!("{body} 🙂")
     } else if r.contains("three bullet points") || r.contains("list format") {
-        let parts: Vec<&str> = body.split(". ").filter(|s| !s.trim().is_empty()).collect();
+        // Each bullet says something else: the body's sentences, then remarks of its own.
+        let parts: Vec<&str> = body.split(". ").map(str::trim).filter(|s| !s.is_empty()).collect();
         let n = if r.contains("three") { 3 } else { parts.len().clamp(2, 5) };
-        (0..n)
-            .map(|i| format!("- {}", parts.get(i).copied().unwrap_or(body).trim_end_matches('.')))
+        parts
+            .iter()
+            .map(|p| p.trim_end_matches('.'))
+            .chain(BULLETS.iter().copied())
+            .take(n)
+            .map(|p| format!("- {p}"))
             .collect::<Vec<_>>()
             .join("\n")
     } else if r.contains("less than 5 words") {
         body.split_whitespace().take(4).collect::<Vec<_>>().join(" ")
     } else if r.contains("more than 50 words") {
         let mut s = body.to_string();
-        while s.split_whitespace().count() <= 50 {
-            s.push_str(" And that, in short, is how I see it.");
+        for more in PADDING {
+            if s.split_whitespace().count() > 50 {
+                break;
+            }
+            s.push(' ');
+            s.push_str(more);
         }
         s
     } else if r.contains("'…'") || r.contains("’…’") || r.contains("...") {

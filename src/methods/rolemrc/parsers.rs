@@ -375,7 +375,14 @@ impl Parser for ProfileParser {
         Ok(parse_profile(text, self.min_examples)?.to_row())
     }
     fn expect(&self) -> String {
-        "profile".into()
+        // The offline stand-in's revision after the shape name (v2: a persona without an
+        // article is kept whole, no two skills or far topics alike).
+        "profile:v2".into()
+    }
+    fn checked_fields(&self) -> Vec<String> {
+        // The two texts are rendered from the sections: checked through them.
+        let derived = ["profile_text", "profile_text_no_narration"];
+        self.fields().iter().map(|f| f.name().clone()).filter(|n| !derived.contains(&n.as_str())).collect()
     }
     fn json_keys(&self) -> Vec<String> {
         PROFILE_KEYS.iter().map(|k| k.to_string()).collect()
@@ -673,7 +680,12 @@ impl Parser for DialogueParser {
         Ok(r)
     }
     fn expect(&self) -> String {
-        "dialogue".into()
+        // v2: the stand-in never repeats a turn (nor a way of citing a passage).
+        "dialogue:v2".into()
+    }
+    fn checked_fields(&self) -> Vec<String> {
+        // What was said (a selector: the speakers are not text to check).
+        vec!["turns[].content".into()]
     }
     fn json_keys(&self) -> Vec<String> {
         vec!["turns".into()]
@@ -807,10 +819,16 @@ impl Parser for StylizedParser {
         r.insert("content".into(), json!(content));
         Ok(r)
     }
+    fn checked_fields(&self) -> Vec<String> {
+        // `reply` is the narration and the content together.
+        vec!["narration".into(), "content".into()]
+    }
     fn expect(&self) -> String {
         // The offline stand-in's revision after the shape name: cached offline answers of
         // an older stand-in (which could repeat the answer it edits) are not reused.
-        "stylized:v2".into()
+        // v3: a ruled rewrite never pads or lists by repeating a sentence, and two roles
+        // never answer alike.
+        "stylized:v3".into()
     }
     fn json_keys(&self) -> Vec<String> {
         vec!["narration".into(), "answer".into()]

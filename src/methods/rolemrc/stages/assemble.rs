@@ -11,7 +11,10 @@
 //! exported. Each sample group (`group` of the plan) keeps its first `n` complete
 //! instances in plan order, `n` being its counted (non-spare) instances: spares take the
 //! place of failed ones, and spares left over are kept with split `spare`, so the
-//! configured counts are met whenever enough spares succeeded.
+//! configured counts are met whenever enough spares succeeded. A sample a person dropped
+//! in the run's review file (`review.jsonl`) goes to the failures with kind `review` and
+//! the reviewer's note, and a spare takes its place; the drop decisions are part of the
+//! stage's fingerprint, so a changed review re-runs this stage and what follows only.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -25,7 +28,9 @@ use serde_json::{Value, json};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, Row};
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use crate::quality::review::Verdict;
+use crate::stages::review::{dropped_message, review_prepared};
+use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Stage};
 use crate::store::failures::FailureKind;
 use crate::store::parquet::read_all;
 
@@ -149,11 +154,26 @@ impl Stage for Assemble {
         Some(output_schema())
     }
 
+    async fn prepare(&self, ctx: &PrepareCtx<'_>) -> Result<Option<Prepared>> {
+        Ok(Some(review_prepared(ctx.review)))
+    }
+
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
         // Answers by request id.
         let mut answers: HashMap<String, Answer> = HashMap::new();
         // Why a request has no answer: its LLM stage's failure (stage, kind, message).
         let mut upstream: HashMap<String, (String, FailureKind, String)> = HashMap::new();
+        // Failures of every stage upstream (a request can fail in its model stage, before
+        // a dedup stage that this stage reads), in pipeline order: the last one stands.
+        for name in &ctx.ancestors {
+            let path = crate::stages::failures_path(&ctx.out_dir, name);
+            if ctx.inputs.iter().any(|i| &i.name == name) || !path.exists() {
+                continue;
+            }
+            for f in crate::store::failures::read_failures(&path)?.0 {
+                upstream.insert(f.id, (name.clone(), f.kind, f.message));
+            }
+        }
         for input in &ctx.inputs[1..] {
             for f in input.failures()? {
                 upstream.insert(f.id, (input.name.clone(), f.kind, f.message));
@@ -208,6 +228,8 @@ impl Stage for Assemble {
         // Every instance in plan order: its group, whether it is a spare, and its sample
         // (or why it was dropped).
         let mut assembled: Vec<(String, bool, std::result::Result<Row, Dropped>)> = Vec::new();
+        // Samples dropped, by failure kind (the report's `dropped.<kind>`).
+        let mut dropped: BTreeMap<&str, u64> = BTreeMap::new();
         let mut start = 0;
         while start < requests.len() {
             let instance = requests[start]["instance"].as_str().unwrap_or_default().to_string();
@@ -218,9 +240,16 @@ impl Stage for Assemble {
             let head = &requests[start];
             let group = head.get("group").and_then(Value::as_str).unwrap_or_default().to_string();
             let spare = head.get("spare").and_then(Value::as_bool).unwrap_or(false);
-            let result = assemble(&requests[start..end], &answers, &upstream, self.max_similarity);
+            // A sample a person dropped in the review file is dropped like a failed one
+            // (a spare of its group takes its place).
+            let reviewed = ctx.review.get(&instance).filter(|d| d.decision == Verdict::Drop);
+            let result = match reviewed {
+                Some(d) => Err(Dropped { kind: FailureKind::Review, message: dropped_message(d) }),
+                None => assemble(&requests[start..end], &answers, &upstream, self.max_similarity),
+            };
             if let Err(d) = &result {
                 ctx.fail(&instance, d.kind, d.message.clone(), Some(Value::Object(head.clone()).to_string()));
+                *dropped.entry(d.kind.as_str()).or_insert(0u64) += 1;
             }
             assembled.push((group, spare, result));
             ctx.progress.inc((end - start) as u64);
@@ -270,6 +299,9 @@ impl Stage for Assemble {
             );
             ctx.report.info.insert("short_groups".into(), list.join(", "));
         }
+        for (kind, n) in dropped {
+            ctx.report.metrics.insert(format!("dropped.{kind}"), n as f64);
+        }
         ctx.report.info.insert("spares_used".into(), used_spares.to_string());
         ctx.report.info.insert("spares_unused".into(), unused_spares.to_string());
         ctx.report.rows_in = instances;
@@ -297,6 +329,11 @@ fn assemble(
                     kind: FailureKind::DegeneratePair,
                     message: format!("request {id} ({stage}): {m}"),
                 },
+                // A request a check, near-duplicate removal or review dropped: its sample is
+                // dropped for that reason.
+                Some((stage, kind @ (FailureKind::Check | FailureKind::Duplicate | FailureKind::Review), m)) => {
+                    Dropped { kind: *kind, message: format!("request {id} ({stage}): {m}") }
+                }
                 Some((stage, kind, m)) => incomplete(format!("request {id} has no answer ({stage}: {kind}: {m})")),
                 None => incomplete(format!("request {id} has no answer (see its LLM stage's failures)")),
             });

@@ -33,12 +33,19 @@ const OPTIONS: &[OptionSpec] = &[
         Ty::Str,
         "a paragraph under the title (Markdown): which model wrote the data and what quality to expect",
     ),
+    OptionSpec::optional(
+        "reference_words",
+        Ty::Map(&crate::config::options::NUMBER),
+        "words per reply of a reference dataset by category (the paper's Table 2 #Words), shown beside the measured ones",
+    ),
 ];
 
 pub static KIND: KindInfo = KindInfo {
     name: "rolemrc_card",
     // 2: Table 2 from the train split only; the preference-pair checks section.
-    version: 2,
+    // 3: the quality section (checks, near-duplicates, review; distinct-2, duplicate
+    // replies), the reference #Words column.
+    version: 3,
     about: "RoleMRC dataset card: Table 2 statistics from the data, test tasks, pair checks, provenance",
     role: Role::Sink,
     arity: Arity::AtLeast(1),
@@ -55,6 +62,8 @@ struct Options {
     title: String,
     #[serde(default)]
     note: Option<String>,
+    #[serde(default)]
+    reference_words: Option<BTreeMap<String, f64>>,
 }
 
 struct Card {
@@ -81,13 +90,20 @@ fn label(category: &str) -> &str {
     }
 }
 
-/// One Table 2 row: S, P (`/` when none), turns per sample, words per reply.
-fn row(md: &mut String, name: &str, s: &Stat) -> std::fmt::Result {
+/// One Table 2 row: S, P (`/` when none), turns per sample, words per reply, and the
+/// reference dataset's words per reply when the card has them (`reference`: `None` = no
+/// such column).
+fn row(md: &mut String, name: &str, s: &Stat, reference: Option<Option<f64>>) -> std::fmt::Result {
     let single = if s.single == 0 { "/".to_string() } else { s.single.to_string() };
     let pair = if s.pair == 0 { "/".to_string() } else { s.pair.to_string() };
     let samples = (s.single.max(s.pair)).max(1) as f64;
     let words = if s.turns == 0 { 0.0 } else { s.words / s.turns as f64 };
-    writeln!(md, "| {name} | {single} | {pair} | {:.2} | {words:.2} |", s.turns as f64 / samples)
+    let reference = match reference {
+        None => String::new(),
+        Some(Some(r)) => format!(" {r:.2} |"),
+        Some(None) => " |".into(),
+    };
+    writeln!(md, "| {name} | {single} | {pair} | {:.2} | {words:.2} |{reference}", s.turns as f64 / samples)
 }
 
 /// What the card says about pairs and dropped samples.
@@ -166,6 +182,8 @@ impl Stage for Card {
         let mut models = std::collections::BTreeSet::new();
         let mut checks = Checks::default();
         let mut rows = 0u64;
+        // The train split's assistant replies (distinct-2, duplicate replies).
+        let mut replies: Vec<String> = Vec::new();
         for b in &batches {
             let (group, spare, reasks) = (
                 b.column_by_name("group").map(|c| c.as_string::<i32>().clone()),
@@ -212,7 +230,25 @@ impl Stage for Card {
             let turns = col("assistant_turns").as_primitive::<Int64Type>();
             let words = col("reply_words").as_primitive::<Float64Type>();
             let model = col("models").as_string::<i32>();
+            let conv_list = conversations.as_list_opt::<i32>();
             for i in 0..b.num_rows() {
+                if split.value(i) == "train"
+                    && let Some(list) = conv_list.filter(|l| l.is_valid(i))
+                {
+                    let msgs = list.value(i);
+                    let st = msgs.as_struct();
+                    let (role, content) = (
+                        st.column_by_name("role").map(|c| c.as_string::<i32>().clone()),
+                        st.column_by_name("content").map(|c| c.as_string::<i32>().clone()),
+                    );
+                    if let (Some(role), Some(content)) = (role, content) {
+                        for k in 0..st.len() {
+                            if role.value(k) == "Assistant" {
+                                replies.push(content.value(k).to_string());
+                            }
+                        }
+                    }
+                }
                 rows += 1;
                 for m in model.value(i).split(',').filter(|m| !m.is_empty()) {
                     models.insert(m.to_string());
@@ -247,8 +283,15 @@ impl Stage for Card {
             "Files: `sft.jsonl` (single-label, `conversations`), `dpo.jsonl` (pair-label, `prompt`/`chosen`/`rejected`), `test.jsonl` (`question`/`reference`/`task`), and the same as Parquet.\n"
         )?;
         writeln!(md, "## Statistics (train splits, as Table 2 of the RoleMRC paper)\n")?;
-        writeln!(md, "| Category | S | P | #Turns | #Words |")?;
-        writeln!(md, "|---|---:|---:|---:|---:|")?;
+        let refs = self.opts.reference_words.as_ref();
+        let reference = |cat: Option<&str>| refs.map(|r| cat.and_then(|c| r.get(c).copied()));
+        if refs.is_some() {
+            writeln!(md, "| Category | S | P | #Turns | #Words | #Words (paper) |")?;
+            writeln!(md, "|---|---:|---:|---:|---:|---:|")?;
+        } else {
+            writeln!(md, "| Category | S | P | #Turns | #Words |")?;
+            writeln!(md, "|---|---:|---:|---:|---:|")?;
+        }
         let mut total = Stat::default();
         let known: Vec<String> = CATEGORIES.iter().map(|c| c.to_string()).collect();
         let mixed: Vec<&String> = stats.keys().filter(|k| !known.contains(k)).collect();
@@ -259,15 +302,15 @@ impl Stage for Card {
             if mix && !mix_started {
                 // Table 2 lists the mix-in sources under the RoleMRC subtotal.
                 mix_started = true;
-                row(&mut md, "**RoleMRC**", &total)?;
+                row(&mut md, "**RoleMRC**", &total, reference(None))?;
             }
-            row(&mut md, &format!("{}{}", if mix { "+ " } else { "" }, label(cat)), s)?;
+            row(&mut md, &format!("{}{}", if mix { "+ " } else { "" }, label(cat)), s, reference(Some(cat)))?;
             total.single += s.single;
             total.pair += s.pair;
             total.turns += s.turns;
             total.words += s.words;
         }
-        row(&mut md, "**Total**", &total)?;
+        row(&mut md, "**Total**", &total, reference(None))?;
         writeln!(md)?;
         writeln!(
             md,
@@ -280,6 +323,32 @@ impl Stage for Card {
             writeln!(md, "| `{t}` | {n} |")?;
         }
         write_checks(&mut md, &checks)?;
+        writeln!(md, "\n## Quality\n")?;
+        writeln!(
+            md,
+            "What the content checks (debris, repetition, echo, language, length, chat rules), near-duplicate removal and human review did on the way to these samples, as measured in this run and its up-to-date stages.\n"
+        )?;
+        md.push_str(&crate::quality::summary::markdown(&ctx.upstream_quality()));
+        let texts: Vec<&str> = replies.iter().map(String::as_str).collect();
+        let distinct2 = crate::quality::text::distinct_n(texts.iter().copied(), 2);
+        let mut seen = std::collections::HashSet::new();
+        let repeated =
+            replies.iter().filter(|r| !seen.insert(crate::quality::text::words(r))).count();
+        writeln!(md)?;
+        match distinct2 {
+            Some(d) => writeln!(
+                md,
+                "- distinct-2 of the train split's assistant replies: {d:.3} (distinct word pairs / all word pairs, over {} replies)",
+                replies.len()
+            )?,
+            None => writeln!(md, "- distinct-2: no reply of two words or more in the train split")?,
+        }
+        writeln!(
+            md,
+            "- duplicate replies: {repeated} of {} assistant replies repeat an earlier one word for word ({:.1}%)",
+            replies.len(),
+            if replies.is_empty() { 0.0 } else { 100.0 * repeated as f64 / replies.len() as f64 }
+        )?;
         writeln!(md, "\n## Provenance\n")?;
         writeln!(md, "- synth {}", env!("CARGO_PKG_VERSION"))?;
         writeln!(md, "- pipeline seed: {}", ctx.seed)?;
