@@ -19,6 +19,7 @@ mod llm;
 mod local;
 mod methods;
 mod neurons;
+mod quality;
 mod regen;
 mod scheduling;
 mod shard;

@@ -186,6 +186,9 @@ pub fn strict_problem(schema: &Value) -> Option<String> {
             // Values of these keywords are data, not schemas.
             if matches!(k.as_str(), "enum" | "const" | "default" | "examples" | "required" | "description" | "title") {
                 None
+            } else if let ("properties" | "$defs" | "definitions", Value::Object(named)) = (k.as_str(), x) {
+                // Names (which may be spelled like keywords) of schemas.
+                named.iter().find_map(|(n, s)| walk(s, &format!("{at}/{k}/{n}")))
             } else {
                 walk(x, &format!("{at}/{k}"))
             }

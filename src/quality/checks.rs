@@ -161,7 +161,7 @@ impl Check for Debris {
             if f.text.trim().is_empty() && may_be_empty.contains(&f.at) {
                 continue;
             }
-            if let Some(why) = text::debris(f.text, self.min_letters) {
+            if let Some(why) = text::debris(&f.text, self.min_letters) {
                 out.push(format!("{} {why}; write it in words", f.at));
                 continue;
             }
@@ -198,8 +198,8 @@ pub static REPETITION: CheckKind = CheckKind {
         OptionSpec::default(
             "min_words",
             UINT,
-            "20",
-            "n-gram shares are measured on texts of at least this many words (a short text repeats a word pair by chance)",
+            "50",
+            "n-gram shares are measured on texts of at least this many words (Gopher's shortest document; a short text repeats a word pair by chance)",
         ),
         OptionSpec::default(
             "max_top_ngram",
@@ -241,7 +241,7 @@ pub static REPETITION: CheckKind = CheckKind {
             fields: selectors(v, env)?,
             joined: o.scope.as_deref() == Some("joined"),
             max_lines: o.max_duplicate_line_fraction.unwrap_or(0.3),
-            min_words: o.min_words.unwrap_or(20),
+            min_words: o.min_words.unwrap_or(50),
             top: top.try_into().expect("3"),
             dup: dup.try_into().expect("6"),
         }))
@@ -298,11 +298,11 @@ impl Check for Repeats {
         let found = find_all(&self.fields, s.fields);
         let mut out = Vec::new();
         // Texts of three or more words that are copies of an earlier selected text.
-        let long: Vec<&Found<'_>> = found.iter().filter(|f| text::word_units(f.text) >= 3).collect();
+        let long: Vec<&Found<'_>> = found.iter().filter(|f| text::word_units(&f.text) >= 3).collect();
         if long.len() > 1 {
             let mut seen = HashSet::new();
             let copies: Vec<&str> =
-                long.iter().filter(|f| !seen.insert(text::words(f.text))).map(|f| f.at.as_str()).collect();
+                long.iter().filter(|f| !seen.insert(text::words(&f.text))).map(|f| f.at.as_str()).collect();
             if copies.len() as f64 / long.len() as f64 > self.max_lines {
                 out.push(format!(
                     "{} repeat(s) an earlier item word for word ({} of {}); make each one different",
@@ -318,7 +318,7 @@ impl Check for Repeats {
             self.measure(&label, &joined, &mut out);
         } else {
             for f in &found {
-                self.measure(&f.at, f.text, &mut out);
+                self.measure(&f.at, &f.text, &mut out);
             }
         }
         out
@@ -388,7 +388,7 @@ fn record_text(record: &Map<String, Value>, column: &str) -> String {
             let mut out = Vec::new();
             let wrap: Map<String, Value> = [(column.to_string(), other.clone())].into_iter().collect();
             for f in Selector::parse(column).map(|s| s.find(&wrap)).unwrap_or_default() {
-                out.push(f.text.to_string());
+                out.push(f.text.into_owned());
             }
             out.join("\n")
         }
@@ -413,12 +413,14 @@ impl Check for Echo {
         let what = self.of.join(", ");
         let mut out = Vec::new();
         for f in find_all(&self.fields, s.fields) {
-            if let Some(share) = text::overlap(f.text, &source, self.n)
+            if let Some(share) = text::overlap(&f.text, &source, self.n)
                 && share > self.max
             {
+                let copied = text::first_shared(&f.text, &source, self.n).unwrap_or_default();
                 out.push(format!(
-                    "{} copies the {what} ({:.0}% of its {}-word phrases are in it); write it in your own words",
+                    "{} copies {} from the {what} ({:.0}% of its {}-word phrases are there); write it in your own words",
                     f.at,
+                    text::quoted(&copied),
                     share * 100.0,
                     self.n
                 ));
@@ -443,6 +445,11 @@ pub static LANGUAGE: CheckKind = CheckKind {
             "\"en\"",
             "the expected language (ISO 639-1 or 639-3: \"en\", \"zh\", \"eng\", \"cmn\")",
         ),
+        OptionSpec::optional(
+            "language_column",
+            Ty::Str,
+            "a column of the record holding each record's language code (overrides `language` where it is set)",
+        ),
         OptionSpec::default("min_script_share", RATIO, "0.9", "share of letters that must be in the language's script"),
         OptionSpec::default(
             "detect_min_letters",
@@ -457,6 +464,8 @@ pub static LANGUAGE: CheckKind = CheckKind {
             #[serde(default)]
             language: Option<String>,
             #[serde(default)]
+            language_column: Option<String>,
+            #[serde(default)]
             min_script_share: Option<f64>,
             #[serde(default)]
             detect_min_letters: Option<usize>,
@@ -464,15 +473,12 @@ pub static LANGUAGE: CheckKind = CheckKind {
         let o: O = options(v)?;
         let code = o.language.unwrap_or_else(|| "en".into());
         let lang = language_of(&code)?;
-        let script = whatlang::Script::all()
-            .iter()
-            .copied()
-            .find(|s| s.langs().contains(&lang))
-            .ok_or_else(|| format!("no script known for language \"{code}\""))?;
+        let script = script_of(lang, &code)?;
         Ok(Box::new(Language {
             fields: selectors(v, env)?,
             lang,
             script,
+            column: o.language_column,
             min_share: o.min_script_share.unwrap_or(0.9),
             detect_min: o.detect_min_letters.unwrap_or(80),
         }))
@@ -500,10 +506,20 @@ fn language_of(code: &str) -> Result<whatlang::Lang, String> {
     Ok(whatlang::Lang::from_code(three).expect("a known code"))
 }
 
+/// The script a language is written in.
+fn script_of(lang: whatlang::Lang, code: &str) -> Result<whatlang::Script, String> {
+    whatlang::Script::all()
+        .iter()
+        .copied()
+        .find(|s| s.langs().contains(&lang))
+        .ok_or_else(|| format!("no script known for language \"{code}\""))
+}
+
 struct Language {
     fields: Vec<Selector>,
     lang: whatlang::Lang,
     script: whatlang::Script,
+    column: Option<String>,
     min_share: f64,
     detect_min: usize,
 }
@@ -511,22 +527,29 @@ struct Language {
 impl Check for Language {
     fn problems(&self, s: &Subject<'_>) -> Vec<String> {
         let found = find_all(&self.fields, s.fields);
-        let joined = found.iter().map(|f| f.text).collect::<Vec<_>>().join("\n");
-        let (share, main) = text::script_share(&joined, self.script);
-        let name = self.lang.eng_name();
+        let joined = found.iter().map(|f| f.text.as_ref()).collect::<Vec<_>>().join("\n");
+        let (lang, script) = match self.column.as_deref().and_then(|c| s.record.get(c)).and_then(Value::as_str) {
+            Some(code) => match language_of(code).and_then(|l| script_of(l, code).map(|s| (l, s))) {
+                Ok(x) => x,
+                Err(e) => return vec![format!("the record's language: {e}")],
+            },
+            None => (self.lang, self.script),
+        };
+        let (share, main) = text::script_share(&joined, script);
+        let name = lang.eng_name();
         if share < self.min_share {
             let other = main.map(|m| format!(", the rest mostly in {} script", m.name())).unwrap_or_default();
             return vec![format!(
                 "the answer is not all in {name}: only {:.0}% of its letters are in {} script{other}; write in {name}",
                 share * 100.0,
-                self.script.name()
+                script.name()
             )];
         }
         if text::letters(&joined) >= self.detect_min
             && let Some(info) = whatlang::detect(&joined)
             && info.is_reliable()
-            && info.lang() != self.lang
-            && info.script() == self.script
+            && info.lang() != lang
+            && info.script() == script
         {
             return vec![format!("the answer reads as {}, not {name}; write in {name}", info.lang().eng_name())];
         }
@@ -620,7 +643,7 @@ impl Check for Length {
         let label = self.fields.iter().map(Selector::as_str).collect::<Vec<_>>().join(", ");
         let mut out = Vec::new();
         bound(&mut out, &label, found.len() as f64, self.items, "item(s)");
-        let w: Vec<f64> = found.iter().map(|f| text::word_units(f.text) as f64).collect();
+        let w: Vec<f64> = found.iter().map(|f| text::word_units(&f.text) as f64).collect();
         let c: Vec<f64> = found.iter().map(|f| f.text.chars().count() as f64).collect();
         match self.over.as_str() {
             "each" => {

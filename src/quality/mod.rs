@@ -341,7 +341,7 @@ mod tests {
                 "repetition": {},
                 "echo": {"of": ["prompt", "profile"], "n": 4},
                 "language": {},
-                "length": {"fields": ["reply"], "min_words": 3, "max_words": 40},
+                "length": {"fields": ["reply"], "min_words": 3, "max_words": 80},
             }),
             &["reply", "narration"],
         );
@@ -355,7 +355,7 @@ mod tests {
         assert_eq!(
             names(run(
                 &c,
-                json!({"reply": "I like tea and cake. I like tea and cake. I like tea and cake. I like tea and cake.", "narration": ""}),
+                json!({"reply": "I like tea and cake. ".repeat(10), "narration": ""}),
                 rec.clone()
             )),
             ["repetition"]
@@ -372,6 +372,10 @@ mod tests {
             names(run(&c, json!({"reply": "这是一个很好的问题，我们明天再谈吧。", "narration": ""}), rec.clone())),
             ["language"]
         );
+        let zh = checks(json!({"language": {"language_column": "lang"}}), &["reply"]);
+        assert!(run(&zh, json!({"reply": "这是一个很好的问题，我们明天再谈吧。"}), json!({"lang": "zh"})).is_empty());
+        assert_eq!(run(&zh, json!({"reply": "这是一个很好的问题，我们明天再谈吧。"}), json!({"lang": "en"})).len(), 1);
+        assert_eq!(run(&zh, json!({"reply": "A good question for tomorrow."}), json!({"lang": "zh"})).len(), 1);
         let french = "Je pense que nous devrions commencer par le jardin, puis construire une petite maison pour les oiseaux du quartier.";
         assert_eq!(names(run(&c, json!({"reply": french, "narration": ""}), rec.clone())), ["language"]);
         assert_eq!(names(run(&c, json!({"reply": "Too short", "narration": "x"}), rec)), ["debris", "length"]);
@@ -407,7 +411,7 @@ mod tests {
     fn when_limits_a_check_to_some_records() {
         let c = checks(json!({"language": {"when": "rule_id != 'other-language'"}}), &["a"]);
         let spanish =
-            json!({"a": "Estoy respondiendo en español porque la regla del sistema lo pide así, y lo hago con gusto."});
+            json!({"a": "Estoy respondiendo en español porque la regla del sistema lo pide así, y lo hago con mucho gusto, como siempre hago cuando alguien me lo pide."});
         let v = verdict(&c, spanish.clone(), json!({"rule_id": "other-language"}));
         assert_eq!(v, Verdict { failed: vec![], skipped: vec!["language".into()] });
         assert_eq!(run(&c, spanish, json!({"rule_id": "emoji"})).len(), 1);

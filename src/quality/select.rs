@@ -4,6 +4,8 @@
 //! (case-insensitive): `turns[role=Assistant].content` is what the role said; `*` is
 //! every column but the record id.
 
+use std::borrow::Cow;
+
 use serde_json::{Map, Value};
 
 /// One step of a selector.
@@ -21,11 +23,12 @@ pub struct Selector {
     steps: Vec<Step>,
 }
 
-/// A text a selector found, with where it is (`skills[2].name`).
+/// A text a selector found, with where it is (`skills[2].name`): borrowed from the record,
+/// or owned when it was inside a column of JSON text.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Found<'a> {
     pub at: String,
-    pub text: &'a str,
+    pub text: Cow<'a, str>,
 }
 
 impl Selector {
@@ -116,6 +119,16 @@ impl Selector {
 }
 
 fn walk<'a>(v: &'a Value, steps: &[Step], at: String, out: &mut Vec<Found<'a>>) {
+    // A column holding JSON text (a list or object stored as a string) is walked into.
+    if let (Value::String(s), Some(_)) = (v, steps.first())
+        && let Ok(parsed @ (Value::Array(_) | Value::Object(_))) = serde_json::from_str::<Value>(s)
+    {
+        let mut found = Vec::new();
+        walk(&parsed, steps, at, &mut found);
+        // The texts live in the parsed copy: keep them by value.
+        out.extend(found.into_iter().map(|f| Found { at: f.at, text: Cow::Owned(f.text.into_owned()) }));
+        return;
+    }
     match steps.first() {
         None => leaves(v, at, out),
         Some(Step::Key(k)) => {
@@ -141,7 +154,7 @@ fn walk<'a>(v: &'a Value, steps: &[Step], at: String, out: &mut Vec<Found<'a>>) 
 /// Every string under `v`.
 fn leaves<'a>(v: &'a Value, at: String, out: &mut Vec<Found<'a>>) {
     match v {
-        Value::String(s) => out.push(Found { at, text: s }),
+        Value::String(s) => out.push(Found { at, text: Cow::Borrowed(s) }),
         Value::Array(items) => {
             for (i, item) in items.iter().enumerate() {
                 leaves(item, format!("{at}[{i}]"), out);
@@ -173,13 +186,18 @@ mod tests {
             "n": 3,
         }));
         let s = Selector::parse("turns[role=assistant].content").unwrap();
-        assert_eq!(s.find(&r), vec![Found { at: "turns[1].content".into(), text: "hello" }]);
+        assert_eq!(s.find(&r), vec![Found { at: "turns[1].content".into(), text: "hello".into() }]);
         let all = Selector::parse("skills").unwrap().find(&r);
         assert_eq!(all.iter().map(|f| f.at.as_str()).collect::<Vec<_>>(), ["skills[0].name", "skills[0].description"]);
         assert_eq!(Selector::parse("turns[].content").unwrap().find(&r).len(), 2);
         assert!(Selector::parse("n").unwrap().find(&r).is_empty());
         assert!(Selector::parse("missing").unwrap().find(&r).is_empty());
         assert_eq!(Selector::parse("*").unwrap().find(&r).len(), 6);
+        // A column of JSON text is walked into.
+        let j = row(json!({"context": "[{\"speaker\": \"user\", \"utterance\": \"hi\"}]"}));
+        let f = Selector::parse("context[].utterance").unwrap().find(&j);
+        assert_eq!(f, vec![Found { at: "context[0].utterance".into(), text: "hi".into() }]);
+        assert_eq!(Selector::parse("context").unwrap().find(&j).len(), 1);
         for bad in ["", "a[", "a[=x]", "a..b", "a]b"] {
             assert!(Selector::parse(bad).is_err(), "{bad:?}");
         }

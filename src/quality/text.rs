@@ -212,6 +212,30 @@ pub fn overlap(text: &str, source: &HashSet<u64>, n: usize) -> Option<f64> {
     Some(found as f64 / grams.len() as f64)
 }
 
+/// The longest run of `text`'s words whose n-grams are all in `source` (what was copied),
+/// as the words read (lower-cased).
+pub fn first_shared(text: &str, source: &HashSet<u64>, n: usize) -> Option<String> {
+    let words = words(text);
+    if words.len() < n {
+        return None;
+    }
+    let hits: Vec<bool> = words.windows(n).map(|g| source.contains(&hash_words(g))).collect();
+    let (mut best, mut start) = (None::<(usize, usize)>, None::<usize>);
+    for (i, hit) in hits.iter().chain(std::iter::once(&false)).enumerate() {
+        match (hit, start) {
+            (true, None) => start = Some(i),
+            (false, Some(s)) => {
+                if best.is_none_or(|(bs, be)| i - s > be - bs) {
+                    best = Some((s, i));
+                }
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    best.map(|(s, e)| words[s..e - 1 + n].join(" "))
+}
+
 /// Distinct-n over a list of texts (Li et al. 2016): distinct word n-grams / all word n-grams.
 pub fn distinct_n<'a>(texts: impl IntoIterator<Item = &'a str>, n: usize) -> Option<f64> {
     let mut all = 0usize;
@@ -312,6 +336,10 @@ mod tests {
         assert_eq!(overlap("you are a master of data synthesis", &src, 4), Some(1.0));
         assert_eq!(overlap("the tea is hot and the day is long", &src, 4), Some(0.0));
         assert_eq!(overlap("too short", &src, 4), None);
+        assert_eq!(
+            first_shared("well, you are a master of data synthesis today", &src, 4).as_deref(),
+            Some("you are a master of data synthesis")
+        );
         let d = distinct_n(["a b c", "a b d"], 2).unwrap();
         assert!((d - 3.0 / 4.0).abs() < 1e-9);
     }
@@ -321,7 +349,7 @@ mod tests {
         let (share, other) = script_share("This is English text", whatlang::Script::Latin);
         assert_eq!(share, 1.0);
         assert_eq!(other, None);
-        let (share, main) = script_share("这是中文 text", whatlang::Script::Latin);
+        let (share, main) = script_share("这是中文文本 text", whatlang::Script::Latin);
         assert!(share < 0.5, "{share}");
         assert_eq!(main, Some(whatlang::Script::Mandarin));
     }

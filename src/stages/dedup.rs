@@ -105,7 +105,7 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
 
 impl Dedup {
     fn text(&self, row: &crate::data::Row) -> String {
-        self.fields.iter().flat_map(|s| s.find(row)).map(|f| f.text).collect::<Vec<_>>().join("\n")
+        self.fields.iter().flat_map(|s| s.find(row)).map(|f| f.text.into_owned()).collect::<Vec<_>>().join("\n")
     }
 }
 

@@ -57,11 +57,11 @@ def profile(local):
     # (min, max) characters: portable / local.
     b = (lambda p, l: l) if local else (lambda p, l: p)
     named = lambda: obj({  # noqa: E731
-        "name": text(*b((2, 100), (3, 60))),
-        "description": text(*b((10, 1000), (20, 200))),
+        "name": text(*b((2, 100), (3, 48))),
+        "description": text(*b((10, 1000), (15, 160))),
     })
     narration = (
-        text(10, 160, "the narration of the role's actions, emotions or scene, without parentheses")
+        text(8, 120, "the narration of the role's actions, emotions or scene, without parentheses")
         if local
         else text(0, 500, "the narration of the role's actions, emotions or scene, without parentheses", NO_BRACKETS)
     )
@@ -73,17 +73,17 @@ def profile(local):
         "type": "object",
         "properties": {
             "role_name": text(*b((2, 100), (3, 60)), "Role Name and Brief Description, first line: the role's own name and title (not the example's), e.g. \"Thorin Ironfoot, the Creative Dwarf\""),
-            "brief_description": text(*b((20, 2000), (40, 300)), "Role Name and Brief Description, the description after the name line"),
+            "brief_description": text(*b((20, 2000), (30, 200)), "Role Name and Brief Description, the description after the name line"),
             "specific_abilities_and_skills": array(named(), 1, 6, "Specific Abilities and Skills"),
-            "speech_style": text(*b((20, 1500), (30, 240)), "Speech Style"),
+            "speech_style": text(*b((20, 1500), (20, 160)), "Speech Style"),
             "personality_characteristics": array(named(), 1, 6, "Personality Characteristics"),
-            "past_experience_and_background": array(text(*b((20, 1500), (30, 240))), 1, 5, "Past Experience and Background"),
-            "ability_and_knowledge_boundaries": text(*b((20, 1500), (30, 240)), "Ability and Knowledge Boundaries"),
+            "past_experience_and_background": array(text(*b((20, 1500), (20, 160))), 1, 5, "Past Experience and Background"),
+            "ability_and_knowledge_boundaries": text(*b((20, 1500), (20, 160)), "Ability and Knowledge Boundaries"),
             "speech_examples": array(
                 obj({
-                    "topic": text(*b((2, 100), (3, 60))),
+                    "topic": text(*b((2, 100), (3, 48))),
                     "narration": narration,
-                    "speech": text(*b((5, 1500), (20, 200))),
+                    "speech": text(*b((5, 1500), (15, 160))),
                 }),
                 1,
                 5,
@@ -105,7 +105,7 @@ def profile(local):
 
 
 def turn(speaker, local):
-    content = text(40, 400) if local else text(2, 2000)
+    content = text(30, 200) if local else text(2, 2000)
     who = {"type": "string", "enum": speaker}
     if not local:
         who["description"] = "\"user\" for the user's turn, \"role\" for the role's turn"
@@ -123,7 +123,7 @@ def dialogue(local):
     else:
         head["title"] = (
             "RoleMRC dialogue (Figure 14) for grammar-constrained decoders (the local provider): 10 to 15 turns "
-            "of 40 characters or more that alternate between the user and the role, in the grammar. Not for OpenAI "
+            "of 30 characters or more that alternate between the user and the role, in the grammar. Not for OpenAI "
             "strict mode (prefixItems); dialogue.schema.json is the portable form (written by schemas.py)"
         )
         head["type"] = "object"
@@ -148,7 +148,7 @@ def stylized(local):
         "the narration of the role's actions, emotions or scene, without parentheses; empty when the prompt asks for none",
         NO_BRACKETS,
     )
-    answer = text(30, 600, "the edited answer in the role's speech style") if local else text(
+    answer = text(30, 300, "the edited answer in the role's speech style") if local else text(
         2, 3000, "the edited answer in the role's speech style")
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -171,7 +171,7 @@ def rewrite(local):
         "the narration of the role's actions, emotions or scene, without parentheses; empty when the prompt asks for none",
         NO_BRACKETS,
     )
-    answer = {"type": "string", "minLength": 2, "maxLength": 600 if local else 3000,
+    answer = {"type": "string", "minLength": 2, "maxLength": 300 if local else 3000,
               "description": "the answer rewritten to follow the new system format requirement"}
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
