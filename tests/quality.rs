@@ -152,12 +152,19 @@ fn a_failed_check_reasks_with_its_reason_then_drops_and_a_changed_check_pays_not
     assert!(reask.contains("check \"debris\"") && reask.contains("\"][\""), "{reask}");
     let f = failures(&out, "ask");
     assert_eq!(f.len(), 1);
-    assert_eq!((f[0]["id"].as_str(), f[0]["kind"].as_str(), f[0]["check"].as_str()), (Some("b"), Some("check"), Some("debris")));
+    assert_eq!(
+        (f[0]["id"].as_str(), f[0]["kind"].as_str(), f[0]["check"].as_str()),
+        (Some("b"), Some("check"), Some("debris"))
+    );
     assert_eq!(f[0]["raw"], "{{");
     assert_eq!(f[0]["attempts"].as_array().unwrap().len(), 2, "{f:?}");
     let m = manifest(&out);
     let c = &m["quality"]["stages"]["ask"]["checks"]["debris"];
-    assert_eq!((c["checked"].as_u64(), c["failed"].as_u64(), c["reasked"].as_u64(), c["dropped"].as_u64()), (Some(5), Some(3), Some(2), Some(1)), "{c}");
+    assert_eq!(
+        (c["checked"].as_u64(), c["failed"].as_u64(), c["reasked"].as_u64(), c["dropped"].as_u64()),
+        (Some(5), Some(3), Some(2), Some(1)),
+        "{c}"
+    );
     let paid = server.count();
     assert_eq!(paid, 5);
 
@@ -192,7 +199,9 @@ fn near_duplicates_keep_the_first_record_for_any_thread_count() {
             1 => format!("{base} number {} of a long series of distinct things to say about town {}", i - 1, i - 1),
             _ => format!("entirely different words for record {i}: rockets, fuel, orbits and the moons of planet {i}"),
         };
-        lines.push_str(&json!({"id": format!("r{i:03}"), "text": text, "kind": if i < 150 { "x" } else { "y" }}).to_string());
+        lines.push_str(
+            &json!({"id": format!("r{i:03}"), "text": text, "kind": if i < 150 { "x" } else { "y" }}).to_string(),
+        );
         lines.push('\n');
     }
     p.write("in.jsonl", lines);
@@ -236,11 +245,22 @@ fn a_review_drops_a_sample_a_spare_takes_its_place_and_a_bad_line_stops_the_run(
     let conversation = serde_json::to_string(&victim["conversations"]).unwrap();
     assert!(jsonl_before.contains(&conversation));
     let dir = out.display().to_string();
-    let r = p.synth(&["review", &dir, "--drop", &id, "--note", "generic reply", "--reviewer", "ana", "--stage", "sft"]).ok();
+    let r = p
+        .synth(&["review", &dir, "--drop", &id, "--note", "generic reply", "--reviewer", "ana", "--stage", "sft"])
+        .ok();
     assert!(r.stdout.contains("dropped 1 record"), "{}", r.stdout);
     // A review of a record that is not in the stage is refused, and nothing is written.
     p.synth(&["review", &dir, "--drop", "no-such-sample", "--stage", "sft"]).code(78);
-    let r = p.synth(&["run", support::repo().join("pipelines/rolemrc.toml").to_str().unwrap(), "--offline", "--out", &dir, "--dry-run"]).ok();
+    let r = p
+        .synth(&[
+            "run",
+            support::repo().join("pipelines/rolemrc.toml").to_str().unwrap(),
+            "--offline",
+            "--out",
+            &dir,
+            "--dry-run",
+        ])
+        .ok();
     assert!(r.stdout.contains("samples"), "{}", r.stdout);
     rolemrc_offline(&p, &dir).ok();
     let st = statuses(&out);
@@ -256,7 +276,10 @@ fn a_review_drops_a_sample_a_spare_takes_its_place_and_a_bad_line_stops_the_run(
     let f = failures(&out, "samples");
     let dropped = f.iter().find(|x| x["id"] == id.as_str()).expect("in the samples' failures");
     assert_eq!(dropped["kind"], "review");
-    assert!(dropped["message"].as_str().unwrap().contains("by ana") && dropped["message"].as_str().unwrap().contains("generic reply"));
+    assert!(
+        dropped["message"].as_str().unwrap().contains("by ana")
+            && dropped["message"].as_str().unwrap().contains("generic reply")
+    );
     let card = std::fs::read_to_string(out.join("README.md")).unwrap();
     assert!(card.contains("1 record was dropped in human review"), "{card}");
     assert!(card.contains("`review` 1"), "{card}");

@@ -353,11 +353,7 @@ mod tests {
         let names = |f: Vec<Failed>| f.into_iter().map(|f| f.check).collect::<Vec<_>>();
         assert_eq!(names(run(&c, json!({"reply": "][", "narration": ""}), rec.clone())), ["debris", "length"]);
         assert_eq!(
-            names(run(
-                &c,
-                json!({"reply": "I like tea and cake. ".repeat(10), "narration": ""}),
-                rec.clone()
-            )),
+            names(run(&c, json!({"reply": "I like tea and cake. ".repeat(10), "narration": ""}), rec.clone())),
             ["repetition"]
         );
         assert_eq!(
@@ -410,8 +406,7 @@ mod tests {
     #[test]
     fn when_limits_a_check_to_some_records() {
         let c = checks(json!({"language": {"when": "rule_id != 'other-language'"}}), &["a"]);
-        let spanish =
-            json!({"a": "Estoy respondiendo en español porque la regla del sistema lo pide así, y lo hago con mucho gusto, como siempre hago cuando alguien me lo pide."});
+        let spanish = json!({"a": "Estoy respondiendo en español porque la regla del sistema lo pide así, y lo hago con mucho gusto, como siempre hago cuando alguien me lo pide."});
         let v = verdict(&c, spanish.clone(), json!({"rule_id": "other-language"}));
         assert_eq!(v, Verdict { failed: vec![], skipped: vec!["language".into()] });
         assert_eq!(run(&c, spanish, json!({"rule_id": "emoji"})).len(), 1);

@@ -83,6 +83,8 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
         structured: "off".into(),
         // A model under evaluation is scored on what it wrote: nothing is re-asked.
         checks: None,
+        schemas: None,
+        schema_column: None,
         n: 1,
         max_attempts: 1,
         reask: String::new(),

@@ -47,6 +47,12 @@ const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default("parser", Ty::Str, "\"text\"", "how to read the answer (see `synth list`)"),
     OptionSpec::optional("parser_options", Ty::Any, "options of the parser"),
     SCHEMA,
+    OptionSpec::optional(
+        "schemas",
+        Ty::Map(&Ty::File),
+        "with `schema_column`: a JSON Schema file per value of that column (e.g. who speaks first, so the grammar holds it); records with other values use `schema`",
+    ),
+    OptionSpec::optional("schema_column", Ty::Str, "the input column whose value picks a schema of `schemas`"),
     STRUCTURED,
     CHECKS,
     OptionSpec::default("n", POSITIVE, "1", "answers per record (each its own row, id \"<id>/<k>\")"),
@@ -157,6 +163,10 @@ pub(super) struct Options {
     #[serde(default = "structured_auto")]
     pub(super) structured: String,
     #[serde(default)]
+    pub(super) schemas: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub(super) schema_column: Option<String>,
+    #[serde(default)]
     pub(super) checks: Option<Value>,
     pub(super) n: u32,
     pub(super) max_attempts: u32,
@@ -209,6 +219,8 @@ struct Llm {
     params: GenParams,
     /// The checked `schema` file (structured answers).
     schema: Option<Arc<SchemaFile>>,
+    /// `schemas` by value of `schema_column` (each checked like `schema`).
+    schemas: BTreeMap<String, Arc<SchemaFile>>,
     /// The names of the columns every output row carries (`output_prefix` + name).
     columns: Columns,
     /// Content checks of each parsed answer.
@@ -348,6 +360,39 @@ pub(super) fn build_with(opts: Options, ctx: &BuildCtx<'_>, diags: &mut Diagnost
         }
         None => None,
     };
+    let mut schemas = BTreeMap::new();
+    match (&opts.schemas, &opts.schema_column) {
+        (None, None) => {}
+        (Some(_), None) | (None, Some(_)) => {
+            ctx.error(diags, "schemas", "`schemas` and `schema_column` go together (a schema per value of the column)");
+            ok = false;
+        }
+        (Some(_), Some(_)) if schema.is_none() => {
+            ctx.error(
+                diags,
+                "schemas",
+                "`schemas` needs `schema` too: the schema of the records whose value is not listed",
+            );
+            ok = false;
+        }
+        (Some(files), Some(_)) => {
+            for (value, path) in files {
+                match SchemaFile::load(&ctx.root.join(path), path) {
+                    Ok(file) => {
+                        if let Err(e) = file.check_keys(&opts.parser, &parser.json_keys()) {
+                            ctx.error(diags, &format!("schemas.{value}"), e);
+                            ok = false;
+                        }
+                        schemas.insert(value.clone(), Arc::new(file));
+                    }
+                    Err(e) => {
+                        ctx.error(diags, &format!("schemas.{value}"), e);
+                        ok = false;
+                    }
+                }
+            }
+        }
+    }
     let checks = match Checks::build(
         opts.checks.as_ref().unwrap_or(&Value::Null),
         &crate::quality::Env { default_fields: &parser.checked_fields() },
@@ -377,6 +422,7 @@ pub(super) fn build_with(opts: Options, ctx: &BuildCtx<'_>, diags: &mut Diagnost
             parser: Arc::from(parser),
             params,
             schema,
+            schemas,
             columns,
             checks: Arc::new(checks),
         }) as Box<dyn Stage>
@@ -474,6 +520,12 @@ impl Stage for Llm {
         }
         if let Some(s) = &self.opts.schema {
             ctx.files.push(ctx.root.join(s));
+        }
+        for s in self.opts.schemas.iter().flat_map(|m| m.values()) {
+            ctx.files.push(ctx.root.join(s));
+        }
+        if let Some(c) = &self.opts.schema_column {
+            ctx.require_columns("schema_column", 0, [c.as_str()]);
         }
         match (&self.opts.checkpoint, ctx.inputs.len()) {
             (Some(_), 2) => {
@@ -595,6 +647,7 @@ struct Outcome {
     rejected: Vec<FailureKind>,
     accepted: bool,
     checks: Vec<CheckEvent>,
+    check_seconds: f64,
 }
 
 /// The stage's answer figures into its report: answers accepted first time, after a re-ask,
@@ -627,11 +680,15 @@ fn report_checks<'a>(ctx: &mut RunCtx, checks: &Checks, outcomes: impl Iterator<
         return;
     }
     let tally = Tally::default();
+    let mut seconds = 0.0;
     for o in outcomes {
         for e in &o.checks {
             tally.count(checks, &e.verdict, e.reasked, e.dropped);
         }
+        seconds += o.check_seconds;
     }
+    // CPU time in the checks (summed over records checked side by side).
+    ctx.report.metrics.insert("checks.seconds".into(), seconds);
     let counts = tally.counts();
     for name in checks.names() {
         let c = counts.get(name).copied().unwrap_or_default();
@@ -697,9 +754,14 @@ impl StructuredRun {
         *fallback = Some(why);
     }
 
-    /// The structured part of the next request (`None`: the text protocol).
-    fn request(&self, provider: &Provider) -> Option<(Structured, &SchemaFile)> {
-        let schema = self.schema.as_ref()?;
+    /// The structured part of the next request (`None`: the text protocol), in `pick` (a
+    /// record's own schema) or the stage's schema.
+    fn request<'a>(
+        &'a self,
+        provider: &Provider,
+        pick: Option<&'a Arc<SchemaFile>>,
+    ) -> Option<(Structured, &'a SchemaFile)> {
+        let schema = pick.filter(|_| self.schema.is_some()).or(self.schema.as_ref())?;
         if self.fallback.lock().expect("fallback").is_some() && !self.require {
             return None;
         }
@@ -818,7 +880,12 @@ impl Llm {
         // Batch mode passes over a record more than once: the last pass has its outcome.
         let outcomes = samples
             .iter()
-            .map(|(r, log)| Outcome { rejected: log.kinds.clone(), accepted: r.is_ok(), checks: log.checks.clone() })
+            .map(|(r, log)| Outcome {
+                rejected: log.kinds.clone(),
+                accepted: r.is_ok(),
+                checks: log.checks.clone(),
+                check_seconds: log.check_seconds,
+            })
             .collect();
         rejected.lock().expect("rejection counts").insert(id.clone(), outcomes);
         let mut out_rows = Vec::with_capacity(samples.len());
@@ -877,7 +944,7 @@ impl Llm {
         // same attempt; a provider has a handful of forms, so this ends.
         let mut refusals = 0;
         while attempt <= self.opts.max_attempts {
-            let structured_req = structured.request(provider);
+            let structured_req = structured.request(provider, self.schema_for(row));
             let req = ChatRequest {
                 messages: convo.clone(),
                 params: self.params.clone(),
@@ -963,9 +1030,23 @@ impl Llm {
         (Err(err), log)
     }
 
+    /// The schema of `row`'s structured answer: the one `schemas` lists for its
+    /// `schema_column` value, else the stage's `schema`.
+    fn schema_for(&self, row: &Row) -> Option<&Arc<SchemaFile>> {
+        let column = self.opts.schema_column.as_ref()?;
+        let value = match row.get(column) {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Null) | None => return None,
+            Some(v) => v.to_string(),
+        };
+        self.schemas.get(&value)
+    }
+
     /// Run the content checks on a parsed answer; `last`: no attempt follows it.
     fn vet(&self, fields: Row, row: &Row, prompt: &str, last: bool, log: &mut SampleLog) -> Vetted {
+        let started = std::time::Instant::now();
         let verdict = self.checks.run(&crate::quality::Subject { fields: &fields, record: row, prompt: Some(prompt) });
+        log.check_seconds += started.elapsed().as_secs_f64();
         let blocking = verdict.blocking();
         let drop_now = blocking.iter().any(|f| f.action == Action::Drop);
         let stop = !blocking.is_empty() && (last || drop_now);
@@ -1000,6 +1081,8 @@ struct CheckEvent {
 struct SampleLog {
     kinds: Vec<FailureKind>,
     checks: Vec<CheckEvent>,
+    /// Time spent running the content checks.
+    check_seconds: f64,
 }
 
 /// Who a sample asks, and how: the services, the provider, the call context and the

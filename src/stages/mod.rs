@@ -682,6 +682,21 @@ impl RunCtx {
         self.fail_answered(id, kind, message, record, None);
     }
 
+    /// [`RunCtx::fail`] for a record a content check (or a method's quality check) dropped:
+    /// kind `check`, the check's name in the failure table's `check` column.
+    pub fn fail_check(&self, id: &str, check: &str, message: impl Into<String>, record: Option<String>) {
+        let scrub = crate::secrets::scrub;
+        let mut failure = crate::store::failures::Failure::new(
+            id,
+            crate::store::failures::FailureKind::Check,
+            scrub(&message.into()),
+            record.map(|r| scrub(&r)),
+        );
+        failure.check = Some(check.to_string());
+        self.failures.push(failure);
+        self.progress.failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// [`RunCtx::fail`] for a record a model answered: its last answer and the reason each
     /// answer was rejected go to the failure table too (secrets scrubbed like the rest).
     pub fn fail_answered(

@@ -7,6 +7,8 @@ for text) from one description, so the portable and the local forms say the same
   is validated against the whole schema after parsing, on every provider);
 - rewrite(.local).schema.json: the ruled rewrite, whose answer may need brackets or
   another language (a nested formatting rule), so only its length is bounded;
+- dialogue.local.{role,user}.schema.json: the local dialogue with its first speaker in the
+  grammar (a stage's `schemas` by the plan's `first` column);
 - *.local.schema.json: for grammar-constrained decoders (the `local` provider, llama.cpp's
   server, vLLM): tighter length bounds (a 135M model writes to the bound it is given),
   dialogue turns that alternate in the grammar (prefixItems).
@@ -16,7 +18,7 @@ and no square or curly bracket (`WORDS`: `"]["`, `"{{"`, `"['{']"` and `[{'name'
 cannot be written), within length bounds; a narration may be empty in the portable
 forms (no narration) but holds no bracket.
 
-    python3 pipelines/prompts/rolemrc/schemas.py   # rewrites the eight files
+    python3 pipelines/prompts/rolemrc/schemas.py   # rewrites the ten files
 """
 
 import json
@@ -105,11 +107,32 @@ def profile(local):
 
 
 def turn(speaker, local):
-    content = text(30, 200) if local else text(2, 2000)
+    content = text(40, 200) if local else text(2, 2000)
     who = {"type": "string", "enum": speaker}
     if not local:
         who["description"] = "\"user\" for the user's turn, \"role\" for the role's turn"
     return obj({"speaker": who, "content": content})
+
+
+def dialogue_first(first):
+    # The local dialogue with its first speaker in the grammar (`schemas` by the plan's
+    # `first` column: a role-first variant cannot be written user-first).
+    second = "user" if first == "role" else "role"
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": f"RoleMRC dialogue (Figure 14) for grammar-constrained decoders: as dialogue.local.schema.json, "
+        f"with the {first} speaking first in the grammar (written by schemas.py)",
+        "type": "object",
+        "properties": {"turns": {
+            "type": "array",
+            "minItems": 10,
+            "maxItems": 15,
+            "prefixItems": [turn([first if k % 2 == 0 else second], True) for k in range(15)],
+            "items": False,
+        }},
+        "required": ["turns"],
+        "additionalProperties": False,
+    }
 
 
 def dialogue(local):
@@ -123,7 +146,7 @@ def dialogue(local):
     else:
         head["title"] = (
             "RoleMRC dialogue (Figure 14) for grammar-constrained decoders (the local provider): 10 to 15 turns "
-            "of 30 characters or more that alternate between the user and the role, in the grammar. Not for OpenAI "
+            "of 40 characters or more that alternate between the user and the role, in the grammar. Not for OpenAI "
             "strict mode (prefixItems); dialogue.schema.json is the portable form (written by schemas.py)"
         )
         head["type"] = "object"
@@ -191,6 +214,10 @@ def main():
             with open(path, "w") as f:
                 json.dump(make(local), f, indent=1 if local else 2, ensure_ascii=False)
                 f.write("\n")
+    for first in ("role", "user"):
+        with open(os.path.join(HERE, f"dialogue.local.{first}.schema.json"), "w") as f:
+            json.dump(dialogue_first(first), f, indent=1, ensure_ascii=False)
+            f.write("\n")
 
 
 if __name__ == "__main__":

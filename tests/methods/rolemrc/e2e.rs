@@ -192,6 +192,28 @@ fn offline_pipeline_writes_every_split_in_the_official_layouts() {
         assert_eq!(s["models"], "offline");
     }
 
+    // The same content checks as the real pipeline ran on every model stage, and the stand-in
+    // passes them: the one record dropped is the demo data's Chinese persona (its profile is
+    // half Chinese), which the language check is there for.
+    let m = support::manifest(&out);
+    for stage in ["profiles_llm", "free_chats", "onscene_chats", "stylized", "rewritten"] {
+        let checks = m["quality"]["stages"][stage]["checks"].as_object().unwrap_or_else(|| panic!("{stage}: {m}"));
+        assert!(checks.len() >= 4, "{stage}: {checks:?}");
+        for (name, c) in checks {
+            assert!(c["checked"].as_u64().unwrap() > 0, "{stage} {name}: {c}");
+            if stage != "profiles_llm" {
+                assert_eq!(c["dropped"], 0, "{stage} {name}: {c}");
+            }
+        }
+    }
+    let dropped = support::failures(&out, "profiles_llm");
+    assert_eq!(dropped.len(), 1, "{dropped:?}");
+    assert_eq!((dropped[0]["kind"].as_str(), dropped[0]["check"].as_str()), (Some("check"), Some("language")));
+    assert!(card.contains("## Quality") && card.contains("1 record was dropped after its last attempt"), "{card}");
+    for stage in ["profiles_unique", "free_chats_unique", "onscene_chats_unique", "stylized_unique"] {
+        assert_eq!(m["quality"]["stages"][stage]["near_duplicates"]["removed"], 0, "{stage}");
+    }
+
     // Same config, new directory: byte-identical; same directory: nothing to do.
     let out_b = run_offline(&p, "b");
     assert_same_outputs(&out, &out_b);
@@ -475,6 +497,9 @@ fn demo_profile_runs_against_an_openai_compatible_server() {
         let info = &m["stages"][stage]["report"]["info"];
         assert_eq!(info["structured"], "text", "{stage}: {info}");
         assert!(info["structured_fallback"].as_str().is_some_and(|s| !s.is_empty()), "{stage}: {info}");
+        // The same content checks as offline and with gpt-4o.
+        let checks = &m["quality"]["stages"][stage]["checks"];
+        assert!(checks["debris"]["checked"].as_u64().is_some_and(|n| n > 0), "{stage}: {checks}");
     }
     // The key is nowhere in what the run left behind.
     let mut stack = vec![out.clone()];

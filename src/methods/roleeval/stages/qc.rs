@@ -7,7 +7,10 @@
 //! `roleeval_prompts`). Output: the questions with `qc_strong`, `qc_weak`, `qc_pass`,
 //! `qc_reason`; the summary (table `qc`: one row per character, accuracies in %);
 //! `<stage>.revise.csv`, the failing characters with their accuracies and reasons
-//! (the paper sends them back to the annotators rather than dropping them).
+//! (the paper sends them back to the annotators rather than dropping them). The
+//! questions of a failing character go to the failure table (kind `check`, check
+//! `roleeval_qc`, with the accuracies and reasons), so the check is counted with the
+//! pipeline's other content checks (`check.roleeval_qc.*`, the manifest's `quality`).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -37,7 +40,8 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "roleeval_qc",
-    version: 1,
+    // 2: questions of failing characters go to the failure table, not the output.
+    version: 2,
     about: "RoleEval construction: per-character automatic quality check (0.3 <= x <= 0.9, y <= 0.8, x - y >= 0.15)",
     role: Role::Transform,
     arity: Arity::Exactly(3),
@@ -155,10 +159,23 @@ impl Stage for Qc {
         let schema = schema(&ctx.inputs[0].schema);
         let mut out = ctx.create_output_keeping_ids(schema.clone())?;
         let mut rows = Vec::with_capacity(questions.len());
+        let (checked, mut failed) = (questions.len() as u64, 0u64);
         for r in questions {
             let id = text(&r, data::ID).unwrap_or_default();
             let c = text(&r, &self.character).unwrap_or_default();
             let (x, y, reasons) = &verdict[&c];
+            if !reasons.is_empty() {
+                failed += 1;
+                let message = format!(
+                    "character {c} fails the automatic quality check (strong {:.0}%, weak {:.0}%): {}; see {}.revise.csv",
+                    x * 100.0,
+                    y * 100.0,
+                    reasons.join("; "),
+                    ctx.name
+                );
+                ctx.fail_check(&id, "roleeval_qc", message, Some(Value::Object(r).to_string()));
+                continue;
+            }
             let mut row = r;
             row.insert("strong_pred".into(), strong.get(&id).cloned().flatten().map(Value::String).unwrap_or(Value::Null));
             row.insert("weak_pred".into(), weak.get(&id).cloned().flatten().map(Value::String).unwrap_or(Value::Null));
@@ -168,7 +185,9 @@ impl Stage for Qc {
             row.insert("qc_reason".into(), if reasons.is_empty() { Value::Null } else { json!(reasons.join("; ")) });
             rows.push(row);
         }
-        ctx.report.rows_in = rows.len() as u64;
+        ctx.report.rows_in = checked;
+        let counts = crate::quality::Counts { checked, failed, reasked: 0, dropped: failed, flagged: 0 };
+        ctx.report.metrics.extend(counts.metrics("roleeval_qc"));
         for chunk in rows.chunks(1024) {
             out.write(&data::rows_to_batch(&schema, chunk).map_err(|(i, e)| anyhow!("row {i}: {e}"))?)?;
         }
