@@ -40,12 +40,15 @@ pub struct Env<'a> {
     pub default_fields: &'a [String],
 }
 
+/// Builds a check from its options.
+pub type BuildCheck = fn(&Value, &Env<'_>) -> Result<Box<dyn Check>, String>;
+
 /// A check kind: its name, what it does, its options and its constructor.
 pub struct CheckKind {
     pub name: &'static str,
     pub about: &'static str,
     pub options: &'static [OptionSpec],
-    pub build: fn(&Value, &Env<'_>) -> Result<Box<dyn Check>, String>,
+    pub build: BuildCheck,
 }
 
 /// Options every check takes.
