@@ -169,14 +169,14 @@ pub fn markdown(stages: &[StageQuality]) -> String {
         said.push(format!("Every one of the {} checked answers passed its content checks.", t.checked));
     } else {
         let mut s = format!(
-            "Content checks read {}; {} failed a check and {} asked again",
+            "Content checks read {}; {} failed a check: {} asked again",
             plural(t.checked, "answer", "answers"),
-            plural(t.reasked, "answer", "answers"),
-            if t.reasked == 1 { "was" } else { "were" }
+            t.failed_answers,
+            plural(t.reasked, "answer was", "answers were"),
         );
         if t.dropped > 0 {
             let _ =
-                write!(s, ", and {} dropped after its last attempt", plural(t.dropped, "record was", "records were"));
+                write!(s, ", and {} dropped after the last attempt", plural(t.dropped, "record was", "records were"));
         } else {
             s.push_str(", and no record was dropped by a check");
         }
@@ -269,8 +269,8 @@ mod tests {
             [("dedup.checked".to_string(), 50.0), ("dedup.removed".to_string(), 5.0)].into_iter().collect();
         let d = of_stage("unique", &dedup).unwrap();
         let md = markdown(&[q.clone(), d.clone()]);
-        assert!(md.contains("Content checks read 10 answers; 2 answers failed a check and were asked again"), "{md}");
-        assert!(md.contains("1 record was dropped after its last attempt"), "{md}");
+        assert!(md.contains("Content checks read 10 answers; 3 failed a check: 2 answers were asked again"), "{md}");
+        assert!(md.contains("1 record was dropped after the last attempt"), "{md}");
         assert!(
             md.contains("5 records were removed as near-duplicates of earlier ones (10.0% of 50 compared)"),
             "{md}"

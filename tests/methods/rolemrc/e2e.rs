@@ -209,7 +209,7 @@ fn offline_pipeline_writes_every_split_in_the_official_layouts() {
     let dropped = support::failures(&out, "profiles_llm");
     assert_eq!(dropped.len(), 1, "{dropped:?}");
     assert_eq!((dropped[0]["kind"].as_str(), dropped[0]["check"].as_str()), (Some("check"), Some("language")));
-    assert!(card.contains("## Quality") && card.contains("1 record was dropped after its last attempt"), "{card}");
+    assert!(card.contains("## Quality") && card.contains("1 record was dropped after the last attempt"), "{card}");
     for stage in ["profiles_unique", "free_chats_unique", "onscene_chats_unique", "stylized_unique"] {
         assert_eq!(m["quality"]["stages"][stage]["near_duplicates"]["removed"], 0, "{stage}");
     }
