@@ -2,11 +2,13 @@
 # Paper-scale offline RoleMRC run (BENCHMARKS.md): 10.5k personas, 808.7k MRC records,
 # Table 2 counts, the offline provider and hashing embedder. Make the data first:
 #   python3 pipelines/data/rolemrc-demo/generate.py --personas 10500 --records 808700 --mix 0 --out /tmp/rolemrc-scale
-# then: /usr/bin/time -v benches/rolemrc_scale.sh /tmp/rolemrc-scale   (SYNTH=path picks another binary)
+# then: /usr/bin/time -v benches/rolemrc_scale.sh /tmp/rolemrc-scale   (SYNTH=path picks another binary;
+# OUT=dir another output directory; arguments after the data directory go to `synth run`)
 set -euo pipefail
 D=${1:-/tmp/rolemrc-scale}
+shift || true
 cd "$(dirname "$0")/.."
-exec "${SYNTH:-target/release/synth}" run pipelines/rolemrc.toml --offline --out "$D/out" -q \
+exec "${SYNTH:-target/release/synth}" run pipelines/rolemrc.toml --offline --out "${OUT:-$D/out}" -q "$@" \
   --set "stages.personas_raw.path=\"$D/personas.jsonl\"" \
   --set "stages.msmarco.path=\"$D/msmarco.jsonl\"" \
   --set stages.personas.n=10500 \

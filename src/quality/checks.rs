@@ -400,7 +400,7 @@ fn record_text(record: &Map<String, Value>, column: &str) -> String {
 
 impl Check for Echo {
     fn problems(&self, s: &Subject<'_>) -> Vec<String> {
-        let mut source = HashSet::new();
+        let mut source = text::NgramSet::default();
         for of in &self.of {
             let t = if of == "prompt" { s.prompt.unwrap_or_default().to_string() } else { record_text(s.record, of) };
             source.extend(text::ngram_set(&t, self.n));
@@ -548,8 +548,11 @@ impl Check for Language {
                 script.name()
             )];
         }
+        // The language is read from the first 2,000 characters (whatlang's trigram
+        // profile settles long before; a whole dialogue costs ten times as much).
+        let head = joined.char_indices().nth(2000).map_or(joined.as_str(), |(i, _)| &joined[..i]);
         if text::letters(&joined) >= self.detect_min
-            && let Some(info) = whatlang::detect(&joined)
+            && let Some(info) = whatlang::detect(head)
             && info.is_reliable()
             && info.lang() != lang
             && info.script() == script

@@ -4,7 +4,9 @@
 //! the most frequent n-gram's share, characters in repeated n-grams), word n-gram
 //! overlap with a source (echo), and the script and language a text is written in.
 
-use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasher, Hasher};
+
+use rustc_hash::{FxBuildHasher, FxHashMap, FxHashSet};
 
 /// Whether `c` is a CJK ideograph or kana (written without spaces between words).
 pub fn is_cjk(c: char) -> bool {
@@ -51,6 +53,61 @@ pub fn words(text: &str) -> Vec<String> {
         }
     }
     out
+}
+
+/// The words of [`words`] as 64-bit hashes with their lengths in characters, without
+/// allocating a string per word (what the repetition and echo measures compare; equal
+/// words have equal hashes, and the tokenization is the same as [`words`]').
+pub fn word_keys(text: &str) -> (Vec<u64>, Vec<usize>) {
+    let (mut hashes, mut lens) = (Vec::new(), Vec::new());
+    for token in text.split_whitespace() {
+        let mut h = FxBuildHasher.build_hasher();
+        let (mut len, mut quotes) = (0usize, 0usize);
+        for c in token.chars() {
+            if is_cjk(c) {
+                if len > 0 {
+                    // words() keeps a word's apostrophes when a CJK character ends it.
+                    for _ in 0..std::mem::take(&mut quotes) {
+                        h.write_u32('\'' as u32);
+                        len += 1;
+                    }
+                    hashes.push(h.finish());
+                    lens.push(len);
+                    h = FxBuildHasher.build_hasher();
+                    len = 0;
+                }
+                quotes = 0;
+                let mut one = FxBuildHasher.build_hasher();
+                one.write_u32(c as u32);
+                hashes.push(one.finish());
+                lens.push(1);
+            } else if c == '\'' && len > 0 {
+                // Kept only when a letter follows (words() trims them at the end).
+                quotes += 1;
+            } else if c.is_ascii_alphanumeric() {
+                for _ in 0..std::mem::take(&mut quotes) {
+                    h.write_u32('\'' as u32);
+                    len += 1;
+                }
+                h.write_u32(c.to_ascii_lowercase() as u32);
+                len += 1;
+            } else if c.is_alphanumeric() {
+                for _ in 0..std::mem::take(&mut quotes) {
+                    h.write_u32('\'' as u32);
+                    len += 1;
+                }
+                for l in c.to_lowercase() {
+                    h.write_u32(l as u32);
+                    len += 1;
+                }
+            }
+        }
+        if len > 0 {
+            hashes.push(h.finish());
+            lens.push(len);
+        }
+    }
+    (hashes, lens)
 }
 
 /// Why a value is debris rather than text, or `None` when it reads as text: blank,
@@ -127,30 +184,29 @@ pub fn repetition(text: &str) -> Repetition {
     let mut r = Repetition::default();
     let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
     if lines.len() > 1 {
-        let mut seen = HashSet::new();
+        let mut seen = FxHashSet::default();
         let dup = lines.iter().filter(|l| !seen.insert(**l)).count();
         r.duplicate_line_fraction = dup as f64 / lines.len() as f64;
     }
-    let words = words(text);
-    let total: usize = words.iter().map(|w| w.chars().count()).sum();
+    let (words, chars) = word_keys(text);
+    let total: usize = chars.iter().sum();
     if total == 0 {
         return r;
     }
-    let chars: Vec<usize> = words.iter().map(|w| w.chars().count()).collect();
     for (k, n) in (2..=4).enumerate() {
         if words.len() < n {
             break;
         }
-        let mut counts: HashMap<&[String], usize> = HashMap::new();
-        for g in words.windows(n) {
-            *counts.entry(g).or_default() += 1;
+        let mut counts: FxHashMap<&[u64], (usize, usize)> = FxHashMap::default();
+        for (i, g) in words.windows(n).enumerate() {
+            counts.entry(g).or_insert((0, i)).0 += 1;
         }
         // The most frequent n-gram; ties go to the longest (then the first) for determinism.
         let best = counts
-            .iter()
-            .filter(|(_, c)| **c > 1)
-            .map(|(g, c)| (*c, g.iter().map(|w| w.chars().count()).sum::<usize>(), *g))
-            .max_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)).then(b.2.cmp(a.2)));
+            .values()
+            .filter(|(c, _)| *c > 1)
+            .map(|&(c, first)| (c, chars[first..first + n].iter().sum::<usize>(), first))
+            .max_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)).then(b.2.cmp(&a.2)));
         if let Some((count, len, _)) = best {
             r.top_ngram[k] = (count * len) as f64 / total as f64;
         }
@@ -161,7 +217,7 @@ pub fn repetition(text: &str) -> Repetition {
         }
         // Characters of words covered by a second (or later) occurrence of an n-gram,
         // each word counted once.
-        let mut seen: HashSet<&[String]> = HashSet::new();
+        let mut seen: FxHashSet<&[u64]> = FxHashSet::default();
         let mut covered = vec![false; words.len()];
         let mut i = 0;
         while i + n <= words.len() {
@@ -181,29 +237,27 @@ pub fn repetition(text: &str) -> Repetition {
     r
 }
 
+/// A set of hashed n-grams (the hashes are in-process only, never stored).
+pub type NgramSet = FxHashSet<u64>;
+
 /// The word n-grams of `text`, hashed.
-pub fn ngram_set(text: &str, n: usize) -> HashSet<u64> {
-    let words = words(text);
+pub fn ngram_set(text: &str, n: usize) -> NgramSet {
+    let (words, _) = word_keys(text);
     if words.len() < n {
-        return HashSet::new();
+        return NgramSet::default();
     }
     words.windows(n).map(hash_words).collect()
 }
 
-fn hash_words(words: &[String]) -> u64 {
-    let mut h = blake3::Hasher::new();
-    for w in words {
-        h.update(w.as_bytes());
-        h.update(&[0]);
-    }
-    let bytes = h.finalize();
-    u64::from_le_bytes(bytes.as_bytes()[..8].try_into().expect("8 bytes"))
+/// One n-gram's 64-bit hash (FxHash over its words' hashes).
+fn hash_words(words: &[u64]) -> u64 {
+    FxBuildHasher.hash_one(words)
 }
 
 /// The share of `text`'s word n-grams found in `source` (`None` when the text has
 /// fewer than `n` words).
-pub fn overlap(text: &str, source: &HashSet<u64>, n: usize) -> Option<f64> {
-    let words = words(text);
+pub fn overlap(text: &str, source: &NgramSet, n: usize) -> Option<f64> {
+    let (words, _) = word_keys(text);
     if words.len() < n {
         return None;
     }
@@ -214,12 +268,14 @@ pub fn overlap(text: &str, source: &HashSet<u64>, n: usize) -> Option<f64> {
 
 /// The longest run of `text`'s words whose n-grams are all in `source` (what was copied),
 /// as the words read (lower-cased).
-pub fn first_shared(text: &str, source: &HashSet<u64>, n: usize) -> Option<String> {
+pub fn first_shared(text: &str, source: &NgramSet, n: usize) -> Option<String> {
+    let (keys, _) = word_keys(text);
     let words = words(text);
-    if words.len() < n {
+    debug_assert_eq!(keys.len(), words.len());
+    if keys.len() < n || keys.len() != words.len() {
         return None;
     }
-    let hits: Vec<bool> = words.windows(n).map(|g| source.contains(&hash_words(g))).collect();
+    let hits: Vec<bool> = keys.windows(n).map(|g| source.contains(&hash_words(g))).collect();
     let (mut best, mut start) = (None::<(usize, usize)>, None::<usize>);
     for (i, hit) in hits.iter().chain(std::iter::once(&false)).enumerate() {
         match (hit, start) {
@@ -239,9 +295,9 @@ pub fn first_shared(text: &str, source: &HashSet<u64>, n: usize) -> Option<Strin
 /// Distinct-n over a list of texts (Li et al. 2016): distinct word n-grams / all word n-grams.
 pub fn distinct_n<'a>(texts: impl IntoIterator<Item = &'a str>, n: usize) -> Option<f64> {
     let mut all = 0usize;
-    let mut distinct = HashSet::new();
+    let mut distinct = NgramSet::default();
     for t in texts {
-        let w = words(t);
+        let (w, _) = word_keys(t);
         if w.len() < n {
             continue;
         }
@@ -256,7 +312,7 @@ pub fn distinct_n<'a>(texts: impl IntoIterator<Item = &'a str>, n: usize) -> Opt
 /// The share of `text`'s letters that are in `script`, and the other script with the
 /// most letters. Each whitespace token's script is found by whatlang.
 pub fn script_share(text: &str, script: whatlang::Script) -> (f64, Option<whatlang::Script>) {
-    let mut by_script: HashMap<whatlang::Script, usize> = HashMap::new();
+    let mut by_script: FxHashMap<whatlang::Script, usize> = FxHashMap::default();
     let mut all = 0usize;
     for token in text.split_whitespace() {
         let n = letters(token);
@@ -307,6 +363,26 @@ mod tests {
             "Al",
         ] {
             assert_eq!(debris(good, 2), None, "{good:?}");
+        }
+    }
+
+    #[test]
+    fn word_keys_tokenize_as_words() {
+        for t in [
+            "Don't stop -- it's the END'' of the 'line' a'-b x'中文y'' Ünïcode ÉCOLE école 42nd",
+            "  ",
+            "''' ok",
+            "中文 字",
+        ] {
+            let w = words(t);
+            let (k, lens) = word_keys(t);
+            assert_eq!(w.len(), k.len(), "{t}");
+            for i in 0..w.len() {
+                assert_eq!(lens[i], w[i].chars().count(), "{t}: {}", w[i]);
+                for j in 0..w.len() {
+                    assert_eq!(w[i] == w[j], k[i] == k[j], "{t}: {} / {}", w[i], w[j]);
+                }
+            }
         }
     }
 
