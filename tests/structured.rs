@@ -120,7 +120,7 @@ fn profile(i: usize) -> (Value, String) {
         "specific_abilities_and_skills": [{"name": "Night Sight", "description": "sees ships before the watch does"},
                    {"name": "Knots", "description": "ties forty kinds"}],
         "speech_style": "Short sentences, sea words, a dry joke at the end.",
-        "personality_characteristics": [{"name": "Steady", "description": "never hurries"}, {"name": "Wry", "description": ""}],
+        "personality_characteristics": [{"name": "Steady", "description": "never hurries"}, {"name": "Wry", "description": "finds the joke in a squall"}],
         "past_experience_and_background": [format!("Lit her first lamp at {}.", 10 + i), "Lost a brother to a storm."],
         "ability_and_knowledge_boundaries": "Knows the harbour, not the open sea or its politics.",
         "speech_examples": [
@@ -129,7 +129,7 @@ fn profile(i: usize) -> (Value, String) {
         ]
     });
     let text = format!(
-        "####Role Name and Brief Description\n{name}\n{desc}\n####Specific Abilities and Skills\n1. Night Sight: sees ships before the watch does\n2. Knots: ties forty kinds\n####Speech Style\nShort sentences, sea words, a dry joke at the end.\n####Personality Characteristics\n1. Steady: never hurries\n2. Wry\n####Past Experience and Background\n1. Lit her first lamp at {age}.\n2. Lost a brother to a storm.\n####Ability and Knowledge Boundaries\nKnows the harbour, not the open sea or its politics.\n####Speech Examples\n1. Storms: \"(squints at the horizon) Wind's turning. Bring the boats in.\"\n2. Greeting: \"Evening. Lamp's lit, you're safe.\"",
+        "####Role Name and Brief Description\n{name}\n{desc}\n####Specific Abilities and Skills\n1. Night Sight: sees ships before the watch does\n2. Knots: ties forty kinds\n####Speech Style\nShort sentences, sea words, a dry joke at the end.\n####Personality Characteristics\n1. Steady: never hurries\n2. Wry: finds the joke in a squall\n####Past Experience and Background\n1. Lit her first lamp at {age}.\n2. Lost a brother to a storm.\n####Ability and Knowledge Boundaries\nKnows the harbour, not the open sea or its politics.\n####Speech Examples\n1. Storms: \"(squints at the horizon) Wind's turning. Bring the boats in.\"\n2. Greeting: \"Evening. Lamp's lit, you're safe.\"",
         desc = obj["brief_description"].as_str().unwrap(),
         age = 10 + i,
     );
@@ -256,7 +256,10 @@ fn each_form_is_sent_as_its_server_documents_and_gives_the_text_protocols_column
                     assert_eq!(rf["type"], "json_schema");
                     assert_eq!(rf["json_schema"]["name"], "profile");
                     assert_eq!(rf["json_schema"]["strict"], true, "the shipped schema meets strict mode");
-                    assert_eq!(rf["json_schema"]["schema"], schema);
+                    // Strict mode gets the schema without the assertions it lacks (minLength...);
+                    // the answer is validated against the whole schema after parsing.
+                    assert_eq!(rf["json_schema"]["schema"], synth::llm::schema::strict_view(&schema));
+                    assert_ne!(rf["json_schema"]["schema"], schema, "the shipped schema bounds its texts' lengths");
                 }
                 "vllm" => {
                     assert_eq!(rf["type"], "json_schema");
@@ -480,8 +483,10 @@ fn shipped_schemas_are_valid_meet_strict_mode_and_match_their_parsers() {
                 found += 1;
                 let file = synth::llm::schema::SchemaFile::load(&path, &path.display().to_string()).unwrap();
                 // `*.local.schema.json`: for grammar-constrained decoders, strict mode not required.
+                // The others meet it as strict mode gets them (without minLength and the like).
                 if !path.to_string_lossy().ends_with(".local.schema.json") {
-                    assert_eq!(synth::llm::schema::strict_problem(&file.request.schema), None, "{}", path.display());
+                    let sent = synth::llm::schema::strict_view(&file.request.schema);
+                    assert_eq!(synth::llm::schema::strict_problem(&sent), None, "{}", path.display());
                 }
             }
         }

@@ -336,7 +336,8 @@ struct Part {
     failures: Option<PathBuf>,
 }
 
-/// Sum what the shards did; descriptive facts are the first shard's.
+/// Sum what the shards did (counts, and the metrics that are counts:
+/// [`crate::store::state::additive_metric`]); descriptive facts are the first shard's.
 fn add_report(into: &mut StageReport, part: &StageReport, first: bool) {
     into.rows_in += part.rows_in;
     into.rows_out += part.rows_out;
@@ -349,6 +350,14 @@ fn add_report(into: &mut StageReport, part: &StageReport, first: bool) {
     if first {
         into.info = part.info.clone();
         into.metrics = part.metrics.clone();
+        return;
+    }
+    for (k, v) in &part.metrics {
+        if crate::store::state::additive_metric(k) {
+            *into.metrics.entry(k.clone()).or_default() += v;
+        } else {
+            into.metrics.entry(k.clone()).or_insert(*v);
+        }
     }
 }
 

@@ -127,7 +127,7 @@ impl Offline {
         let (name, args) = req.expect.split_once(':').unwrap_or((req.expect.as_str(), ""));
         match self.shapes.iter().find(|s| s.name == name) {
             Some(shape) => (shape.generate)(&ShapeInput { prompt: &prompt, args, score_one: self.score_one }, &mut rng),
-            None => paragraph(&content_words(&prompt), &mut rng, 3),
+            None => paragraph_of(&prompt, &mut rng, 3),
         }
     }
 }
@@ -225,6 +225,41 @@ pub fn paragraph<R: Rng>(words: &[String], rng: &mut R, sentences: usize) -> Str
         .join(" ")
 }
 
+/// Whether a prompt is written mostly in Chinese characters (more Han letters than Latin).
+pub fn mostly_han(text: &str) -> bool {
+    let (mut han, mut latin) = (0usize, 0usize);
+    for c in text.chars() {
+        if is_han(c) {
+            han += 1;
+        } else if c.is_ascii_alphabetic() {
+            latin += 1;
+        }
+    }
+    han > latin
+}
+
+fn is_han(c: char) -> bool {
+    matches!(c, '\u{3400}'..='\u{4dbf}' | '\u{4e00}'..='\u{9fff}' | '\u{f900}'..='\u{faff}')
+}
+
+/// A stand-in paragraph in the prompt's script: Chinese sentences built from the prompt's
+/// Chinese phrases when it is written mostly in Chinese (so an answer asked for in Chinese
+/// is in Chinese, as the language check asks of a real model), [`paragraph`] otherwise.
+pub fn paragraph_of<R: Rng>(prompt: &str, rng: &mut R, sentences: usize) -> String {
+    let words = content_words(prompt);
+    if !mostly_han(prompt) {
+        return paragraph(&words, rng, sentences);
+    }
+    let mut han: Vec<String> =
+        words.iter().filter(|w| w.chars().all(is_han)).map(|w| w.chars().take(6).collect()).collect();
+    if han.is_empty() {
+        han.push("这个故事".into());
+    }
+    (0..sentences)
+        .map(|_| format!("{}在这里很重要，因为{}，值得细看。", pick_word(rng, &han), pick_word(rng, &han)))
+        .collect()
+}
+
 /// Text between the last `start` marker and the next `end` marker after it.
 pub fn between<'a>(text: &'a str, start: &str, end: &str) -> Option<&'a str> {
     let s = text.rfind(start)? + start.len();
@@ -245,13 +280,12 @@ pub fn block_after<'a>(text: &'a str, marker: &str) -> Option<&'a str> {
 }
 
 fn json_object<R: Rng>(prompt: &str, fields: &str, rng: &mut R) -> String {
-    let words = content_words(prompt);
     let mut obj = serde_json::Map::new();
     for f in fields.split(',').map(str::trim).filter(|f| !f.is_empty()) {
-        obj.insert(f.to_string(), serde_json::Value::String(paragraph(&words, rng, 1)));
+        obj.insert(f.to_string(), serde_json::Value::String(paragraph_of(prompt, rng, 1)));
     }
     if obj.is_empty() {
-        obj.insert("text".into(), serde_json::Value::String(paragraph(&words, rng, 1)));
+        obj.insert("text".into(), serde_json::Value::String(paragraph_of(prompt, rng, 1)));
     }
     serde_json::Value::Object(obj).to_string()
 }

@@ -41,6 +41,15 @@ pub struct StageReport {
     pub metrics: BTreeMap<String, f64>,
 }
 
+/// Whether a stage metric is a count (or a time) that adds up over the shards of a
+/// sharded stage: content checks (`check.<name>.*`, `checks.seconds`), answers by
+/// attempt (`answers.*`), rejections by kind (`rejected.*`), review (`review.*`) and
+/// drops by kind (`dropped.*`). Other metrics describe the run (a flag, a ratio) and are
+/// the first shard's.
+pub fn additive_metric(key: &str) -> bool {
+    ["check.", "checks.", "answers.", "rejected.", "review.", "dropped."].iter().any(|p| key.starts_with(p))
+}
+
 /// One committed output file, relative to the output directory.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct OutputRecord {

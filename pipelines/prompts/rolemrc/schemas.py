@@ -7,7 +7,7 @@ for text) from one description, so the portable and the local forms say the same
   is validated against the whole schema after parsing, on every provider);
 - rewrite(.local).schema.json: the ruled rewrite, whose answer may need brackets or
   another language (a nested formatting rule), so only its length is bounded;
-- dialogue.local.{role,user}.schema.json: the local dialogue with its first speaker in the
+- dialogue.{role,user}.local.schema.json: the local dialogue with its first speaker in the
   grammar (a stage's `schemas` by the plan's `first` column);
 - *.local.schema.json: for grammar-constrained decoders (the `local` provider, llama.cpp's
   server, vLLM): tighter length bounds (a 135M model writes to the bound it is given),
@@ -215,7 +215,7 @@ def main():
                 json.dump(make(local), f, indent=1 if local else 2, ensure_ascii=False)
                 f.write("\n")
     for first in ("role", "user"):
-        with open(os.path.join(HERE, f"dialogue.local.{first}.schema.json"), "w") as f:
+        with open(os.path.join(HERE, f"dialogue.{first}.local.schema.json"), "w") as f:
             json.dump(dialogue_first(first), f, indent=1, ensure_ascii=False)
             f.write("\n")
 

@@ -9,6 +9,7 @@
 use std::sync::LazyLock;
 
 use rand::RngExt;
+use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 use regex::Regex;
 
@@ -24,15 +25,23 @@ pub static DIALOGUE: OfflineShape = OfflineShape { name: DIALOGUE_SHAPE, generat
 const ZH_ASK: &[&str] = &["最近在忙什么呀？", "你平时喜欢做什么？", "还记得你上次说的事吗？", "今天心情怎么样？", "能讲讲你以前的经历吗？"];
 const EN_ASK: &[&str] = &["What have you been up to?", "What do you like to do?", "Remember what you told me last time?", "How are you feeling today?", "Can you tell me about your past?"];
 
-/// A context dialogue: 8 or 10 alternating turns, user first, the character last.
+/// A context dialogue: 8 or 10 alternating turns, user first, the character last; no
+/// line said twice (each speaker's lines are drawn without replacement), as the stage's
+/// repetition check asks of a real model.
 fn dialogue(input: &ShapeInput<'_>, rng: &mut ChaCha8Rng) -> String {
     let zh = input.prompt.contains("请根据下面的角色设定");
     let (ask, reply) = if zh { (ZH_ASK, ZH) } else { (EN_ASK, EN) };
     let turns = if rng.random_range(0..2u32) == 0 { 8 } else { 10 };
+    let mut order = |n: usize| {
+        let mut o: Vec<usize> = (0..n).collect();
+        o.shuffle(rng);
+        o
+    };
+    let (asks, replies) = (order(ask.len()), order(reply.len()));
     let list: Vec<serde_json::Value> = (0..turns)
         .map(|i| {
-            let (speaker, pool) = if i % 2 == 0 { ("user", ask) } else { ("character", reply) };
-            serde_json::json!({"speaker": speaker, "utterance": pool[rng.random_range(0..pool.len())]})
+            let (speaker, line) = if i % 2 == 0 { ("user", ask[asks[i / 2]]) } else { ("character", reply[replies[i / 2]]) };
+            serde_json::json!({"speaker": speaker, "utterance": line})
         })
         .collect();
     serde_json::json!({ "dialogue": list }).to_string()

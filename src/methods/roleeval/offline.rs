@@ -28,7 +28,14 @@ fn question(input: &ShapeInput<'_>, rng: &mut ChaCha8Rng) -> String {
         };
         options.push(w);
     }
-    let topic = if words.is_empty() { "这个角色".to_string() } else { crate::llm::offline::pick_word(rng, &words) };
+    // Two of the prompt's phrases: stems of one character's slots differ as a model's would.
+    let topic = if words.is_empty() {
+        "这个角色".to_string()
+    } else {
+        let a = crate::llm::offline::pick_word(rng, &words);
+        let b = crate::llm::offline::pick_word(rng, &words);
+        if a == b { a } else { format!("{a}与{b}") }
+    };
     // A rewrite of a question given as JSON in the prompt (a translation) keeps its letter.
     let given = input.prompt.split("\"answer\":").nth(1).and_then(|rest| {
         let letter = rest.trim_start().strip_prefix('"')?.chars().next()?;

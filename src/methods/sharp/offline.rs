@@ -52,7 +52,15 @@ fn claim(input: &ShapeInput<'_>, rng: &mut ChaCha8Rng) -> String {
         .unwrap_or("Offline placeholder claim");
     let cjk = text.chars().any(|c| is_cjk(c) && c.is_alphabetic());
     let out = match input.args {
-        "zh" if !cjk => format!("离线译文：{text}"),
+        // A stand-in translation in Chinese characters only (the stage's language check
+        // reads it as a real translation would be read): eight characters drawn by the
+        // claim's hash, so each claim has its own.
+        "zh" if !cjk => {
+            const HAN: &[char] = &['山', '水', '风', '云', '花', '鸟', '书', '茶', '火', '石', '林', '雨', '光', '海', '路', '门'];
+            let hash = blake3::hash(text.as_bytes());
+            let chars: String = hash.as_bytes()[..8].iter().map(|b| HAN[(*b as usize) % HAN.len()]).collect();
+            format!("离线译文：{chars}")
+        }
         "en" if cjk => format!("offline translation {}", &blake3::hash(text.as_bytes()).to_hex()[..8]),
         _ => text.to_string(),
     };

@@ -30,8 +30,16 @@ fn the_quality_check_keeps_exactly_the_characters_within_the_bounds() {
     assert_eq!(c01.iter().filter(|r| r["format"] == "negation").count(), 2);
     assert_eq!(c01.iter().filter(|r| r["format"] == "non_occurrence").count(), 1);
 
-    let qc = parquet_rows(&out.join("qc.parquet"));
-    assert_eq!(qc.len(), 102, "100 drafted + 2 imported");
+    // The questions of passing characters are the output; those of failing characters
+    // are in the failure table (kind `check`), with the predictions and the verdict.
+    let kept = parquet_rows(&out.join("qc.parquet"));
+    let failed = crate::support::failures(&out, "qc");
+    assert!(failed.iter().all(|f| f["kind"] == "check" && f["check"] == "roleeval_qc"), "{failed:?}");
+    let mut qc = kept.clone();
+    qc.extend(failed.iter().map(|f| serde_json::from_str(f["record"].as_str().unwrap()).unwrap()));
+    let questions = parquet_rows(&out.join("questions.parquet"));
+    assert_eq!(qc.len(), questions.len(), "every question is kept or failed");
+    assert!(questions.len() >= 95 && questions.len() <= 102, "100 drafted + 2 imported, near-duplicates removed");
     // Recompute x, y and the verdict per character.
     let mut per: BTreeMap<String, (u32, u32, u32)> = BTreeMap::new();
     for r in &qc {
@@ -60,6 +68,7 @@ fn the_quality_check_keeps_exactly_the_characters_within_the_bounds() {
     let passed = parquet_rows(&out.join("passed.parquet"));
     assert!(passed.iter().all(|r| passing.contains(&r["char_id"].as_str().unwrap().to_string())));
     assert_eq!(passed.len(), qc.iter().filter(|r| r["qc_pass"] == true).count());
+    assert_eq!(kept.len(), passed.len(), "only passing characters' questions are output");
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(report.contains("| 林远 |"));
 }
@@ -70,7 +79,7 @@ fn the_exported_release_reads_back() {
     let out = run_build(&p, "out", &["--set", "stages.qc.min_gap=-1.0", "--set", "stages.qc.strong_min=0.0"]);
     let format = Format::read(&repo().join("pipelines/prompts/roleeval/zh.json")).unwrap();
     let release = out.join("release");
-    let mut test_questions = 0;
+    let (mut test_questions, mut dev_questions) = (0, 0);
     let mut files = Vec::new();
     for entry in walk(&release.join("zh")) {
         let rel = entry.strip_prefix(&release).unwrap().to_string_lossy().to_string();
@@ -83,6 +92,8 @@ fn the_exported_release_reads_back() {
         assert!(items.iter().enumerate().all(|(i, it)| it.qid == i.to_string()), "{rel}: ids from 0");
         if split == "test" {
             test_questions += items.len();
+        } else {
+            dev_questions += items.len();
         }
         files.push(rel);
     }
@@ -97,13 +108,27 @@ fn the_exported_release_reads_back() {
             "zh/global/test/movies_and_tv_series_test.csv",
         ]
     );
-    assert_eq!(test_questions, 82, "4 test characters x 20 + 2 imported");
+    // 4 test characters x 20 + 2 imported, less the near-duplicates `questions` removed;
+    // every question that passed is exported, to dev or test.
+    let questions = parquet_rows(&out.join("questions.parquet"));
+    assert_eq!(test_questions + dev_questions, questions.len());
+    assert!(
+        (78..=82).contains(&test_questions) && (18..=20).contains(&dev_questions),
+        "{test_questions} {dev_questions}"
+    );
     let games = std::fs::read_to_string(release.join("zh/global/test/games_test.csv")).unwrap();
     assert!(games.contains("韩雪的妹妹是谁？,韩霜,韩露,苏晴,江离\n"), "imported questions are exported");
     let key = std::fs::read_to_string(release.join("key.csv")).unwrap();
-    assert_eq!(key.lines().count(), 1 + 82);
-    assert_eq!(key.lines().filter(|l| l.ends_with(",reasoning")).count(), 4 * 3);
-    assert!(std::fs::read_to_string(release.join("README.md")).unwrap().contains("| chinese | dev | fiction | 20 |"));
+    assert_eq!(key.lines().count(), 1 + test_questions);
+    // 3 reasoning slots per test character, less those removed as near-duplicates.
+    let reasoning = key.lines().filter(|l| l.ends_with(",reasoning")).count();
+    let removed = crate::support::failures(&out, "questions").len();
+    assert!(reasoning <= 4 * 3 && reasoning + removed >= 4 * 3, "{reasoning} reasoning, {removed} removed");
+    assert!(
+        std::fs::read_to_string(release.join("README.md"))
+            .unwrap()
+            .contains(&format!("| chinese | dev | fiction | {dev_questions} |"))
+    );
 
     // The optional translation: the same files under en/, read back with the English format
     // file, and the same key (every translation kept its answer letter).

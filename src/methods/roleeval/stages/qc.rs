@@ -164,6 +164,15 @@ impl Stage for Qc {
             let id = text(&r, data::ID).unwrap_or_default();
             let c = text(&r, &self.character).unwrap_or_default();
             let (x, y, reasons) = &verdict[&c];
+            // The predictions and the verdict travel with the row, kept or failed: a failed
+            // question's record in the failure table shows what the models answered.
+            let mut row = r;
+            row.insert("strong_pred".into(), strong.get(&id).cloned().flatten().map(Value::String).unwrap_or(Value::Null));
+            row.insert("weak_pred".into(), weak.get(&id).cloned().flatten().map(Value::String).unwrap_or(Value::Null));
+            row.insert("qc_strong".into(), json!(x));
+            row.insert("qc_weak".into(), json!(y));
+            row.insert("qc_pass".into(), json!(reasons.is_empty()));
+            row.insert("qc_reason".into(), if reasons.is_empty() { Value::Null } else { json!(reasons.join("; ")) });
             if !reasons.is_empty() {
                 failed += 1;
                 let message = format!(
@@ -173,16 +182,9 @@ impl Stage for Qc {
                     reasons.join("; "),
                     ctx.name
                 );
-                ctx.fail_check(&id, "roleeval_qc", message, Some(Value::Object(r).to_string()));
+                ctx.fail_check(&id, "roleeval_qc", message, Some(Value::Object(row).to_string()));
                 continue;
             }
-            let mut row = r;
-            row.insert("strong_pred".into(), strong.get(&id).cloned().flatten().map(Value::String).unwrap_or(Value::Null));
-            row.insert("weak_pred".into(), weak.get(&id).cloned().flatten().map(Value::String).unwrap_or(Value::Null));
-            row.insert("qc_strong".into(), json!(x));
-            row.insert("qc_weak".into(), json!(y));
-            row.insert("qc_pass".into(), json!(reasons.is_empty()));
-            row.insert("qc_reason".into(), if reasons.is_empty() { Value::Null } else { json!(reasons.join("; ")) });
             rows.push(row);
         }
         ctx.report.rows_in = checked;
