@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 . benches/lib.sh
 mkdir -p "$W"
 if [ ! -x "$W/venv/bin/python" ]; then
-  python3 -m venv "$W/venv" && "$W/venv/bin/pip" install -q "datatrove[processing]==0.10.1"
+  python3 -m venv "$W/venv" && "$W/venv/bin/pip" install -q "datatrove[processing]==0.10.1" "orjson==3.11.5" "spacy==3.8.7"
 fi
 [ -f "$W/dialogues.jsonl" ] || python3 benches/dedup_data.py --dialogues "$N" --out "$W/dialogues.jsonl"
 cat > "$W/dedup.toml" <<TOML

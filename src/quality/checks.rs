@@ -4,6 +4,7 @@
 //! it is asked again.
 
 use std::collections::HashSet;
+use std::hash::BuildHasher;
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -303,9 +304,13 @@ impl Check for Repeats {
         // Texts of three or more words that are copies of an earlier selected text.
         let long: Vec<&Found<'_>> = found.iter().filter(|f| text::word_units(&f.text) >= 3).collect();
         if long.len() > 1 {
-            let mut seen = HashSet::new();
-            let copies: Vec<&str> =
-                long.iter().filter(|f| !seen.insert(text::words(&f.text))).map(|f| f.at.as_str()).collect();
+            // By the hash of its words (as `words` reads them), without a string per word.
+            let mut seen = rustc_hash::FxHashSet::default();
+            let copies: Vec<&str> = long
+                .iter()
+                .filter(|f| !seen.insert(rustc_hash::FxBuildHasher.hash_one(text::word_keys(&f.text).0)))
+                .map(|f| f.at.as_str())
+                .collect();
             if copies.len() as f64 / long.len() as f64 > self.max_lines {
                 out.push(format!(
                     "{} repeat(s) an earlier item word for word ({} of {}); make each one different",
@@ -400,22 +405,40 @@ fn record_text(record: &Map<String, Value>, column: &str) -> String {
 
 impl Check for Echo {
     fn problems(&self, s: &Subject<'_>) -> Vec<String> {
+        let found = find_all(&self.fields, s.fields);
+        // The checked texts' n-grams first (a few hundred), then the sources are streamed
+        // past them: only the n-grams a text shares with a source are kept, never the set
+        // of a whole prompt (what an answer can copy is what it holds).
+        let mut wanted = text::NgramSet::default();
+        for f in &found {
+            text::for_each_ngram(&f.text, self.n, |g| {
+                wanted.insert(g);
+            });
+        }
+        if wanted.is_empty() {
+            return Vec::new();
+        }
         let mut source = text::NgramSet::default();
         for of in &self.of {
-            let t = if of == "prompt" { s.prompt.unwrap_or_default().to_string() } else { record_text(s.record, of) };
-            source.extend(text::ngram_set(&t, self.n));
+            let t: std::borrow::Cow<'_, str> =
+                if of == "prompt" { s.prompt.unwrap_or_default().into() } else { record_text(s.record, of).into() };
+            text::for_each_ngram(&t, self.n, |g| {
+                if wanted.contains(&g) {
+                    source.insert(g);
+                }
+            });
         }
         for col in &self.ignore {
-            for g in text::ngram_set(&record_text(s.record, col), self.n) {
+            text::for_each_ngram(&record_text(s.record, col), self.n, |g| {
                 source.remove(&g);
-            }
+            });
         }
         if source.is_empty() {
             return Vec::new();
         }
         let what = self.of.join(", ");
         let mut out = Vec::new();
-        for f in find_all(&self.fields, s.fields) {
+        for f in found {
             if let Some(share) = text::overlap(&f.text, &source, self.n)
                 && share > self.max
             {
@@ -518,6 +541,9 @@ fn script_of(lang: whatlang::Lang, code: &str) -> Result<whatlang::Script, Strin
         .ok_or_else(|| format!("no script known for language \"{code}\""))
 }
 
+/// Characters of a text whose language whatlang identifies.
+const DETECT_CHARS: usize = 600;
+
 struct Language {
     fields: Vec<Selector>,
     lang: whatlang::Lang,
@@ -548,9 +574,10 @@ impl Check for Language {
                 script.name()
             )];
         }
-        // The language is read from the first 2,000 characters (whatlang's trigram
-        // profile settles long before; a whole dialogue costs ten times as much).
-        let head = joined.char_indices().nth(2000).map_or(joined.as_str(), |(i, _)| &joined[..i]);
+        // The language is read from the first 600 characters (whatlang's trigram profile
+        // settles long before: ~100 words; a whole profile or dialogue costs four to ten
+        // times as much); the script share above reads every letter.
+        let head = joined.char_indices().nth(DETECT_CHARS).map_or(joined.as_str(), |(i, _)| &joined[..i]);
         if text::letters(&joined) >= self.detect_min
             && let Some(info) = whatlang::detect(head)
             && info.is_reliable()

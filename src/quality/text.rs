@@ -249,6 +249,17 @@ pub fn ngram_set(text: &str, n: usize) -> NgramSet {
     words.windows(n).map(hash_words).collect()
 }
 
+/// Calls `f` with the hash of each word n-gram of `text`, in order (nothing when the text
+/// has fewer than `n` words), without collecting them.
+pub fn for_each_ngram(text: &str, n: usize, mut f: impl FnMut(u64)) {
+    let (words, _) = word_keys(text);
+    if words.len() >= n {
+        for g in words.windows(n) {
+            f(hash_words(g));
+        }
+    }
+}
+
 /// One n-gram's 64-bit hash (FxHash over its words' hashes).
 fn hash_words(words: &[u64]) -> u64 {
     FxBuildHasher.hash_one(words)
@@ -319,6 +330,13 @@ pub fn script_share(text: &str, script: whatlang::Script) -> (f64, Option<whatla
         if n == 0 {
             continue;
         }
+        // An ASCII token's letters are Latin (what whatlang says of it, without its scan of
+        // every script's ranges): most tokens of most texts.
+        if token.is_ascii() {
+            *by_script.entry(whatlang::Script::Latin).or_default() += n;
+            all += n;
+            continue;
+        }
         if let Some(s) = whatlang::detect_script(token) {
             *by_script.entry(s).or_default() += n;
             all += n;
@@ -336,6 +354,16 @@ pub fn script_share(text: &str, script: whatlang::Script) -> (f64, Option<whatla
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ascii_tokens_are_latin_as_whatlang_says() {
+        for token in ["Hello,", "(smiles)", "x2", "don't", "e.g.", "A", "[1]says", "ZZZ-top!"] {
+            assert_eq!(whatlang::detect_script(token), Some(whatlang::Script::Latin), "{token}");
+        }
+        let (share, main) = script_share("Hello there, 你好 世界 friend.", whatlang::Script::Latin);
+        assert!((share - 16.0 / 20.0).abs() < 1e-9, "{share}");
+        assert_eq!(main, Some(whatlang::Script::Mandarin));
+    }
 
     #[test]
     fn debris_is_found_and_text_passes() {
