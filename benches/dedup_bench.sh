@@ -39,7 +39,11 @@ import json, sys
 m = json.load(open(sys.argv[1]))["stages"]["unique"]["report"]
 print(f"synth: checked {m['metrics']['dedup.checked']:.0f}, removed {m['metrics']['dedup.removed']:.0f}, stage wall {m['wall_seconds']:.2f} s")
 PY
-measure "datatrove minhash (4 steps)" "$W/venv/bin/python" benches/dedup_datatrove.py "$W/dialogues.jsonl" "$W/dt" 2
+# datatrove reads a file per task: the same lines in two files, one per worker (not timed).
+rm -rf "$W/parts" && mkdir -p "$W/parts"
+half=$(( ($(wc -l < "$W/dialogues.jsonl") + 1) / 2 ))
+split -l "$half" -d --additional-suffix=.jsonl "$W/dialogues.jsonl" "$W/parts/part-"
+measure "datatrove minhash (4 steps)" "$W/venv/bin/python" benches/dedup_datatrove.py "$W/parts" "$W/dt" 2
 python3 - "$W/dt" <<'PY'
 import glob, gzip, json, sys
 def count(p):

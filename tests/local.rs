@@ -594,6 +594,8 @@ fn whole_loop_on(p: &Project, data: &std::path::Path) {
         "stages.train.hyperparameters={sft_lr=1e-5,dpo_lr=2e-5,beta=0.1,batch_size=1,grad_acc=1,epochs=1,warmup_ratio=0.0,scheduler=\"cosine\",bf16=false,max_steps=2}".to_string(),
         // Short answers (CI's time; the profile's are RoleMRC's 256 tokens).
         "providers.candidate.max_tokens=48".to_string(),
+        // No heat maps (their drawing is tested on the tiny model): CI's time.
+        "stages.neurons.figures=[]".to_string(),
     ];
     let sets: Vec<&str> = small.iter().map(String::as_str).collect();
     let out = run_local_profile(p, "pipelines/rolemrc-train-eval.toml", "loop", &sets);
@@ -630,16 +632,8 @@ fn whole_loop_on(p: &Project, data: &std::path::Path) {
     let margin = train["metrics"]["dpo.reward_margin"].as_f64().expect("a DPO reward margin");
     assert!(margin.is_finite(), "{margin}");
     assert_eq!(m["stages"]["neurons"]["status"], "ran");
-    // A re-run resumes: the trainer finds every phase finished (same data, same settings).
-    let file = support::repo().join("pipelines/rolemrc-train-eval.toml").display().to_string();
-    let mut args =
-        vec!["run", file.as_str(), "--profile", "local", "--out", out.to_str().unwrap(), "--force", "--until", "train"];
-    for s in &sets {
-        args.extend_from_slice(&["--set", s]);
-    }
-    let again = p.synth(&args).ok();
-    assert!(again.stderr.contains("dpo: finished earlier with the same data and settings"), "{}", again.stderr);
-    assert_eq!(hash("dpo.gguf"), dpo);
+    // That a re-run resumes (the trainer finds every phase finished) is held by
+    // `methods::rolemrc::neurons::train_then_analyse_then_evaluate_on_the_cpu` (CI's time).
 }
 
 #[test]
@@ -667,19 +661,19 @@ fn roleeval_local_profile_answers_by_chat_and_by_likelihood() {
 fn characterbench_local_profile_replies_and_judges() {
     let _one = one_at_a_time();
     let p = Project::new();
-    // Six of the demo's twelve scripts (`--limit`: CI's time).
-    let out = run_local_profile(&p, "pipelines/characterbench.toml", "out", &["--limit=6"]);
+    // Four of the demo's twelve scripts (`--limit`: CI's time).
+    let out = run_local_profile(&p, "pipelines/characterbench.toml", "out", &["--limit=4"]);
     let (n, first, after, failed) = answers(&out, "replies");
-    assert_eq!(n, 6.0);
+    assert_eq!(n, 4.0);
     assert_eq!(first + after + failed, n);
-    assert!(first + after >= 5.0, "replies parsed: {first} + {after} of {n}");
+    assert!(first + after >= 3.0, "replies parsed: {first} + {after} of {n}");
     let judged = parquet_rows(&out.join("bench_judged.parquet"));
     assert!(judged.len() as f64 >= first + after - 1.0, "{}", judged.len());
     for r in &judged {
         let s = r["score"].as_f64().unwrap();
         assert!((r["scale_min"].as_f64().unwrap()..=r["scale_max"].as_f64().unwrap()).contains(&s), "{r:?}");
     }
-    assert_eq!(rows(&out, "shipped_judged"), 6);
+    assert_eq!(rows(&out, "shipped_judged"), 4);
 }
 
 #[test]

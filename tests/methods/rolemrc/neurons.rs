@@ -145,24 +145,17 @@ fn train_then_analyse_then_evaluate_on_the_cpu() {
     let out = p.path().join("train-eval");
     let file = repo().join("pipelines/rolemrc-train-eval.toml");
     let set = |stage: &str| format!("stages.{stage}.path=\"{}\"", data.join(format!("{stage}.parquet")).display());
-    let run = p
-        .synth(&[
-            "run",
-            file.to_str().unwrap(),
-            "--profile",
-            "offline,smoke,cpu",
-            "--out",
-            out.to_str().unwrap(),
-            "--set",
-            &set("sft"),
-            "--set",
-            &set("dpo"),
-            "--set",
-            &set("test"),
-            "--set",
-            "stages.neurons.figures=[\"svg\"]",
-        ])
-        .ok();
+    let (sft, dpo, test) = (set("sft"), set("dpo"), set("test"));
+    let args = |extra: &[&'static str]| {
+        let mut a = vec![file.to_str().unwrap(), "--profile", "offline,smoke,cpu", "--out", out.to_str().unwrap()];
+        for s in [&sft, &dpo, &test] {
+            a.extend(["--set", s.as_str()]);
+        }
+        a.extend(["--set", "stages.neurons.figures=[\"svg\"]"]);
+        a.extend_from_slice(extra);
+        a
+    };
+    let run = p.synth(&[&["run"][..], &args(&[])].concat()).ok();
     // The reference trainer ran SFT then DPO and reported both checkpoints.
     let m = support::manifest(&out);
     let train = &m["stages"]["train"]["report"];
@@ -182,4 +175,14 @@ fn train_then_analyse_then_evaluate_on_the_cpu() {
     assert!(!disc.is_empty() && disc.iter().all(|d| d["base"] == "sft" && d["tuned"] == "dpo"));
     assert!(run.stderr.contains("dpo step 5/5"), "the trainer's progress is followed");
     let _: Value = serde_json::from_str(&std::fs::read_to_string(out.join("neurons/config.json")).unwrap()).unwrap();
+    // A forced re-run resumes: the trainer finds both phases finished with the same data and
+    // settings (`<out>/train/<phase>.done.json`) and trains nothing again.
+    let weights = || std::fs::read(out.join("train/dpo/model.safetensors")).unwrap();
+    let before = weights();
+    let again = p.synth(&[&["run"][..], &args(&["--force", "--until", "train"])].concat()).ok();
+    for phase in ["sft", "dpo"] {
+        let said = format!("{phase}: finished earlier with the same data and settings");
+        assert!(again.stderr.contains(&said), "{said}: {}", again.stderr);
+    }
+    assert_eq!(weights(), before);
 }
