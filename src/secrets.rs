@@ -112,19 +112,44 @@ pub fn redact_text(s: &str) -> String {
     if !s.contains("sk-") && !s.contains("hf_") && !mentions_bearer(s) {
         return s.to_string();
     }
+    // Words are runs of the characters a key or a bearer token is made of (RFC 6750's
+    // b64token: letters, digits, `-._~+/` and trailing `=`); everything between them is kept
+    // as it is. A word after `bearer` and spaces, or shaped like a key, becomes `***`: a
+    // token ends where its characters end, so a line break, a quote or the next JSON record
+    // after it is never taken with it.
+    // `=` only at a word's end (padding): `key=sk-…` is two words.
+    let token_char = |b: u8| b.is_ascii_alphanumeric() || b"-._~+/".contains(&b);
+    let b = s.as_bytes();
     let mut out = String::with_capacity(s.len());
-    let mut bearer = false;
-    for (i, token) in s.split(' ').enumerate() {
-        if i > 0 {
-            out.push(' ');
+    let (mut i, mut kept) = (0, 0);
+    // The last word was `bearer`, and only spaces or tabs have followed it.
+    let mut after_bearer = false;
+    while i < b.len() {
+        if !token_char(b[i]) {
+            if b[i] != b' ' && b[i] != b'\t' {
+                after_bearer = false;
+            }
+            i += 1;
+            continue;
         }
-        if bearer || looks_like_secret(token) {
+        let start = i;
+        while i < b.len() && token_char(b[i]) {
+            i += 1;
+        }
+        let pad = b[i..].iter().take_while(|&&c| c == b'=').count();
+        if pad > 0 && b.get(i + pad).is_none_or(|&c| !token_char(c)) {
+            i += pad;
+        }
+        let word = &s[start..i];
+        let secret = after_bearer || looks_like_secret(word);
+        if secret {
+            out.push_str(&s[kept..start]);
             out.push_str("***");
-        } else {
-            out.push_str(token);
+            kept = i;
         }
-        bearer = token.eq_ignore_ascii_case("bearer");
+        after_bearer = !secret && word.eq_ignore_ascii_case("bearer");
     }
+    out.push_str(&s[kept..]);
     out
 }
 
@@ -156,6 +181,15 @@ mod tests {
         assert_eq!(redact_text("Authorization: Bearer abc"), "Authorization: Bearer ***");
         assert_eq!(redact_text("auth: BEARER abc"), "auth: BEARER ***");
         assert_eq!(redact_text("a bear, a beare, abearer! b"), "a bear, a beare, abearer! b");
+        // A token ends with its characters: the next line, quote or record stays.
+        assert_eq!(
+            redact_text("{\"h\": \"Bearer abc.def\"}\n{\"id\": \"r2\", \"text\": \"kept\"}"),
+            "{\"h\": \"Bearer ***\"}\n{\"id\": \"r2\", \"text\": \"kept\"}"
+        );
+        assert_eq!(redact_text("Bearer\nnext line"), "Bearer\nnext line", "a token is on its line");
+        assert_eq!(redact_text("Bearer dGVzdA== rest"), "Bearer *** rest");
+        assert_eq!(redact_text("key=sk-abcdefghijklmnop\n{\"id\": 2}"), "key=***\n{\"id\": 2}");
+        assert_eq!(redact_text("bearer: x"), "bearer: x", "a colon after bearer is no token");
         assert!(mentions_bearer("x bEaReR") && !mentions_bearer("bearebearb") && !mentions_bearer("b"));
     }
 

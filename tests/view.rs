@@ -40,9 +40,14 @@ impl Viewer {
 
     /// GET a path as written (no client-side normalization of `..`): status and body.
     fn get(&self, path: &str) -> (u16, String) {
+        self.get_as(path, &self.addr)
+    }
+
+    /// GET with the Host header a browser would send for `host`.
+    fn get_as(&self, path: &str, host: &str) -> (u16, String) {
         let mut s = TcpStream::connect(&self.addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-        write!(s, "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", self.addr).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").unwrap();
         let mut raw = Vec::new();
         s.read_to_end(&mut raw).unwrap();
         let text = String::from_utf8_lossy(&raw).to_string();
@@ -189,7 +194,7 @@ fn check_every_endpoint(pipeline: &str) -> (tempfile::TempDir, Value) {
             let dir = Path::new(path).parent().unwrap().to_str().unwrap();
             let at = if dir.is_empty() { figure.to_string() } else { format!("{dir}/{figure}") };
             let mut s = TcpStream::connect(&v.addr).unwrap();
-            write!(s, "GET /api/file/{at} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+            write!(s, "GET /api/file/{at} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", v.addr).unwrap();
             let mut raw = String::new();
             s.read_to_string(&mut raw).unwrap();
             let head = raw.split("\r\n\r\n").next().unwrap().to_ascii_lowercase();
@@ -280,6 +285,46 @@ fn paths_outside_the_directory_are_not_served() {
         assert_eq!(status, 404, "{path}: {body}");
         assert!(!body.contains("NOT FOR THE PAGE") && !body.contains("root:"), "{path}: {body}");
     }
+}
+
+/// A page of another site whose name resolves to 127.0.0.1 (DNS rebinding) sends its own
+/// name as Host: refused, for the page and for the data; a state file being written is not
+/// listed as a stage.
+#[test]
+fn a_foreign_host_is_refused_and_a_file_being_written_is_no_stage() {
+    let p = people_run(5, "", &[]);
+    let out = p.path().join("out");
+    let state = out.join("_synth/state");
+    std::fs::copy(state.join("people.json"), state.join(".synth-tmp-99-0a0b0c0d-people.json")).unwrap();
+    let v = Viewer::start(&out, &[]);
+    let port = v.addr.rsplit(':').next().unwrap().to_string();
+    for path in ["/", "/api/run", "/api/table?file=people.parquet", "/api/file/manifest.json"] {
+        let (status, body) = v.get_as(path, &format!("rebound.example:{port}"));
+        assert_eq!(status, 403, "{path}: {body}");
+        assert!(!body.contains("people"), "{path}: {body}");
+        assert_eq!(v.get_as(path, &format!("localhost:{port}")).0, 200, "{path}");
+    }
+    assert_eq!(v.get_as("/api/run", "127.0.0.1:1").0, 403, "another port");
+    let run = v.json("/api/run");
+    let names: Vec<&str> = run["stages"].as_array().unwrap().iter().filter_map(|s| s["name"].as_str()).collect();
+    assert_eq!(names, ["people"], "{run}");
+}
+
+/// The scrubbing of a bearer token stops at the token: the JSONL records after it are shown.
+#[test]
+fn a_bearer_token_is_hidden_and_the_records_after_it_are_not() {
+    let p = people_run(3, "", &[]);
+    let out = p.path().join("out");
+    std::fs::write(
+        out.join("calls.jsonl"),
+        "{\"id\": \"a\", \"header\": \"Bearer abc123token\"}\n{\"id\": \"b\", \"text\": \"second record\"}\n",
+    )
+    .unwrap();
+    let v = Viewer::start(&out, &[]);
+    let (status, body) = v.get("/api/file/calls.jsonl");
+    assert_eq!(status, 200);
+    assert!(!body.contains("abc123token"), "{body}");
+    assert!(body.contains("Bearer ***") && body.contains("second record") && body.contains("\"id\": \"b\""), "{body}");
 }
 
 #[test]

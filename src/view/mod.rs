@@ -79,8 +79,44 @@ struct App {
 pub async fn serve(viewed: Viewed, addr: SocketAddr, ready: impl FnOnce(SocketAddr)) -> Result<()> {
     crate::secrets::register_env(std::env::vars().collect::<Vec<_>>().iter().map(|(k, v)| (k.as_str(), v.as_str())));
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
-    ready(listener.local_addr()?);
-    axum::serve(listener, router(viewed)).await.context("serving")
+    let bound = listener.local_addr()?;
+    ready(bound);
+    // Only requests that name this server: a page of another site whose name is made to
+    // resolve to 127.0.0.1 (DNS rebinding) sends its own name as Host and is refused.
+    let guarded = router(viewed).layer(axum::middleware::from_fn(
+        move |req: axum::extract::Request, next: axum::middleware::Next| async move {
+            let host = req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or_default();
+            if host_allowed(host, bound) {
+                next.run(req).await
+            } else {
+                fail(
+                    StatusCode::FORBIDDEN,
+                    format!("this viewer answers requests for http://{bound}/ only (Host: {host:?})"),
+                )
+            }
+        },
+    ));
+    axum::serve(listener, guarded).await.context("serving")
+}
+
+/// Whether a request's `Host` names the address the viewer is bound to: its port, and as
+/// host an IP literal of that address (any IP literal when bound to all addresses: a literal
+/// cannot be rebound) or `localhost` on a loopback or all-addresses bind. A DNS name is
+/// refused whatever it resolves to.
+pub fn host_allowed(host: &str, bound: SocketAddr) -> bool {
+    let Ok(authority) = host.parse::<axum::http::uri::Authority>() else { return false };
+    if authority.port_u16().unwrap_or(80) != bound.port() {
+        return false;
+    }
+    let name = authority.host().trim_start_matches('[').trim_end_matches(']');
+    let ip = bound.ip();
+    if name.eq_ignore_ascii_case("localhost") {
+        return ip.is_loopback() || ip.is_unspecified();
+    }
+    match name.parse::<std::net::IpAddr>() {
+        Ok(asked) => asked == ip || ip.is_unspecified() || (ip.is_loopback() && asked.is_loopback()),
+        Err(_) => false,
+    }
 }
 
 /// The routes (the tests call them through a real socket too).
@@ -212,7 +248,8 @@ fn run_state(v: &Viewed) -> Value {
             .flatten()
             .filter_map(|e| {
                 let name = e.file_name().to_string_lossy().strip_suffix(".json")?.to_string();
-                if seen.contains(&name) {
+                // A state file being written (`.synth-tmp-…`) is not a stage.
+                if seen.contains(&name) || name.starts_with(crate::store::atomic::TMP_MARK) {
                     return None;
                 }
                 let s = read_json(&e.path())?;
@@ -696,5 +733,30 @@ mod tests {
         );
         assert_eq!(reason_of("missing \"skills\" in answer 3"), reason_of("missing \"boundaries\" in answer 12"));
         assert_ne!(reason_of("HTTP 500"), reason_of("invalid JSON"));
+    }
+
+    #[test]
+    fn only_the_bound_address_is_an_allowed_host() {
+        let local: SocketAddr = "127.0.0.1:8642".parse().unwrap();
+        for ok in ["127.0.0.1:8642", "localhost:8642", "LOCALHOST:8642", "[::1]:8642", "127.0.0.2:8642"] {
+            assert!(host_allowed(ok, local), "{ok}");
+        }
+        for refused in [
+            "evil.example:8642",
+            "127.0.0.1:80",
+            "127.0.0.1",
+            "localhost",
+            "",
+            "127.0.0.1.nip.io:8642",
+            "10.0.0.1:8642",
+        ] {
+            assert!(!host_allowed(refused, local), "{refused}");
+        }
+        let lan: SocketAddr = "10.1.2.3:9000".parse().unwrap();
+        assert!(host_allowed("10.1.2.3:9000", lan));
+        assert!(!host_allowed("localhost:9000", lan) && !host_allowed("127.0.0.1:9000", lan));
+        let all: SocketAddr = "0.0.0.0:9000".parse().unwrap();
+        assert!(host_allowed("192.168.1.5:9000", all) && host_allowed("localhost:9000", all));
+        assert!(!host_allowed("my-box.example:9000", all), "a name can be rebound");
     }
 }
