@@ -114,24 +114,10 @@ fn stylized_schema() -> Structured {
 #[test]
 fn answers_do_not_depend_on_what_else_is_decoded() {
     let _one = one_at_a_time();
-    let topics = [
-        "the sea",
-        "a lighthouse",
-        "bread",
-        "winter",
-        "a cat",
-        "trains",
-        "the moon",
-        "rain",
-        "a library",
-        "mountains",
-        "coffee",
-        "a garden",
-        "snow",
-        "music",
-        "a bridge",
-        "autumn",
-    ];
+    // Eight short requests beside the two long ones (sixteen cost CI 35 s more and showed
+    // nothing eight do not: the long ones decode beside structured, system-prompted and
+    // plain ones, in a batch that changes as each ends).
+    let topics = ["the sea", "a lighthouse", "bread", "winter", "a cat", "trains", "the moon", "rain"];
     let requests: Vec<(ChatRequest, GenParams)> = topics
         .iter()
         .enumerate()
@@ -156,7 +142,7 @@ fn answers_do_not_depend_on_what_else_is_decoded() {
     assert_eq!(one_by_one, at_once, "the same requests alone and batched");
     assert!(one_by_one.iter().all(|t| !t.trim().is_empty()));
     let distinct: std::collections::BTreeSet<&String> = one_by_one.iter().collect();
-    assert!(distinct.len() > 10, "the answers differ by prompt: {one_by_one:?}");
+    assert!(distinct.len() > 7, "the answers differ by prompt: {one_by_one:?}");
     let stats = together.stats();
     assert!(stats.decode_calls < alone.stats().decode_calls, "batched decoding takes fewer calls: {stats:?}");
     // Beside others, prompts copy the starts they share (the template's default system prompt,
@@ -483,6 +469,11 @@ fn rolemrc_local_profile_fills_its_counts_with_vouched_records_and_trains_on_the
         // One try per dialogue, not the profile's five (CI's time: the spare's dialogue is
         // asked beside it and fills a failure).
         "stages.onscene_chats.max_attempts=1",
+        // Dialogues of 4-6 turns, not 10-15 (CI's time: the same grammar, parser and checks
+        // on real model text; the 10-15 turn schema on the model is held by
+        // `constrained_answers_follow_the_schema_and_repeat_with_the_seed`).
+        "stages.onscene_chats.parser_options={narration_column=\"narration\",min_turns=4,max_turns=6}",
+        "stages.onscene_chats.schemas={role=\"tests/fixtures/rolemrc/local/dialogue.role.short.schema.json\",user=\"tests/fixtures/rolemrc/local/dialogue.user.short.schema.json\"}",
     ];
     let a = run_local_profile(&p, "pipelines/rolemrc.toml", "a", &small);
     let (n, first, after, failed) = answers(&a, "profiles_llm");
@@ -585,17 +576,23 @@ fn vouched_for(out: &std::path::Path) {
 fn whole_loop_on(p: &Project, data: &std::path::Path) {
     let Some(_) = support::torch_python() else { return };
     let source = |split: &str| format!("stages.{split}.path=\"{}\"", data.join(format!("{split}.parquet")).display());
+    // The trainer as the profile runs it, with sequences cut to 256 tokens (CI's time).
+    let command = r#"stages.train.command=[".tools/torchpy", "pipelines/trainers/trl_train.py", "--sft", "{{ sft }}", "--dpo", "{{ dpo }}", "--output-dir", "{{ output_dir }}", "--base-model", "{{ base_model }}", "--sft-lr", "{{ sft_lr }}", "--dpo-lr", "{{ dpo_lr }}", "--beta", "{{ beta }}", "--batch-size", "{{ batch_size }}", "--grad-acc", "{{ grad_acc }}", "--epochs", "{{ epochs }}", "--warmup-ratio", "{{ warmup_ratio }}", "--scheduler", "{{ scheduler }}", "--bf16", "{{ bf16 }}", "--max-steps", "{{ max_steps }}", "--max-length", "256", "--logging-steps", "1", "--export-gguf", "q8_0"]"#;
     let small = [
         source("sft"),
         source("dpo"),
         source("test"),
-        // The smallest that still trains: 2 steps a phase, one sequence a step, no warmup (a
+        // The smallest that still trains: one step a phase, one sequence a step, no warmup (a
         // warmup step has learning rate 0).
-        "stages.train.hyperparameters={sft_lr=1e-5,dpo_lr=2e-5,beta=0.1,batch_size=1,grad_acc=1,epochs=1,warmup_ratio=0.0,scheduler=\"cosine\",bf16=false,max_steps=2}".to_string(),
+        "stages.train.hyperparameters={sft_lr=1e-5,dpo_lr=2e-5,beta=0.1,batch_size=1,grad_acc=1,epochs=1,warmup_ratio=0.0,scheduler=\"cosine\",bf16=false,max_steps=1}".to_string(),
+        command.to_string(),
         // Short answers (CI's time; the profile's are RoleMRC's 256 tokens).
         "providers.candidate.max_tokens=48".to_string(),
-        // No heat maps (their drawing is tested on the tiny model): CI's time.
-        "stages.neurons.figures=[]".to_string(),
+        // No neuron analysis on these weights (CI's time: it is run, heat maps and all, on
+        // the tiny model by `methods::rolemrc::neurons::train_then_analyse_then_evaluate_on_the_cpu`):
+        // the report reads the rest, and the run stops there.
+        "stages.report.inputs=[\"metrics_base\",\"metrics_sft\",\"metrics\",\"scores_base\",\"scores_sft\",\"scores\",\"train\"]".to_string(),
+        "--until=report".to_string(),
     ];
     let sets: Vec<&str> = small.iter().map(String::as_str).collect();
     let out = run_local_profile(p, "pipelines/rolemrc-train-eval.toml", "loop", &sets);
@@ -611,7 +608,7 @@ fn whole_loop_on(p: &Project, data: &std::path::Path) {
     }
     let md = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(md.contains("| base |") && md.contains("| SFT |") && md.contains("| DPO |"), "{md}");
-    // The loss curve: a line per phase.
+    // The loss curve: a line per phase (one point each: one step a phase).
     let svg = std::fs::read_to_string(out.join("training.svg")).unwrap();
     assert!(svg.matches("<polyline").count() >= 2, "{svg}");
     assert!(md.contains("(training.svg)"), "{md}");
@@ -631,7 +628,6 @@ fn whole_loop_on(p: &Project, data: &std::path::Path) {
     let train = &m["stages"]["train"]["report"];
     let margin = train["metrics"]["dpo.reward_margin"].as_f64().expect("a DPO reward margin");
     assert!(margin.is_finite(), "{margin}");
-    assert_eq!(m["stages"]["neurons"]["status"], "ran");
     // That a re-run resumes (the trainer finds every phase finished) is held by
     // `methods::rolemrc::neurons::train_then_analyse_then_evaluate_on_the_cpu` (CI's time).
 }

@@ -21,11 +21,16 @@ struct Viewer {
 impl Viewer {
     fn start(target: &Path, env: &[(&str, &str)]) -> Viewer {
         let mut cmd = Command::new(support::synth_bin());
-        cmd.args(["view", target.to_str().unwrap(), "--port", "0"]).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.args(["view", target.to_str().unwrap(), "--port", "0"]);
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let mut child = cmd.spawn().unwrap();
+        Viewer::start_command(cmd)
+    }
+
+    /// A `synth view …` command started: its URL read from its first line.
+    fn start_command(mut cmd: Command) -> Viewer {
+        let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
         let mut line = String::new();
         BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
         let addr = line
@@ -408,8 +413,11 @@ fn a_directory_that_is_not_a_run_is_refused_with_a_message() {
     p.write("x/a.txt", "a");
     let o = p.synth(&["view", "x", "--port", "0"]).code(78);
     assert!(o.stderr.contains("not a synth output directory"), "{}", o.stderr);
-    let o = p.synth(&["view", "nowhere", "--port", "0"]).code(78);
-    assert!(o.stderr.contains("nowhere"), "{}", o.stderr);
+    // A directory no run has written yet is watched, not refused (a run about to start).
+    let v = Viewer::start(&p.path().join("nowhere/out"), &[]);
+    let run = v.json("/api/run");
+    assert_eq!(run["waiting"], true, "{run}");
+    assert_eq!(run["stages"], serde_json::json!([]), "{run}");
 }
 
 /// While a run goes on, the page's state shows its running stage and its count moving,
@@ -548,7 +556,7 @@ fn the_page_in_a_real_browser_shows_a_dpo_pair_and_a_failure() {
     let stages = run["stages"].as_array().unwrap();
     let links: usize = stages.iter().map(|s| s["inputs"].as_array().map_or(0, |i| i.len())).sum();
     assert!(dom.contains("id=\"graph\""), "no stage graph: {dom}");
-    assert_eq!(dom.matches("class=\"node\"").count(), stages.len(), "a box per stage");
+    assert_eq!(dom.matches("class=\"node").count(), stages.len(), "a box per stage");
     assert_eq!(dom.matches("class=\"edge\"").count(), links, "an arrow per input");
     assert!(dom.contains("data-stage=\"sft\"") && dom.contains("data-from=\"profiles\""), "{dom}");
 
@@ -718,6 +726,36 @@ impl Driver {
         self.call("GET", &self.on("/source"), None)["value"].as_str().unwrap_or_default().to_string()
     }
 
+    /// Type `keys` as a person does (key down, key up, one after another) into the page.
+    fn keys(&self, keys: &str) {
+        let actions: Vec<Value> = keys
+            .chars()
+            .flat_map(|c| {
+                [
+                    serde_json::json!({"type": "keyDown", "value": c.to_string()}),
+                    serde_json::json!({"type": "keyUp", "value": c.to_string()}),
+                ]
+            })
+            .collect();
+        let r = self.call(
+            "POST",
+            &self.on("/actions"),
+            Some(serde_json::json!({"actions": [{"type": "key", "id": "keyboard", "actions": actions}]})),
+        );
+        assert!(r["value"]["error"].is_null(), "keys {keys:?}: {r}");
+    }
+
+    /// Run a script in the page: what it returns.
+    fn execute(&self, script: &str) -> Value {
+        let r = self.call("POST", &self.on("/execute/sync"), Some(serde_json::json!({"script": script, "args": []})));
+        assert!(r["value"]["error"].is_null() || !r["value"].is_object(), "{script}: {r}");
+        r["value"].clone()
+    }
+
+    fn resize(&self, width: u32, height: u32) {
+        self.call("POST", &self.on("/window/rect"), Some(serde_json::json!({"width": width, "height": height})));
+    }
+
     fn screenshot(&self, to: &Path) {
         use base64::Engine as _;
         let png = self.call("GET", &self.on("/screenshot"), None)["value"].as_str().unwrap().to_string();
@@ -772,6 +810,8 @@ fn clicking_through_the_page_reaches_a_dpo_pair_and_a_failure() {
     assert_eq!(failed.len(), 2, "{failed:?}");
     let w = Viewer::start(&f.path().join("out"), &[]);
     d.open(&format!("http://{}/", w.addr));
+    // The stage with failures is not drawn as all well.
+    d.find("//*[local-name()='g' and @data-stage='answers' and contains(@class,'has-failures') and @data-stroke!='#2e7d32']");
     d.click("//tr[@id='stage-answers']/td[7]/a");
     d.find("//div[@id='groups']");
     for (id, message) in &failed {
@@ -858,4 +898,353 @@ fn snapshots_are_listed_and_diffed() {
     );
     assert_eq!(e["added_ids"], serde_json::json!(["d"]), "{d}");
     assert_eq!(v.get("/api/snapshots/diff?new=no-such-snapshot").0, 404);
+}
+
+/// The conversations of a JSONL export (RoleMRC's `sft.jsonl` holds only them), in order.
+fn jsonl_conversations(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["conversations"].to_string())
+        .collect()
+}
+
+/// id → conversation of each row of a stage's Parquet output.
+fn conversations_by_id(path: &Path) -> std::collections::BTreeMap<String, String> {
+    support::parquet_rows(path)
+        .into_iter()
+        .map(|r| (r["id"].as_str().unwrap().to_string(), r["conversations"].to_string()))
+        .collect()
+}
+
+/// The reviewer's desk in a real browser, by keyboard: in `sft.parquet` the first row
+/// dropped, the second dropped, the third kept (`x`, `x`, `a`); the page says "reviewed 3";
+/// the review file holds the three; a run started afterwards applies them: the two are gone
+/// from `sft.jsonl` and spares took their places.
+#[test]
+fn the_reviewers_desk_drops_two_keeps_one_by_keyboard_and_the_next_run_applies_it() {
+    let shots = support::repo().join("target/view-screenshots");
+    std::fs::create_dir_all(&shots).unwrap();
+    let p = Project::new();
+    let out = p.path().join("out");
+    offline_run("rolemrc.toml", &out);
+    let before = jsonl_conversations(&out.join("sft.jsonl"));
+    let conversation = conversations_by_id(&out.join("sft.parquet"));
+    let v = Viewer::start(&out, &[("SYNTH_REVIEWER", "ana")]);
+    // The first sample of each group's train split (one spare per group in the demo plan: two
+    // drops in one group would leave one place empty).
+    let first: Vec<String> = v.json("/api/table?file=sft.parquet&q=train-00000&limit=3")["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap().to_string())
+        .collect();
+    let d = Driver::start();
+    d.open(&format!("http://{}/#data?file=sft.parquet&q=train-00000&row=first", v.addr));
+    for (i, key) in ["x", "x", "a"].into_iter().enumerate() {
+        // Each key once the row it is meant for is on screen.
+        d.find(&format!("//div[@id='detail']/h3[contains(., '· {}')]", first[i]));
+        if i == 0 {
+            d.click("//input[@id='note']");
+            d.keys("generic reply");
+            d.execute("document.activeElement.blur(); return true");
+        }
+        d.keys(key);
+    }
+    d.find(&format!("//div[@id='detail']/h3[not(contains(., '· {}'))]", first[2]));
+    d.find("//b[@id='reviewed-count' and normalize-space()='3']");
+    assert!(d.text("//span[@id='reviewed']").contains("2 dropped"), "{}", d.text("//span[@id='reviewed']"));
+    d.screenshot(&shots.join("view-review.png"));
+    if std::env::var_os("SYNTH_SCREENSHOTS_TO_DOCS").is_some() {
+        std::fs::copy(shots.join("view-review.png"), support::repo().join("docs/images/view-review.png")).unwrap();
+    }
+    let review = std::fs::read_to_string(out.join("review.jsonl")).unwrap();
+    let lines: Vec<Value> = review.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let said: Vec<(&str, &str)> =
+        lines.iter().map(|l| (l["id"].as_str().unwrap(), l["decision"].as_str().unwrap())).collect();
+    assert_eq!(said, [(first[0].as_str(), "drop"), (first[1].as_str(), "drop"), (first[2].as_str(), "keep")]);
+    assert_eq!(lines[0]["note"], "generic reply", "{review}");
+    assert!(lines.iter().all(|l| l["reviewer"] == "ana" && l["stage"] == "sft"), "{review}");
+
+    // The next run applies the review: the two dropped are gone, spares took their places.
+    offline_run("rolemrc.toml", &out);
+    let after = jsonl_conversations(&out.join("sft.jsonl"));
+    let ids = conversations_by_id(&out.join("sft.parquet"));
+    assert!(!ids.contains_key(&first[0]) && !ids.contains_key(&first[1]) && ids.contains_key(&first[2]));
+    assert!(
+        !after.contains(&conversation[&first[0]]) && !after.contains(&conversation[&first[1]]),
+        "a dropped sample is still in sft.jsonl"
+    );
+    assert!(after.contains(&conversation[&first[2]]), "the kept sample left sft.jsonl");
+    assert_eq!(after.len(), before.len(), "spares took the dropped samples' places");
+    let failed = support::failures(&out, "samples");
+    let mut reviewed: Vec<&str> =
+        failed.iter().filter(|f| f["kind"] == "review").map(|f| f["id"].as_str().unwrap()).collect();
+    reviewed.sort_unstable();
+    let mut dropped = [first[0].as_str(), first[1].as_str()];
+    dropped.sort_unstable();
+    assert_eq!(reviewed, dropped, "the two dropped, in the samples' failures with kind review");
+    // The page still counts the three reviewed (two of them no longer in the table).
+    d.open(&format!("http://{}/#data?file=sft.parquet", v.addr));
+    d.find("//b[@id='reviewed-count' and normalize-space()='3']");
+}
+
+/// What a person met on the data pages, in a real browser: a provenance link shows the
+/// record it names; the table leads with the conversation, previewed, matches marked; the
+/// row view hides empty fields; a facet's bar filters; a page past the end says so; a JSON
+/// Lines report is a table; chart labels tell rows apart; the run page and its graph fit
+/// 1,360 and 800 px without sideways scrolling.
+#[test]
+fn provenance_facets_and_the_narrow_page_in_a_real_browser() {
+    let shots = support::repo().join("target/view-screenshots");
+    std::fs::create_dir_all(&shots).unwrap();
+    let p = Project::new();
+    let out = p.path().join("out");
+    offline_run("rolemrc.toml", &out);
+    let v = Viewer::start(&out, &[]);
+    let d = Driver::start();
+    let base = format!("http://{}/", v.addr);
+
+    // Provenance: the DPO pair's profile, looked up.
+    let pair = v.json("/api/table?file=dpo.parquet&limit=1")["data"][0].clone();
+    let profile = pair["profile_id"].as_str().unwrap();
+    d.open(&format!("{base}#data?file=dpo.parquet&row=0"));
+    d.click(&format!("//a[@data-id='{profile}']"));
+    let found = d.text("//div[@id='provenance']");
+    assert!(found.contains(&format!("provenance: {profile}")), "{found}");
+    d.find("//div[@id='provenance']//div[contains(@class,'found')]/a[starts-with(normalize-space(), 'profiles')]");
+    assert!(
+        found.matches(&format!("\"id\": \"{profile}\"")).count() >= 2,
+        "the record, in each stage that has it: {found}"
+    );
+    assert!(!d.text("//div[@id='provenance']").contains("[object"), "{}", d.text("//div[@id='provenance']"));
+
+    // The SFT table leads with its conversation, previewed (not raw JSON); a filter's
+    // matches are marked; the row view lists no empty field.
+    let word = {
+        let sft = v.json("/api/table?file=sft.parquet&limit=1")["data"][0].clone();
+        let texts: Vec<String> = sft["conversations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["content"].as_str().unwrap().to_string())
+            .collect();
+        let last = texts.last().unwrap().clone();
+        last.split(|c: char| !c.is_alphabetic())
+            .find(|w| w.len() >= 6)
+            .unwrap_or_else(|| panic!("a word in {last:?}"))
+            .to_string()
+    };
+    d.open(&format!("{base}#data?file=sft.parquet&q={}", enc(&word)));
+    d.find("//table[@id='rows']//mark");
+    assert_eq!(d.text("(//table[@id='rows']//th)[3]"), "conversations");
+    d.find("(//table[@id='rows']//tr[contains(@class,'pick')])[1]/td[3]//div[contains(@class,'preview')]");
+    d.click("(//table[@id='rows']//tr[contains(@class,'pick')])[1]");
+    d.find("//div[@id='detail']//mark");
+    let empty = d.execute(
+        "return [...document.querySelectorAll('#fields tr td:nth-child(2)')].filter(td => !td.textContent.trim()).length",
+    );
+    assert_eq!(empty, 0, "the row view lists empty fields");
+
+    // A facet of a short column: its values counted; a click filters the table by one.
+    let facet = v.json("/api/facets?file=samples.parquet&column=group");
+    assert_eq!(facet["kind"], "values", "{facet}");
+    let (value, count) = (facet["values"][0]["value"].as_str().unwrap(), facet["values"][0]["count"].as_u64().unwrap());
+    d.open(&format!("{base}#data?file=samples.parquet&fc=group"));
+    d.click(&format!("//div[@id='facets']//div[contains(@class,'facet')][@title='{value}']"));
+    d.find("//span[@id='facet-chip']");
+    let info = d.text("//span[@id='pageinfo']");
+    assert!(info.contains(&format!("{count} of ")), "{info} (the facet counted {count})");
+
+    // A page past the end says so.
+    d.open(&format!("{base}#data?file=sft.parquet&offset=49950"));
+    assert!(d.text("//div[@id='past-end']").contains("past the last page"));
+
+    // A JSON Lines report is a table of its records.
+    d.open(&format!("{base}#reports?file=test.jsonl"));
+    d.find("//div[@id='report']//table//th[normalize-space()='task']");
+    // Chart labels in one chart are all different.
+    d.open(&format!("{base}#reports?file=README.md"));
+    d.find("//*[contains(@class,'chart-label')]");
+    let repeated = d.execute(
+        "return [...document.querySelectorAll('.table-chart svg')].filter(s => { const l = [...s.querySelectorAll('.chart-label')].map(t => t.firstChild.textContent); return new Set(l).size < l.length; }).length",
+    );
+    assert_eq!(repeated, 0, "a chart with two rows labelled alike");
+
+    // The run page fits: no sideways scrolling, the graph inside the window, at 1,360 and 800 px.
+    for width in [1360, 800] {
+        d.resize(width, 900);
+        d.open(&format!("{base}#run"));
+        d.find("//*[@id='graph']");
+        d.find("//tr[@id='stage-sft']");
+        let fit = d.execute(
+            "const g = document.getElementById('graph').getBoundingClientRect(); return [document.documentElement.scrollWidth, window.innerWidth, Math.ceil(g.right)]",
+        );
+        let (page, window, graph) = (fit[0].as_u64().unwrap(), fit[1].as_u64().unwrap(), fit[2].as_u64().unwrap());
+        assert!(page <= window, "{width} px: the page is {page} px wide in a {window} px window");
+        assert!(graph <= window, "{width} px: the graph ends at {graph} px in a {window} px window");
+        d.screenshot(&shots.join(format!("view-run-{width}.png")));
+    }
+}
+
+/// A viewer started before its run directory exists: the page waits, then shows the
+/// stages as a run writes them (the event stream, no reload).
+#[test]
+fn a_view_started_before_its_run_shows_the_stages_appear() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("later/out");
+    let v = Viewer::start(&out, &[]);
+    let d = Driver::start();
+    d.open(&format!("http://{}/", v.addr));
+    d.find("//p[@id='waiting']");
+    offline_run("rolemrc.toml", &out);
+    d.find("//tr[@id='stage-sft']");
+    d.find("//*[local-name()='g' and @data-stage='dpo']");
+    assert_eq!(v.json("/api/run")["waiting"], false);
+}
+
+/// A decision is taken only from the viewer's own page: its token, its origin, JSON, and
+/// a record of the table it names; nothing else is written.
+#[test]
+fn a_decision_needs_the_pages_token_and_origin_and_a_record_of_the_table() {
+    let p = Project::new();
+    p.write("r.jsonl", "{\"id\": \"a\", \"t\": \"one\"}\n{\"id\": \"b\", \"t\": \"two\"}\n");
+    p.write(
+        "p.toml",
+        "[pipeline]\nname = \"d\"\noutput_dir = \"out\"\n[stages.r]\nkind = \"source\"\npath = \"r.jsonl\"\n",
+    );
+    p.synth(&["run", "p.toml", "-q"]).ok();
+    let out = p.path().join("out");
+    let v = Viewer::start(&out, &[]);
+    let (_, page) = v.get("/");
+    let token = page.split("const TOKEN = \"").nth(1).unwrap().split('"').next().unwrap().to_string();
+    assert_eq!(token.len(), 32, "a per-start token in the page");
+    let post = |headers: &[(&str, &str)], body: &str| -> (u16, String) {
+        let mut s = TcpStream::connect(&v.addr).unwrap();
+        let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
+        write!(
+            s,
+            "POST /api/review HTTP/1.1\r\nHost: {}\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            v.addr,
+            body.len()
+        )
+        .unwrap();
+        let mut raw = String::new();
+        s.read_to_string(&mut raw).unwrap();
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+        (head.split_whitespace().nth(1).unwrap().parse().unwrap(), body.to_string())
+    };
+    let origin = format!("http://{}", v.addr);
+    let json = ("Content-Type", "application/json");
+    let good = r#"{"file": "r.parquet", "id": "a", "decision": "drop", "note": "too short"}"#;
+    assert_eq!(post(&[json, ("Origin", &origin)], good).0, 403, "no token");
+    assert_eq!(post(&[json, ("Origin", &origin), ("X-Synth-Desk", "0123")], good).0, 403, "a wrong token");
+    assert_eq!(
+        post(&[json, ("Origin", "http://evil.example"), ("X-Synth-Desk", &token)], good).0,
+        403,
+        "another origin"
+    );
+    assert_eq!(post(&[json, ("X-Synth-Desk", &token)], good).0, 403, "no origin");
+    let plain = ("Content-Type", "text/plain");
+    assert_eq!(post(&[plain, ("Origin", &origin), ("X-Synth-Desk", &token)], good).0, 415, "not JSON");
+    let missing = r#"{"file": "r.parquet", "id": "zz", "decision": "drop"}"#;
+    assert_eq!(post(&[json, ("Origin", &origin), ("X-Synth-Desk", &token)], missing).0, 404, "no such record");
+    let outside = r#"{"file": "../r.parquet", "id": "a", "decision": "drop"}"#;
+    assert_eq!(post(&[json, ("Origin", &origin), ("X-Synth-Desk", &token)], outside).0, 404);
+    assert!(!out.join("review.jsonl").exists(), "a refused decision wrote nothing");
+    let (status, body) = post(&[json, ("Origin", &origin), ("X-Synth-Desk", &token)], good);
+    assert_eq!(status, 200, "{body}");
+    let state: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((state["reviewed"].as_u64(), state["rows"].as_u64()), (Some(1), Some(2)), "{state}");
+    let line: Value = serde_json::from_str(std::fs::read_to_string(out.join("review.jsonl")).unwrap().trim()).unwrap();
+    assert_eq!(
+        (line["id"].as_str(), line["decision"].as_str(), line["note"].as_str()),
+        (Some("a"), Some("drop"), Some("too short"))
+    );
+    // The table shows the decision beside its row.
+    let t = v.json("/api/table?file=r.parquet");
+    assert_eq!(t["review"][0]["decision"], "drop", "{t}");
+    assert!(t["review"][1].is_null(), "{t}");
+}
+
+/// Facets (value counts for a short column, a histogram of lengths for a long one), a facet
+/// filter together with a text filter, the export of the rows selected, and two runs compared.
+#[test]
+fn facets_export_and_two_runs_compared() {
+    let p = Project::new();
+    let rows = |changed: bool| -> String {
+        (0..40)
+            .filter(|i| !(changed && *i == 0))
+            .map(|i| {
+                let kind = ["short", "long", "odd"][i % 3];
+                let text = if changed && i == 1 { "changed".to_string() } else { "word ".repeat(1 + i * 3) };
+                format!("{{\"id\": \"r{i}\", \"kind\": \"{kind}\", \"text\": \"{}\"}}\n", text.trim())
+            })
+            .chain(changed.then(|| "{\"id\": \"new\", \"kind\": \"short\", \"text\": \"fresh\"}\n".to_string()))
+            .collect()
+    };
+    p.write("r.jsonl", rows(false));
+    p.write(
+        "p.toml",
+        "[pipeline]\nname = \"f\"\noutput_dir = \"out\"\n[stages.r]\nkind = \"source\"\npath = \"r.jsonl\"\n",
+    );
+    p.synth(&["run", "p.toml", "-q"]).ok();
+    let v = Viewer::start(&p.path().join("out"), &[]);
+    let kinds = v.json("/api/facets?file=r.parquet&column=kind");
+    assert_eq!(kinds["kind"], "values", "{kinds}");
+    let counts: Vec<(String, u64)> = kinds["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| (x["value"].as_str().unwrap().to_string(), x["count"].as_u64().unwrap()))
+        .collect();
+    let expected: Vec<(String, u64)> =
+        [("short", 14), ("long", 13), ("odd", 13)].map(|(k, n)| (k.to_string(), n)).to_vec();
+    assert_eq!(counts, expected, "the most frequent first, ties by value");
+    let texts = v.json("/api/facets?file=r.parquet&column=text");
+    assert_eq!(texts["kind"], "lengths", "{texts}");
+    let bars = texts["bins"].as_array().unwrap();
+    assert_eq!(bars.iter().map(|b| b["count"].as_u64().unwrap()).sum::<u64>(), 40, "{texts}");
+    // The first bar as a filter selects its count of rows.
+    let b = &bars[0];
+    let filter = serde_json::json!({"column": "text", "min": b["min"], "max": b["max"], "open": b["open"]}).to_string();
+    let t = v.json(&format!("/api/table?file=r.parquet&limit=500&facet={}", enc(&filter)));
+    assert_eq!(t["matched"], b["count"], "{t}");
+    // With a text filter too: the rows both keep; the export holds exactly them.
+    let short = serde_json::json!({"column": "kind", "eq": "short"}).to_string();
+    let both = v.json(&format!("/api/table?file=r.parquet&limit=500&q=word&facet={}", enc(&short)));
+    assert_eq!(both["matched"], 14, "{both}");
+    let (status, jsonl) = v.get(&format!("/api/export?file=r.parquet&q=word&facet={}", enc(&short)));
+    assert_eq!(status, 200);
+    let exported: Vec<Value> = jsonl.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(exported.len(), 14);
+    assert!(exported.iter().all(|r| r["kind"] == "short"), "{jsonl}");
+    assert_eq!(v.get("/api/facets?file=r.parquet&column=nope").0, 400);
+    drop(v);
+
+    // Two runs compared: a copy of the first run, then the data changed and run again.
+    let before = p.path().join("before");
+    let cp = Command::new("cp").arg("-r").arg(p.path().join("out")).arg(&before).status().unwrap();
+    assert!(cp.success());
+    p.write("r.jsonl", rows(true));
+    p.synth(&["run", "p.toml", "-q"]).ok();
+    let v = Viewer::start(&p.path().join("out"), &[]);
+    assert_eq!(v.get("/api/compare").0, 404, "no --compare given");
+    drop(v);
+    let mut cmd = Command::new(support::synth_bin());
+    let out = p.path().join("out");
+    cmd.args(["view", out.to_str().unwrap(), "--port", "0", "--compare", before.to_str().unwrap()]);
+    let v = Viewer::start_command(cmd);
+    let c = v.json("/api/compare?ids=5");
+    let r = c["stages"].as_array().unwrap().iter().find(|s| s["name"] == "r").unwrap().clone();
+    assert_eq!((r["other"]["rows_out"].as_u64(), r["this"]["rows_out"].as_u64()), (Some(40), Some(40)), "{c}");
+    let table = c["tables"].as_array().unwrap().iter().find(|t| t["file"] == "r.parquet").unwrap().clone();
+    assert_eq!(
+        (table["added"].as_u64(), table["removed"].as_u64(), table["changed"].as_u64(), table["unchanged"].as_u64()),
+        (Some(1), Some(1), Some(1), Some(38)),
+        "{table}"
+    );
+    assert_eq!(table["added_ids"], serde_json::json!(["new"]));
+    assert_eq!(table["removed_ids"], serde_json::json!(["r0"]));
+    assert_eq!(table["changed_ids"], serde_json::json!(["r1"]));
 }

@@ -628,6 +628,29 @@ pub fn view(rows: usize, dir: Option<PathBuf>) -> Result<serde_json::Value> {
             }
         }
         out.insert("peak_rss_after_paging_mib".into(), serde_json::json!(paging_peak.map(round)));
+        // Facets of one column (value counts, or a histogram of lengths / numbers), each a
+        // fresh request (nothing cached), then the first page filtered by one bar.
+        for column in ["category", "reply_words", "conversations", "id"] {
+            let t = Instant::now();
+            let r = http.get(format!("http://{addr}/api/facets?file=samples.parquet&column={column}")).send().await?;
+            let status = r.status();
+            let body: serde_json::Value = r.json().await?;
+            let ms = t.elapsed().as_secs_f64() * 1000.0;
+            anyhow::ensure!(status.is_success(), "facets of {column}: {body}");
+            out.insert(format!("facets_{column}"), serde_json::json!({"ms": round(ms), "kind": body["kind"]}));
+        }
+        let filter = serde_json::json!({"column": "category", "eq": "refusal"}).to_string();
+        let t = Instant::now();
+        let url = reqwest::Url::parse_with_params(
+            &format!("http://{addr}/api/table?file=samples.parquet&limit=50"),
+            &[("facet", filter.as_str())],
+        )?;
+        let r = http.get(url).send().await?;
+        let body: serde_json::Value = r.json().await?;
+        out.insert(
+            "facet_filtered_first_page".into(),
+            serde_json::json!({"ms": round(t.elapsed().as_secs_f64() * 1000.0), "matched": body["matched"]}),
+        );
         anyhow::Ok(out)
     })?;
     let peak = peak_rss_mib();

@@ -163,6 +163,10 @@ pub struct ViewArgs {
     pub profile: Option<String>,
     #[arg(long)]
     pub offline: bool,
+    /// Another run's output directory, compared with this one on the Compare page (per
+    /// stage rows in / out / failed; per table rows added, removed, changed).
+    #[arg(long, value_name = "OTHER_DIR")]
+    pub compare: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]

@@ -23,13 +23,19 @@ pub fn run(args: &ViewArgs) -> i32 {
     } else {
         Viewed::dir(&args.target, None)
     };
-    let viewed = match viewed {
+    let viewed = match viewed.and_then(|v| match &args.compare {
+        Some(other) => v.compared_with(other),
+        None => Ok(v),
+    }) {
         Ok(v) => v,
         Err(e) => {
             eprintln!("error: {e:#}");
             return EXIT_CONFIG;
         }
     };
+    if !viewed.exists() {
+        eprintln!("{}: no run has written here yet; the page shows its stages as they appear", viewed.dir.display());
+    }
     if !args.host.is_loopback() {
         eprintln!("warning: serving on {} shows this run's data to anyone who can reach this machine", args.host);
     }

@@ -1,9 +1,13 @@
 //! `synth view`: a local web page over one output directory — the run (stage graph,
-//! counters, live while a run writes there), any stage's output as a paged table,
-//! failures grouped by reason, the reports and the snapshots. It only reads what the run
-//! writes (Parquet footers and row groups, state files, `live.json`), never takes the
-//! run's lock, serves nothing outside the directory, and scrubs secrets from every answer.
+//! counters, live while a run writes there), any stage's output as a paged table with
+//! facets and export, failures grouped by reason, the reviewer's desk, the reports, the
+//! snapshots and another run beside it. It reads what the run writes (Parquet footers and
+//! row groups, state files, `live.json`) and writes only review decisions from its own page
+//! (appended to `review.jsonl`); it never takes the run's lock, serves nothing outside the
+//! directory, and scrubs secrets from every answer.
 
+mod compare;
+mod desk;
 pub mod table;
 
 use std::collections::{BTreeMap, HashMap};
@@ -38,24 +42,71 @@ const MAX_FILE: u64 = 8 << 20;
 pub struct Viewed {
     pub dir: PathBuf,
     pub snapshots: PathBuf,
+    /// Another output directory shown beside this one (`--compare`).
+    pub compare: Option<PathBuf>,
 }
 
 impl Viewed {
-    /// An output directory (its snapshots under `snapshots/`); it must hold a run's state.
+    /// An output directory (its snapshots under `snapshots/`). A directory that does not
+    /// exist yet, or is empty, is one a run is about to write: the page shows its stages as
+    /// they appear. A directory with files but no run state is refused.
     pub fn dir(dir: &Path, snapshots: Option<PathBuf>) -> Result<Viewed> {
-        let canon = dir.canonicalize().with_context(|| format!("{}: no such directory", dir.display()))?;
-        if !canon.is_dir() {
-            bail!("{}: not a directory", dir.display());
-        }
-        if !canon.join(MANIFEST).is_file() && !canon.join(INTERNAL_DIR).join("state").is_dir() {
-            bail!(
-                "{}: not a synth output directory (no {MANIFEST} and no {INTERNAL_DIR}/state/): give the \
-                 pipeline's output_dir or the pipeline file",
-                dir.display()
-            );
+        let canon = future_canonical(dir).with_context(|| format!("{}: cannot resolve this path", dir.display()))?;
+        if canon.exists() {
+            if !canon.is_dir() {
+                bail!("{}: not a directory", dir.display());
+            }
+            let empty = std::fs::read_dir(&canon).map(|mut r| r.next().is_none()).unwrap_or(false);
+            if !empty && !canon.join(MANIFEST).is_file() && !canon.join(INTERNAL_DIR).join("state").is_dir() {
+                bail!(
+                    "{}: not a synth output directory (no {MANIFEST} and no {INTERNAL_DIR}/state/): give the \
+                     pipeline's output_dir or the pipeline file",
+                    dir.display()
+                );
+            }
         }
         let snapshots = snapshots.unwrap_or_else(|| canon.join("snapshots"));
-        Ok(Viewed { dir: canon, snapshots })
+        Ok(Viewed { dir: canon, snapshots, compare: None })
+    }
+
+    /// Show `other` (an output directory) beside this one.
+    pub fn compared_with(mut self, other: &Path) -> Result<Viewed> {
+        let o = Viewed::dir(other, None)?;
+        if !o.dir.join(MANIFEST).is_file() {
+            bail!("{}: no {MANIFEST} to compare with (a run has not finished there)", other.display());
+        }
+        self.compare = Some(o.dir);
+        Ok(self)
+    }
+
+    /// Whether a run has written here yet.
+    pub fn exists(&self) -> bool {
+        self.dir.is_dir()
+    }
+}
+
+/// The canonical form `path` has, or will have once it is created: its deepest existing
+/// ancestor resolved (symlinks and all), the rest appended as written (`..` refused).
+pub fn future_canonical(path: &Path) -> std::io::Result<PathBuf> {
+    let abs = if path.is_absolute() { path.to_path_buf() } else { std::env::current_dir()?.join(path) };
+    let mut rest = Vec::new();
+    let mut at = abs.as_path();
+    loop {
+        match at.canonicalize() {
+            Ok(c) => {
+                let mut out = c;
+                for part in rest.iter().rev() {
+                    out.push(part);
+                }
+                return Ok(out);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let (Some(parent), Some(name)) = (at.parent(), at.file_name()) else { return Err(e) };
+                rest.push(name.to_os_string());
+                at = parent;
+            }
+            Err(e) => return Err(e),
+        }
     }
 }
 
@@ -73,6 +124,11 @@ struct App {
     viewed: Viewed,
     positions: Cache,
     searches: Searches,
+    /// The review desk's token: in the page this server sends, asked of every decision
+    /// posted (a page of another origin cannot read it).
+    token: String,
+    /// Who decides at this desk ($SYNTH_REVIEWER, else $USER).
+    reviewer: Option<String>,
 }
 
 /// Serve until the process is stopped; `ready` gets the bound address.
@@ -86,14 +142,24 @@ pub async fn serve(viewed: Viewed, addr: SocketAddr, ready: impl FnOnce(SocketAd
     let guarded = router(viewed).layer(axum::middleware::from_fn(
         move |req: axum::extract::Request, next: axum::middleware::Next| async move {
             let host = req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or_default();
-            if host_allowed(host, bound) {
-                next.run(req).await
-            } else {
-                fail(
+            if !host_allowed(host, bound) {
+                return fail(
                     StatusCode::FORBIDDEN,
                     format!("this viewer answers requests for http://{bound}/ only (Host: {host:?})"),
-                )
+                );
             }
+            // A write comes from this server's own page: a browser names the page's origin.
+            if req.method() != axum::http::Method::GET && req.method() != axum::http::Method::HEAD {
+                let origin = req.headers().get(header::ORIGIN).and_then(|h| h.to_str().ok()).unwrap_or_default();
+                let same = origin.strip_prefix("http://").is_some_and(|o| host_allowed(o, bound));
+                if !same {
+                    return fail(
+                        StatusCode::FORBIDDEN,
+                        format!("a change must come from this viewer's page (Origin: {origin:?})"),
+                    );
+                }
+            }
+            next.run(req).await
         },
     ));
     axum::serve(listener, guarded).await.context("serving")
@@ -121,9 +187,21 @@ pub fn host_allowed(host: &str, bound: SocketAddr) -> bool {
 
 /// The routes (the tests call them through a real socket too).
 pub fn router(viewed: Viewed) -> Router {
-    let app = Arc::new(App { viewed, positions: Mutex::new(HashMap::new()), searches: Mutex::new(HashMap::new()) });
+    let reviewer =
+        ["SYNTH_REVIEWER", "USER"].iter().find_map(|k| std::env::var(k).ok().filter(|v| !v.trim().is_empty()));
+    let app = Arc::new(App {
+        viewed,
+        positions: Mutex::new(HashMap::new()),
+        searches: Mutex::new(HashMap::new()),
+        token: format!("{:032x}", rand::random::<u128>()),
+        reviewer,
+    });
     Router::new()
         .route("/", get(page))
+        .route("/api/facets", get(facets))
+        .route("/api/export", get(export))
+        .route("/api/review", get(desk::review_state).post(desk::decide))
+        .route("/api/compare", get(compare::runs))
         .route("/api/run", get(run))
         .route("/api/events", get(events))
         .route("/api/table", get(table_page))
@@ -137,15 +215,19 @@ pub fn router(viewed: Viewed) -> Router {
         .with_state(app)
 }
 
-async fn page() -> Response {
-    let mut r = PAGE.into_response();
+/// Where the page holds the desk's token.
+const TOKEN_MARK: &str = "__SYNTH_DESK_TOKEN__";
+
+async fn page(State(app): State<Arc<App>>) -> Response {
+    let mut r = PAGE.replacen(TOKEN_MARK, &app.token, 1).into_response();
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
     r.headers_mut().insert(
         header::CONTENT_SECURITY_POLICY,
         HeaderValue::from_static(
-            "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:",
+            "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src 'self' data:; frame-ancestors 'none'",
         ),
     );
+    r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     r
 }
 
@@ -271,9 +353,13 @@ fn run_state(v: &Viewed) -> Value {
             }
         }
     }
+    let manifest_missing = manifest.is_none();
     let m = manifest.unwrap_or(Value::Null);
     json!({
         "dir": v.dir.display().to_string(),
+        // No run has written here yet: the page waits for one.
+        "waiting": manifest_missing && stages.is_empty(),
+        "compare": v.compare.as_ref().map(|c| c.display().to_string()),
         "running": running,
         "pipeline": m["pipeline"],
         "profile": m["profile"],
@@ -351,6 +437,8 @@ struct TableQuery {
     #[serde(default)]
     desc: bool,
     q: Option<String>,
+    /// A facet filter as JSON (`table::FacetFilter`).
+    facet: Option<String>,
 }
 
 fn parquet_path(v: &Viewed, rel: &str) -> Result<PathBuf, Fail> {
@@ -393,52 +481,208 @@ impl App {
     }
 }
 
-fn table_json(app: &App, q: &TableQuery) -> Result<Value, Fail> {
-    let path = parquet_path(&app.viewed, &q.file)?;
-    let t = Table::open(&path).map_err(|e| Fail(StatusCode::UNPROCESSABLE_ENTITY, format!("{:#}", e)))?;
-    let limit = q.limit.unwrap_or(50).clamp(1, MAX_PAGE);
+/// The rows a table view selects: in file order or by one column, narrowed by a text
+/// filter and a facet filter. `positions` is one page of them.
+struct Selection {
+    positions: Vec<u64>,
+    matched: u64,
+    complete: bool,
+    scanned: u64,
+}
+
+fn facet_of(q: &TableQuery) -> Result<Option<table::FacetFilter>, Fail> {
+    match q.facet.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
+        Some(f) => serde_json::from_str(f).map(Some).map_err(|e| {
+            Fail(StatusCode::BAD_REQUEST, format!("facet: {e} (expected {{\"column\", \"eq\" or \"min\"/\"max\"}})"))
+        }),
+        None => Ok(None),
+    }
+}
+
+/// The selection of a table view, `limit` rows from `offset` (all of them with `None`).
+fn select(app: &App, t: &Table, q: &TableQuery, limit: Option<usize>) -> Result<Selection, Fail> {
     let err = |e: anyhow::Error| Fail(StatusCode::BAD_REQUEST, format!("{}: {e:#}", q.file));
+    let take = limit.unwrap_or(usize::MAX);
     let search = match q.q.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
-        Some(needle) => Some(app.search(&t, needle).map_err(err)?),
+        Some(needle) => Some(app.search(t, needle).map_err(err)?),
         None => None,
     };
     let ordered = match q.sort.as_deref().filter(|s| !s.is_empty()) {
-        Some(col) => {
-            Some(app.positions(&t, format!("sort:{col}:{}", q.desc), || t.order_by(col, q.desc)).map_err(err)?)
+        Some(col) => Some(app.positions(t, format!("sort:{col}:{}", q.desc), || t.order_by(col, q.desc)).map_err(err)?),
+        None => None,
+    };
+    let facet = match facet_of(q)? {
+        Some(f) => {
+            let key = format!("facet:{}", serde_json::to_string(&f).expect("json"));
+            Some(app.positions(t, key, || t.facet_positions(&f)).map_err(err)?)
         }
         None => None,
     };
-    // (positions of the page, rows matched so far, whether that count is final, rows searched)
-    let (positions, matched, complete, scanned): (Vec<u64>, u64, bool, u64) = match (&ordered, &search) {
-        (None, None) => {
-            ((q.offset as u64..(q.offset as u64 + limit as u64).min(t.rows())).collect(), t.rows(), true, t.rows())
-        }
-        (None, Some(s)) => {
+    let page =
+        |it: &mut dyn Iterator<Item = u32>| -> Vec<u64> { it.skip(q.offset).take(take).map(u64::from).collect() };
+    Ok(match (&ordered, &search, &facet) {
+        (None, None, None) => Selection {
+            positions: (q.offset as u64..(q.offset as u64).saturating_add(take as u64).min(t.rows())).collect(),
+            matched: t.rows(),
+            complete: true,
+            scanned: t.rows(),
+        },
+        (None, Some(s), None) => {
             // A big table's first answer comes with what was found in FIRST_PATIENCE.
-            let patience = s.is_big().then_some(FIRST_PATIENCE);
-            let p = s.page(q.offset, limit, patience).map_err(err)?;
-            (p.positions.iter().map(|x| *x as u64).collect(), p.matched, p.complete, p.scanned)
+            let patience = (s.is_big() && limit.is_some()).then_some(FIRST_PATIENCE);
+            let p = if limit.is_some() {
+                s.page(q.offset, take, patience).map_err(err)?
+            } else {
+                let all = s.all().map_err(err)?;
+                table::Progress { matched: all.len() as u64, positions: all, complete: true, scanned: t.rows() }
+            };
+            Selection {
+                positions: p
+                    .positions
+                    .iter()
+                    .skip(if limit.is_some() { 0 } else { q.offset })
+                    .map(|x| *x as u64)
+                    .collect(),
+                matched: p.matched,
+                complete: p.complete,
+                scanned: p.scanned,
+            }
         }
-        (Some(o), None) => (o.iter().skip(q.offset).take(limit).map(|p| *p as u64).collect(), t.rows(), true, t.rows()),
-        (Some(o), Some(s)) => {
-            let keep: std::collections::HashSet<u32> = s.all().map_err(err)?.into_iter().collect();
-            let page = o.iter().filter(|p| keep.contains(p)).skip(q.offset).take(limit).map(|p| *p as u64).collect();
-            (page, keep.len() as u64, true, t.rows())
+        (Some(o), None, None) => {
+            Selection { positions: page(&mut o.iter().copied()), matched: t.rows(), complete: true, scanned: t.rows() }
         }
-    };
-    let rows = t.read_rows(&positions).map_err(|e| Fail(StatusCode::UNPROCESSABLE_ENTITY, format!("{e:#}")))?;
+        _ => {
+            // Filters together: the rows every one of them keeps, in the order asked.
+            let mut keep: Option<std::collections::HashSet<u32>> = None;
+            let mut narrow = |list: &[u32]| {
+                keep = Some(match keep.take() {
+                    None => list.iter().copied().collect(),
+                    Some(k) => list.iter().copied().filter(|p| k.contains(p)).collect(),
+                })
+            };
+            if let Some(s) = &search {
+                narrow(&s.all().map_err(err)?);
+            }
+            if let Some(f) = &facet {
+                narrow(f);
+            }
+            let keep = keep.unwrap_or_default();
+            let positions = match &ordered {
+                Some(o) => page(&mut o.iter().copied().filter(|p| keep.contains(p))),
+                None => {
+                    let mut all: Vec<u32> = keep.iter().copied().collect();
+                    all.sort_unstable();
+                    page(&mut all.into_iter())
+                }
+            };
+            Selection { positions, matched: keep.len() as u64, complete: true, scanned: t.rows() }
+        }
+    })
+}
+
+fn open_table(app: &App, file: &str) -> Result<Table, Fail> {
+    let path = parquet_path(&app.viewed, file)?;
+    Table::open(&path).map_err(|e| Fail(StatusCode::UNPROCESSABLE_ENTITY, format!("{:#}", e)))
+}
+
+fn table_json(app: &App, q: &TableQuery) -> Result<Value, Fail> {
+    let t = open_table(app, &q.file)?;
+    let limit = q.limit.unwrap_or(50).clamp(1, MAX_PAGE);
+    let sel = select(app, &t, q, Some(limit))?;
+    let rows = t.read_rows(&sel.positions).map_err(|e| Fail(StatusCode::UNPROCESSABLE_ENTITY, format!("{e:#}")))?;
+    // Each row's review decision, when the run has a review file.
+    let review = desk::load(&app.viewed)?;
+    let decisions: Vec<Value> =
+        rows.iter()
+            .map(|r| {
+                r["id"].as_str().and_then(|id| review.get(id)).map_or(Value::Null, |d| {
+                json!({"decision": d.decision.as_str(), "note": d.note, "reviewer": d.reviewer, "time": d.time})
+            })
+            })
+            .collect();
     Ok(json!({
         "file": q.file,
         "rows": t.rows(),
-        "matched": matched,
-        "complete": complete,
-        "scanned": scanned,
+        "matched": sel.matched,
+        "complete": sel.complete,
+        "scanned": sel.scanned,
         "offset": q.offset,
         "limit": limit,
         "columns": table::columns(&t.schema()),
-        "positions": positions,
+        "positions": sel.positions,
         "data": rows,
+        "review": decisions,
     }))
+}
+
+#[derive(Deserialize)]
+struct FacetQuery {
+    file: String,
+    column: String,
+}
+
+async fn facets(State(app): State<Arc<App>>, Query(q): Query<FacetQuery>) -> Response {
+    blocking(move || {
+        let t = open_table(&app, &q.file)?;
+        let started = std::time::Instant::now();
+        let mut f = t.facet(&q.column).map_err(|e| Fail(StatusCode::BAD_REQUEST, format!("{}: {e:#}", q.file)))?;
+        f["seconds"] = json!(started.elapsed().as_secs_f64());
+        Ok(f)
+    })
+    .await
+}
+
+/// The rows a table view selects (every page of it), as JSON Lines to save: a download.
+async fn export(State(app): State<Arc<App>>, Query(q): Query<TableQuery>) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<String, Fail>>(4);
+    let name = Path::new(&q.file).file_stem().and_then(|s| s.to_str()).unwrap_or("rows").replace(['"', '\\'], "_");
+    tokio::task::spawn_blocking(move || {
+        let chunks = || -> Result<(), Fail> {
+            let t = open_table(&app, &q.file)?;
+            let sel = select(&app, &t, &q, None)?;
+            for chunk in sel.positions.chunks(2048) {
+                let rows = t.read_rows(chunk).map_err(|e| Fail(StatusCode::UNPROCESSABLE_ENTITY, format!("{e:#}")))?;
+                let mut text = String::new();
+                for r in rows {
+                    text.push_str(&crate::secrets::scrub(
+                        &serde_json::to_string(&crate::secrets::redact(&r)).expect("json"),
+                    ));
+                    text.push('\n');
+                }
+                if tx.blocking_send(Ok(text)).is_err() {
+                    break;
+                }
+            }
+            Ok(())
+        };
+        if let Err(e) = chunks() {
+            let _ = tx.blocking_send(Err(e));
+        }
+    });
+    let mut rx = rx;
+    // The first chunk decides the status: an error before any row is an error answer.
+    let first = rx.recv().await;
+    let first = match first {
+        Some(Err(f)) => return f.into_response(),
+        Some(Ok(text)) => text,
+        None => String::new(),
+    };
+    let rest = futures::stream::unfold(rx, |mut rx| async move {
+        match rx.recv().await {
+            Some(Ok(text)) => Some((Ok::<_, std::io::Error>(text), rx)),
+            Some(Err(Fail(_, msg))) => Some((Err(std::io::Error::other(msg)), rx)),
+            None => None,
+        }
+    });
+    let body = futures::StreamExt::chain(futures::stream::once(async move { Ok(first) }), rest);
+    let mut r = axum::body::Body::from_stream(body).into_response();
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename=\"{name}.selected.jsonl\"")) {
+        h.insert(header::CONTENT_DISPOSITION, v);
+    }
+    r
 }
 
 /// Run a view's file reading off the async threads; its answer or its error.
@@ -700,7 +944,10 @@ async fn snapshot_diff(State(app): State<Arc<App>>, Query(q): Query<DiffQuery>) 
                 "changed_ids": ids.changed.iter().take(take).collect::<Vec<_>>()})
         })
         .collect();
-    answer(&json!({"old": old.map(|o| o.meta.id), "new": new.meta.id, "exports": exports}))
+    // Per stage, rows in / out / failed of each snapshot's run, side by side.
+    let manifest = |s: &crate::regen::snapshot::Snapshot| read_json(&s.path.join(MANIFEST)).unwrap_or(Value::Null);
+    let stages = compare::stages_side_by_side(&manifest(&new), &old.as_ref().map(manifest).unwrap_or(Value::Null));
+    answer(&json!({"old": old.map(|o| o.meta.id), "new": new.meta.id, "exports": exports, "stages": stages}))
 }
 
 #[cfg(test)]

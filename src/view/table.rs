@@ -454,3 +454,281 @@ pub fn batch_to_json(batch: &RecordBatch) -> Result<Vec<serde_json::Value>> {
 pub fn columns(schema: &SchemaRef) -> Vec<serde_json::Value> {
     schema.fields().iter().map(|f| serde_json::json!({"name": f.name(), "type": f.data_type().to_string()})).collect()
 }
+
+// ---- facets -----------------------------------------------------------------------
+
+/// Distinct values a column may have and still be counted value by value.
+const FACET_VALUES: usize = 1000;
+/// Bytes a value may have and still be counted as a value (longer: its length is).
+const FACET_SHORT: usize = 80;
+/// Values shown of a counted column (the rest summed as "other").
+const FACET_TOP: usize = 30;
+/// Bars of a histogram.
+const FACET_BINS: usize = 12;
+
+/// A filter by one column's facet: its value, or its length (texts: characters; lists:
+/// items) or number within `min..=max` (`min..max` when `open`), or its being null.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
+pub struct FacetFilter {
+    pub column: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eq: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<f64>,
+    #[serde(default)]
+    pub open: bool,
+    #[serde(default)]
+    pub null: bool,
+}
+
+impl FacetFilter {
+    fn keeps(&self, v: &Cell) -> bool {
+        match v {
+            Cell::Null => self.null,
+            _ if self.null => false,
+            Cell::Text(s, len) => match &self.eq {
+                Some(e) => e == s,
+                None => self.within(*len as f64),
+            },
+            Cell::Num(x) => match &self.eq {
+                Some(e) => e.parse::<f64>().is_ok_and(|e| e == *x),
+                None => self.within(*x),
+            },
+            Cell::Items(n) => self.eq.is_none() && self.within(*n as f64),
+        }
+    }
+
+    fn within(&self, x: f64) -> bool {
+        let above = self.min.is_none_or(|m| x >= m);
+        let below = self.max.is_none_or(|m| if self.open { x < m } else { x <= m });
+        above && below
+    }
+}
+
+/// What a facet reads of one row.
+enum Cell<'a> {
+    Null,
+    /// A text and its length in characters.
+    Text(&'a str, usize),
+    Num(f64),
+    /// A list's item count.
+    Items(usize),
+}
+
+/// Calls `f` with each row's cell of one column batch.
+fn cells(col: &ArrayRef, mut f: impl FnMut(Cell)) -> Result<()> {
+    let n = col.len();
+    match col.data_type() {
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
+            let s = crate::data::arrow::compute::cast(col, &DataType::Utf8)?;
+            let s = s.as_string::<i32>();
+            for r in 0..n {
+                if s.is_null(r) {
+                    f(Cell::Null)
+                } else {
+                    let v = s.value(r);
+                    f(Cell::Text(v, v.chars().count()))
+                }
+            }
+        }
+        DataType::Boolean => {
+            let b = col.as_boolean();
+            for r in 0..n {
+                f(if b.is_null(r) { Cell::Null } else { Cell::Text(if b.value(r) { "true" } else { "false" }, 0) })
+            }
+        }
+        dt if dt.is_numeric() => {
+            let x = crate::data::arrow::compute::cast(col, &DataType::Float64)?;
+            let x = x.as_primitive::<crate::data::arrow::datatypes::Float64Type>();
+            for r in 0..n {
+                f(if x.is_null(r) { Cell::Null } else { Cell::Num(x.value(r)) })
+            }
+        }
+        DataType::List(_) => {
+            let l = col.as_list::<i32>();
+            for r in 0..n {
+                f(if l.is_null(r) { Cell::Null } else { Cell::Items(l.value_length(r) as usize) })
+            }
+        }
+        DataType::LargeList(_) => {
+            let l = col.as_list::<i64>();
+            for r in 0..n {
+                f(if l.is_null(r) { Cell::Null } else { Cell::Items(l.value_length(r) as usize) })
+            }
+        }
+        other => anyhow::bail!("a column of type {other} has no facet"),
+    }
+    Ok(())
+}
+
+impl Table {
+    /// Each batch of one column (a column read alone).
+    fn column_batches(&self, column: &str, mut f: impl FnMut(&ArrayRef) -> Result<()>) -> Result<()> {
+        let idx = self.schema().index_of(column).with_context(|| format!("no column \"{column}\""))?;
+        let mask = ProjectionMask::roots(self.meta.parquet_schema(), [idx]);
+        for batch in self.builder()?.with_projection(mask).with_batch_size(8192).build()? {
+            f(batch?.column(0))?;
+        }
+        Ok(())
+    }
+
+    /// A column's facet: value counts (the most frequent first) when its values are few and
+    /// short; otherwise a histogram of lengths (texts: characters; lists: items) or of
+    /// numbers. One pass over the column alone.
+    pub fn facet(&self, column: &str) -> Result<serde_json::Value> {
+        let mut values: Option<std::collections::HashMap<String, u64>> = Some(Default::default());
+        let mut measures: Vec<f64> = Vec::new();
+        let (mut nulls, mut unit) = (0u64, "");
+        self.column_batches(column, |col| {
+            cells(col, |c| match c {
+                Cell::Null => nulls += 1,
+                Cell::Text(s, len) => {
+                    unit = "characters";
+                    measures.push(len as f64);
+                    if let Some(v) = &mut values {
+                        if s.len() > FACET_SHORT || (v.len() >= FACET_VALUES && !v.contains_key(s)) {
+                            values = None;
+                        } else {
+                            *v.entry(s.to_string()).or_default() += 1;
+                        }
+                    }
+                }
+                Cell::Num(x) => {
+                    unit = "value";
+                    measures.push(x);
+                    values = None;
+                }
+                Cell::Items(n) => {
+                    unit = "items";
+                    measures.push(n as f64);
+                    values = None;
+                }
+            })
+        })?;
+        let mut out = serde_json::json!({"column": column, "rows": self.rows(), "nulls": nulls});
+        // Values when they are few, or repeat (a column of mostly distinct ids is lengths).
+        let counted =
+            values.filter(|v| !v.is_empty() && (v.len() <= 50 || (v.len() as f64) < 0.2 * measures.len() as f64));
+        if let Some(v) = counted {
+            let mut list: Vec<(String, u64)> = v.into_iter().collect();
+            list.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            let other: u64 = list.iter().skip(FACET_TOP).map(|x| x.1).sum();
+            out["kind"] = "values".into();
+            out["distinct"] = list.len().into();
+            out["values"] = list
+                .into_iter()
+                .take(FACET_TOP)
+                .map(|(value, count)| serde_json::json!({"value": value, "count": count}))
+                .collect();
+            out["other"] = other.into();
+            return Ok(out);
+        }
+        out["kind"] = if unit == "value" { "numbers" } else { "lengths" }.into();
+        out["unit"] = unit.into();
+        out["bins"] = histogram(&measures, unit != "value").into();
+        Ok(out)
+    }
+
+    /// Calls `f` with each row's `id` (a table without a text `id` column has none).
+    pub fn each_id(&self, mut f: impl FnMut(&str)) -> Result<()> {
+        let Ok(idx) = self.schema().index_of("id") else { return Ok(()) };
+        if !matches!(self.schema().field(idx).data_type(), DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) {
+            return Ok(());
+        }
+        self.column_batches("id", |col| {
+            cells(col, |c| {
+                if let Cell::Text(id, _) = c {
+                    f(id)
+                }
+            })
+        })
+    }
+
+    /// Positions of the rows a facet filter keeps, in file order.
+    pub fn facet_positions(&self, filter: &FacetFilter) -> Result<Vec<u32>> {
+        let mut out = Vec::new();
+        let mut at = 0u32;
+        self.column_batches(&filter.column, |col| {
+            cells(col, |c| {
+                if filter.keeps(&c) {
+                    out.push(at);
+                }
+                at += 1;
+            })
+        })?;
+        Ok(out)
+    }
+}
+
+/// [`FACET_BINS`] bars over `xs` (`{min, max, open, count}`; integer bounds for integer
+/// measures, the last bar closed).
+fn histogram(xs: &[f64], integers: bool) -> Vec<serde_json::Value> {
+    let finite = || xs.iter().copied().filter(|x| x.is_finite());
+    let (Some(lo), Some(hi)) = (finite().reduce(f64::min), finite().reduce(f64::max)) else { return Vec::new() };
+    let integers = integers || finite().all(|x| x.fract() == 0.0);
+    let bins = if integers {
+        ((hi - lo) as usize + 1).min(FACET_BINS)
+    } else if lo == hi {
+        1
+    } else {
+        FACET_BINS
+    };
+    let width = if integers { ((hi - lo + 1.0) / bins as f64).ceil() } else { (hi - lo) / bins as f64 };
+    let mut counts = vec![0u64; bins];
+    for x in finite() {
+        let i = if width > 0.0 { ((x - lo) / width).floor() as usize } else { 0 };
+        counts[i.min(bins - 1)] += 1;
+    }
+    counts
+        .iter()
+        .enumerate()
+        .map(|(i, count)| {
+            let min = lo + i as f64 * width;
+            let last = i + 1 == bins;
+            let (max, open) = if integers {
+                (if last { hi } else { min + width - 1.0 }, false)
+            } else if last {
+                (hi, false)
+            } else {
+                (min + width, true)
+            };
+            serde_json::json!({"min": min, "max": max, "open": open, "count": count})
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod facet_tests {
+    use super::*;
+
+    #[test]
+    fn bars_cover_every_value_once() {
+        let xs: Vec<f64> = (0..100).map(f64::from).collect();
+        let bars = histogram(&xs, true);
+        assert_eq!(bars.len(), FACET_BINS);
+        assert_eq!(bars.iter().map(|b| b["count"].as_u64().unwrap()).sum::<u64>(), 100);
+        // Integer bars meet without overlap: each starts one after the last one's end.
+        for w in bars.windows(2) {
+            assert_eq!(w[0]["max"].as_f64().unwrap() + 1.0, w[1]["min"].as_f64().unwrap());
+        }
+        let floats = [0.25, 0.5, 0.75, 1.0];
+        let bars = histogram(&floats, false);
+        assert_eq!(bars.iter().map(|b| b["count"].as_u64().unwrap()).sum::<u64>(), 4);
+        assert_eq!(bars.last().unwrap()["max"], 1.0);
+        assert_eq!(histogram(&[3.0, 3.0], true).len(), 1);
+        assert!(histogram(&[], true).is_empty());
+    }
+
+    #[test]
+    fn a_filter_keeps_a_value_a_range_or_nulls() {
+        let f =
+            FacetFilter { column: "c".into(), eq: Some("a".into()), min: None, max: None, open: false, null: false };
+        assert!(f.keeps(&Cell::Text("a", 1)) && !f.keeps(&Cell::Text("b", 1)) && !f.keeps(&Cell::Null));
+        let r = FacetFilter { column: "c".into(), eq: None, min: Some(2.0), max: Some(4.0), open: true, null: false };
+        assert!(r.keeps(&Cell::Text("ab", 2)) && !r.keeps(&Cell::Text("abcd", 4)) && r.keeps(&Cell::Items(3)));
+        let n = FacetFilter { column: "c".into(), eq: None, min: None, max: None, open: false, null: true };
+        assert!(n.keeps(&Cell::Null) && !n.keeps(&Cell::Num(1.0)));
+    }
+}
