@@ -576,8 +576,6 @@ fn vouched_for(out: &std::path::Path) {
 fn whole_loop_on(p: &Project, data: &std::path::Path) {
     let Some(_) = support::torch_python() else { return };
     let source = |split: &str| format!("stages.{split}.path=\"{}\"", data.join(format!("{split}.parquet")).display());
-    // The trainer as the profile runs it, with sequences cut to 256 tokens (CI's time).
-    let command = r#"stages.train.command=[".tools/torchpy", "pipelines/trainers/trl_train.py", "--sft", "{{ sft }}", "--dpo", "{{ dpo }}", "--output-dir", "{{ output_dir }}", "--base-model", "{{ base_model }}", "--sft-lr", "{{ sft_lr }}", "--dpo-lr", "{{ dpo_lr }}", "--beta", "{{ beta }}", "--batch-size", "{{ batch_size }}", "--grad-acc", "{{ grad_acc }}", "--epochs", "{{ epochs }}", "--warmup-ratio", "{{ warmup_ratio }}", "--scheduler", "{{ scheduler }}", "--bf16", "{{ bf16 }}", "--max-steps", "{{ max_steps }}", "--max-length", "256", "--logging-steps", "1", "--export-gguf", "q8_0"]"#;
     let small = [
         source("sft"),
         source("dpo"),
@@ -585,7 +583,6 @@ fn whole_loop_on(p: &Project, data: &std::path::Path) {
         // The smallest that still trains: one step a phase, one sequence a step, no warmup (a
         // warmup step has learning rate 0).
         "stages.train.hyperparameters={sft_lr=1e-5,dpo_lr=2e-5,beta=0.1,batch_size=1,grad_acc=1,epochs=1,warmup_ratio=0.0,scheduler=\"cosine\",bf16=false,max_steps=1}".to_string(),
-        command.to_string(),
         // Short answers (CI's time; the profile's are RoleMRC's 256 tokens).
         "providers.candidate.max_tokens=48".to_string(),
         // No neuron analysis on these weights (CI's time: it is run, heat maps and all, on

@@ -1178,9 +1178,18 @@ fn facets_export_and_two_runs_compared() {
             .map(|i| {
                 let kind = ["short", "long", "odd"][i % 3];
                 let text = if changed && i == 1 { "changed".to_string() } else { "word ".repeat(1 + i * 3) };
-                format!("{{\"id\": \"r{i}\", \"kind\": \"{kind}\", \"text\": \"{}\"}}\n", text.trim())
+                let turns: Vec<String> =
+                    (0..=i % 3).map(|t| format!("{{\"role\": \"user\", \"content\": \"turn {t}\"}}")).collect();
+                format!(
+                    "{{\"id\": \"r{i}\", \"kind\": \"{kind}\", \"text\": \"{}\", \"turns\": [{}]}}\n",
+                    text.trim(),
+                    turns.join(", ")
+                )
             })
-            .chain(changed.then(|| "{\"id\": \"new\", \"kind\": \"short\", \"text\": \"fresh\"}\n".to_string()))
+            .chain(changed.then(|| {
+                "{\"id\": \"new\", \"kind\": \"short\", \"text\": \"fresh\", \"turns\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n"
+                    .to_string()
+            }))
             .collect()
     };
     p.write("r.jsonl", rows(false));
@@ -1210,6 +1219,14 @@ fn facets_export_and_two_runs_compared() {
     let filter = serde_json::json!({"column": "text", "min": b["min"], "max": b["max"], "open": b["open"]}).to_string();
     let t = v.json(&format!("/api/table?file=r.parquet&limit=500&facet={}", enc(&filter)));
     assert_eq!(t["matched"], b["count"], "{t}");
+    // A list of messages: a histogram of its lengths in items (1, 2 or 3 turns), read
+    // through one field of the messages; the bar of one-turn chats selects them.
+    let turns = v.json("/api/facets?file=r.parquet&column=turns");
+    assert_eq!((turns["kind"].as_str(), turns["unit"].as_str()), (Some("lengths"), Some("items")), "{turns}");
+    let counts: Vec<u64> = turns["bins"].as_array().unwrap().iter().map(|b| b["count"].as_u64().unwrap()).collect();
+    assert_eq!(counts, [14, 13, 13], "{turns}");
+    let one = serde_json::json!({"column": "turns", "min": 1, "max": 1}).to_string();
+    assert_eq!(v.json(&format!("/api/table?file=r.parquet&facet={}", enc(&one)))["matched"], 14);
     // With a text filter too: the rows both keep; the export holds exactly them.
     let short = serde_json::json!({"column": "kind", "eq": "short"}).to_string();
     let both = v.json(&format!("/api/table?file=r.parquet&limit=500&q=word&facet={}", enc(&short)));

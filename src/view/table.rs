@@ -564,10 +564,23 @@ fn cells(col: &ArrayRef, mut f: impl FnMut(Cell)) -> Result<()> {
 }
 
 impl Table {
-    /// Each batch of one column (a column read alone).
+    /// Each batch of one column (a column read alone). A list of structs (a chat) is read
+    /// through its smallest field only (a message's role, not its content): what a facet
+    /// needs of it is each list's length.
     fn column_batches(&self, column: &str, mut f: impl FnMut(&ArrayRef) -> Result<()>) -> Result<()> {
         let idx = self.schema().index_of(column).with_context(|| format!("no column \"{column}\""))?;
-        let mask = ProjectionMask::roots(self.meta.parquet_schema(), [idx]);
+        let descr = self.meta.parquet_schema();
+        let list = matches!(self.schema().field(idx).data_type(), DataType::List(_) | DataType::LargeList(_));
+        let leaves: Vec<usize> = (0..descr.num_columns()).filter(|l| descr.get_column_root_idx(*l) == idx).collect();
+        let mask = if list && leaves.len() > 1 {
+            let size = |leaf: usize| -> i64 {
+                self.meta.metadata().row_groups().iter().map(|rg| rg.column(leaf).compressed_size()).sum()
+            };
+            let smallest = leaves.iter().copied().min_by_key(|l| (size(*l), *l)).expect("a leaf");
+            ProjectionMask::leaves(descr, [smallest])
+        } else {
+            ProjectionMask::roots(descr, [idx])
+        };
         for batch in self.builder()?.with_projection(mask).with_batch_size(8192).build()? {
             f(batch?.column(0))?;
         }
