@@ -823,6 +823,15 @@ fn clicking_through_the_page_reaches_a_dpo_pair_and_a_failure() {
         );
     }
     d.screenshot(&shots.join("view-clicked-failure.png"));
+    // The desk on the failures list: the first failure is the current one; `x` drops it.
+    d.find("//div[contains(@class,'failure') and contains(@class,'current')]");
+    d.keys("x");
+    d.find("//div[contains(@class,'failure')]//span[contains(@class,'verdict-drop')]");
+    let line: Value =
+        serde_json::from_str(std::fs::read_to_string(f.path().join("out/review.jsonl")).unwrap().trim()).unwrap();
+    assert_eq!(line["decision"], "drop", "{line}");
+    assert_eq!(line["stage"], "answers.failures", "{line}");
+    assert!(failed.iter().any(|(id, _)| line["id"] == id.as_str()), "{line}");
 }
 
 /// A run of `n` records through a loopback server that refuses every fourth (`r0`, `r4`, …):
@@ -984,6 +993,9 @@ fn the_reviewers_desk_drops_two_keeps_one_by_keyboard_and_the_next_run_applies_i
     let mut dropped = [first[0].as_str(), first[1].as_str()];
     dropped.sort_unstable();
     assert_eq!(reviewed, dropped, "the two dropped, in the samples' failures with kind review");
+    // The card counts them as the run applied them.
+    let card = std::fs::read_to_string(out.join("README.md")).unwrap();
+    assert!(card.contains("2 records were dropped in human review"), "{card}");
     // The page still counts the three reviewed (two of them no longer in the table).
     d.open(&format!("http://{}/#data?file=sft.parquet", v.addr));
     d.find("//b[@id='reviewed-count' and normalize-space()='3']");
