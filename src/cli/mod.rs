@@ -472,7 +472,7 @@ pub struct RunArgs {
     /// $SYNTH_WORK_DIR, else ~/.cache/synth/work/<hash of the URL>].
     #[arg(long, value_name = "DIR")]
     pub work: Option<PathBuf>,
-    /// Run the record-parallel stages as N shards (see "Sharded runs" in the README).
+    /// Run the record-parallel stages as N shards (docs/operations/sharding.md).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub shards: Option<u32>,
     /// With --shards: run only shard I of --wave [default: $JOB_COMPLETION_INDEX
