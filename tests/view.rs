@@ -801,21 +801,38 @@ impl Drop for Driver {
     }
 }
 
+/// A browser test's start: RoleMRC's offline outputs in a fresh project, a viewer over them
+/// (with `env`), a WebDriver session and the screenshots' folder; `None` when the test skips
+/// (no browser and not root).
+struct Browsed {
+    _project: Project,
+    out: std::path::PathBuf,
+    shots: std::path::PathBuf,
+    v: Viewer,
+    d: Driver,
+}
+
+fn browse_rolemrc(env: &[(&str, &str)]) -> Option<Browsed> {
+    if !browser_or_skip() {
+        return None;
+    }
+    let shots = support::repo().join("target/view-screenshots");
+    std::fs::create_dir_all(&shots).unwrap();
+    let project = Project::new();
+    let out = project.path().join("out");
+    offline_run("rolemrc.toml", &out);
+    let v = Viewer::start(&out, env);
+    let d = Driver::start();
+    Some(Browsed { _project: project, out, shots, v, d })
+}
+
 /// The page used as a person uses it, by clicks in a real browser: from the run page of
 /// RoleMRC's outputs, the DPO output's link, then its first row: the pair on screen; from
 /// the run page of a run with failures, its failed count: the failures on screen.
 #[test]
 fn clicking_through_the_page_reaches_a_dpo_pair_and_a_failure() {
-    if !browser_or_skip() {
-        return;
-    }
-    let shots = support::repo().join("target/view-screenshots");
-    std::fs::create_dir_all(&shots).unwrap();
-    let p = Project::new();
-    let out = p.path().join("out");
-    offline_run("rolemrc.toml", &out);
-    let v = Viewer::start(&out, &[]);
-    let d = Driver::start();
+    // The project is bound: its fields left to `..` would be dropped (its folder deleted) here.
+    let Some(Browsed { shots, v, d, _project, .. }) = browse_rolemrc(&[]) else { return };
     d.open(&format!("http://{}/", v.addr));
     d.click("//tr[@id='stage-dpo']//a[normalize-space()='dpo.parquet']");
     d.click("(//table[@id='rows']//tr[contains(@class,'pick')])[1]");
@@ -961,17 +978,9 @@ fn conversations_by_id(path: &Path) -> std::collections::BTreeMap<String, String
 /// from `sft.jsonl` and spares took their places.
 #[test]
 fn the_reviewers_desk_drops_two_keeps_one_by_keyboard_and_the_next_run_applies_it() {
-    if !browser_or_skip() {
-        return;
-    }
-    let shots = support::repo().join("target/view-screenshots");
-    std::fs::create_dir_all(&shots).unwrap();
-    let p = Project::new();
-    let out = p.path().join("out");
-    offline_run("rolemrc.toml", &out);
+    let Some(Browsed { out, shots, v, d, _project }) = browse_rolemrc(&[("SYNTH_REVIEWER", "ana")]) else { return };
     let before = jsonl_conversations(&out.join("sft.jsonl"));
     let conversation = conversations_by_id(&out.join("sft.parquet"));
-    let v = Viewer::start(&out, &[("SYNTH_REVIEWER", "ana")]);
     // The first sample of each group's train split (one spare per group in the demo plan: two
     // drops in one group would leave one place empty).
     let first: Vec<String> = v.json("/api/table?file=sft.parquet&q=train-00000&limit=3")["data"]
@@ -980,7 +989,6 @@ fn the_reviewers_desk_drops_two_keeps_one_by_keyboard_and_the_next_run_applies_i
         .iter()
         .map(|r| r["id"].as_str().unwrap().to_string())
         .collect();
-    let d = Driver::start();
     d.open(&format!("http://{}/#data?file=sft.parquet&q=train-00000&row=first", v.addr));
     for (i, key) in ["x", "x", "a"].into_iter().enumerate() {
         // Each key once the row it is meant for is on screen.
@@ -1040,16 +1048,8 @@ fn the_reviewers_desk_drops_two_keeps_one_by_keyboard_and_the_next_run_applies_i
 /// 1,360 and 800 px without sideways scrolling.
 #[test]
 fn provenance_facets_and_the_narrow_page_in_a_real_browser() {
-    if !browser_or_skip() {
-        return;
-    }
-    let shots = support::repo().join("target/view-screenshots");
-    std::fs::create_dir_all(&shots).unwrap();
-    let p = Project::new();
-    let out = p.path().join("out");
-    offline_run("rolemrc.toml", &out);
-    let v = Viewer::start(&out, &[]);
-    let d = Driver::start();
+    // The project is bound: its fields left to `..` would be dropped (its folder deleted) here.
+    let Some(Browsed { shots, v, d, _project, .. }) = browse_rolemrc(&[]) else { return };
     let base = format!("http://{}/", v.addr);
 
     // Provenance: the DPO pair's profile, looked up.

@@ -487,6 +487,17 @@ pub fn retrieve(a: &RetrieveBench) -> Result<serde_json::Value> {
 
 /// Write a stage-like Parquet file of `rows` chat samples (id, category, a three-message
 /// `conversations` list, `reply_words`), with the stages' writer settings.
+/// GET `url`: milliseconds to its parsed JSON answer, and the answer (an error unless 2xx).
+async fn timed_get(http: &reqwest::Client, url: &str) -> Result<(f64, serde_json::Value)> {
+    let t = Instant::now();
+    let r = http.get(url).send().await?;
+    let status = r.status();
+    let body: serde_json::Value = r.json().await?;
+    let ms = t.elapsed().as_secs_f64() * 1000.0;
+    anyhow::ensure!(status.is_success(), "GET {url}: {status}: {body}");
+    Ok((ms, body))
+}
+
 fn write_chat_samples(path: &Path, rows: usize) -> Result<()> {
     use crate::data::arrow::datatypes::Fields;
     let message =
@@ -599,11 +610,7 @@ pub fn view(rows: usize, dir: Option<PathBuf>) -> Result<serde_json::Value> {
                 paging_peak = peak_rss_mib();
             }
             let t = Instant::now();
-            let r = http.get(format!("http://{addr}/api/table?file=samples.parquet&limit=50&{query}")).send().await?;
-            let status = r.status();
-            let body: serde_json::Value = r.json().await?;
-            let ms = t.elapsed().as_secs_f64() * 1000.0;
-            anyhow::ensure!(status.is_success(), "{name}: {body}");
+            let (ms, body) = timed_get(&http, &format!("http://{addr}/api/table?file=samples.parquet&limit=50&{query}")).await?;
             out.insert(
                 name.into(),
                 serde_json::json!({"ms": round(ms), "rows": body["data"].as_array().map(|a| a.len()), "matched": body["matched"], "complete": body["complete"]}),
@@ -631,12 +638,7 @@ pub fn view(rows: usize, dir: Option<PathBuf>) -> Result<serde_json::Value> {
         // Facets of one column (value counts, or a histogram of lengths / numbers), each a
         // fresh request (nothing cached), then the first page filtered by one bar.
         for column in ["category", "reply_words", "conversations", "id"] {
-            let t = Instant::now();
-            let r = http.get(format!("http://{addr}/api/facets?file=samples.parquet&column={column}")).send().await?;
-            let status = r.status();
-            let body: serde_json::Value = r.json().await?;
-            let ms = t.elapsed().as_secs_f64() * 1000.0;
-            anyhow::ensure!(status.is_success(), "facets of {column}: {body}");
+            let (ms, body) = timed_get(&http, &format!("http://{addr}/api/facets?file=samples.parquet&column={column}")).await?;
             out.insert(format!("facets_{column}"), serde_json::json!({"ms": round(ms), "kind": body["kind"]}));
         }
         let filter = serde_json::json!({"column": "category", "eq": "refusal"}).to_string();
