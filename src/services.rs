@@ -11,6 +11,7 @@
 
 pub mod batch;
 pub mod cost;
+pub mod estimate;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -38,6 +39,9 @@ type Flight = Arc<tokio::sync::OnceCell<Result<Completed, LlmError>>>;
 const DEFAULT_MAX_OUT: u32 = 4096;
 /// Tokens a chat format adds per message (role, separators), counted by the cost cap.
 const MESSAGE_OVERHEAD: u64 = 8;
+/// Tokens a chat format adds per message, as the estimate counts them (ChatML's
+/// `<|im_start|>role\n … <|im_end|>\n`: about 4).
+const ESTIMATE_MESSAGE_TOKENS: u64 = 4;
 
 /// Shared services of one run.
 pub struct Services {
@@ -63,6 +67,12 @@ pub struct Services {
     batch_log: Mutex<Option<Arc<BatchLog>>>,
     /// `synth run --detach`: batch stages stop once their batches are submitted.
     detach: std::sync::atomic::AtomicBool,
+    /// `--dry-run`'s estimate: calls are counted and answered by a stand-in (a sample
+    /// sent), not sent (`estimate.rs`).
+    estimate: std::sync::OnceLock<Arc<estimate::Estimator>>,
+    /// The response cache's directory when it is not this run's (the estimate's
+    /// simulation reads and fills the real run's).
+    cache_dir: std::sync::OnceLock<PathBuf>,
 }
 
 impl Services {
@@ -92,6 +102,8 @@ impl Services {
             costs: Default::default(),
             batch_log: Mutex::new(None),
             detach: Default::default(),
+            estimate: Default::default(),
+            cache_dir: Default::default(),
         })
     }
 
@@ -116,6 +128,19 @@ impl Services {
     pub fn set_run_options(&self, detach: bool, max_cost_usd: Option<f64>) {
         self.detach.store(detach, std::sync::atomic::Ordering::Relaxed);
         self.costs.set_run_cap(max_cost_usd);
+    }
+
+    /// Make this run `--dry-run`'s estimate: its calls are counted by `estimate` and
+    /// answered by a stand-in (a sample sent); the response cache read (and, for the
+    /// sample, filled) is the one in `cache_dir`.
+    pub fn set_estimate(&self, estimate: Arc<estimate::Estimator>, cache_dir: PathBuf) {
+        let _ = self.estimate.set(estimate);
+        let _ = self.cache_dir.set(cache_dir);
+    }
+
+    /// Whether this run is `--dry-run`'s simulation (its answers stand-ins).
+    pub fn estimating(&self) -> bool {
+        self.estimate.get().is_some()
     }
 
     pub fn detach(&self) -> bool {
@@ -152,7 +177,11 @@ impl Services {
         if let Some(cache) = c.as_ref() {
             return Ok(cache.clone());
         }
-        let cache = Arc::new(Cache::open(&self.out_dir.join(crate::store::state::INTERNAL_DIR))?);
+        let dir = match self.cache_dir.get() {
+            Some(d) => d.clone(),
+            None => self.out_dir.join(crate::store::state::INTERNAL_DIR),
+        };
+        let cache = Arc::new(Cache::open(&dir)?);
         if cache.recovered() > 0 {
             tracing::info!(
                 "{} response(s) received before the previous run stopped were recovered from the journal",
@@ -186,7 +215,8 @@ impl Services {
             return Ok(p.clone());
         }
         let decl = self.provider_decl(name)?.clone();
-        let provider = Arc::new(Provider::build(&decl, &self.root, &self.rates, &self.shapes)?);
+        let keyless = self.estimate.get().is_some_and(|e| e.sample == 0);
+        let provider = Arc::new(Provider::build_with(&decl, &self.root, &self.rates, &self.shapes, keyless)?);
         self.built.lock().expect("built").insert(name.to_string(), provider.clone());
         Ok(provider)
     }
@@ -311,9 +341,25 @@ impl Services {
         let key = blake3::hash(doc_text.as_bytes()).to_hex().to_string();
         let cache = self.cache().map_err(|e| LlmError::new(ErrorKind::Unavailable, format!("{e:#}")))?;
         let usage = Use { stage: ctx.stage.clone(), fingerprint: ctx.fingerprint.clone() };
+        let estimating = self.estimate.get();
+        let batch_factor = provider.batch.as_ref().filter(|_| ctx.batch.is_some()).map(|b| b.price_factor);
+        let caller = estimate::Caller {
+            stage: &ctx.stage,
+            provider: &provider.name,
+            model: &provider.model,
+            // A model in this process costs nothing.
+            price: provider
+                .price
+                .or_else(|| (!provider.networked()).then_some(crate::llm::pricing::Price { input: 0.0, output: 0.0 })),
+            batch_factor,
+            rate: &provider.rate.cfg,
+        };
         match cache.get_response(&key, &usage) {
             Ok(Some(hit)) => {
                 if let Ok(response) = serde_json::from_str::<ChatResponse>(&hit.response) {
+                    if let Some(est) = estimating {
+                        est.cached(&caller);
+                    }
                     ctx.progress.cache_hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     ctx.progress.note_served(&response.model, response.system_fingerprint.as_deref());
                     return Ok(Completed { response, cached: true, retries: 0 });
@@ -335,7 +381,51 @@ impl Services {
                 Err(e) => tracing::warn!("the run's cache: {e:#}"),
             }
         }
-        if let Some(route) = &ctx.batch {
+        // The estimate: a stand-in answers (nothing sent), unless the call is one of the
+        // stage's sample (sent online, then measured).
+        let sampling = match estimating {
+            None => None,
+            Some(est) if est.take_sample(&caller) => Some((est, std::time::Instant::now())),
+            Some(est) => {
+                // Prompt tokens by the rule, plus what a chat format adds per message.
+                let messages = match &call {
+                    Call::Chat(req) => req.messages.len() as u64,
+                    Call::Loglik(_) => 1,
+                };
+                if est.first_time(&key) {
+                    est.stood_in(&caller, prompt + ESTIMATE_MESSAGE_TOKENS * messages, max_out);
+                } else {
+                    // The run answers an identical request from its cache.
+                    est.cached(&caller);
+                }
+                use crate::llm::ChatBackend;
+                let stand_in = crate::llm::offline::Offline { seed: 0, score_one: 0.5, shapes: self.shapes.clone() };
+                let response = match &call {
+                    // A structured request: a JSON value valid against its schema.
+                    Call::Chat(req) if req.structured.is_some() => {
+                        use rand::SeedableRng;
+                        let schema = &req.structured.as_ref().expect("structured").schema.schema;
+                        let asked = req.messages.iter().map(|m| m.content.as_str()).collect::<Vec<_>>().join("\n");
+                        let mut rng = rand_chacha::ChaCha8Rng::from_seed(*blake3::hash(key.as_bytes()).as_bytes());
+                        let text = crate::llm::offline::schema_instance(schema, &asked, &mut rng).to_string();
+                        ChatResponse {
+                            usage: crate::llm::Usage {
+                                prompt_tokens: prompt,
+                                completion_tokens: estimate_tokens(&text),
+                            },
+                            text,
+                            finish_reason: "stop".into(),
+                            model: crate::llm::offline::MODEL.into(),
+                            system_fingerprint: None,
+                        }
+                    }
+                    Call::Chat(req) => stand_in.chat_once(req, &params).await?,
+                    Call::Loglik(req) => stand_in.loglik_once(req, &params).await?,
+                };
+                return Ok(Completed { response, cached: false, retries: 0 });
+            }
+        };
+        if let Some(route) = ctx.batch.as_ref().filter(|_| sampling.is_none()) {
             match route.route(&key) {
                 Route::Defer => {
                     let body = provider.backend.batch_body(&call, &params).ok_or_else(|| {
@@ -456,6 +546,25 @@ impl Services {
             .await
             .clone();
         self.inflight.lock().expect("inflight").remove(&key);
+        if let Some((est, started)) = sampling {
+            match &result {
+                Ok(done) => {
+                    let messages = match &call {
+                        Call::Chat(req) => req.messages.len() as u64,
+                        Call::Loglik(_) => 1,
+                    };
+                    let u = &done.response.usage;
+                    est.measured(
+                        &caller,
+                        u.prompt_tokens,
+                        u.completion_tokens,
+                        prompt + ESTIMATE_MESSAGE_TOKENS * messages,
+                        started.elapsed().as_secs_f64(),
+                    );
+                }
+                Err(_) => est.sample_failed(&caller),
+            }
+        }
         result
     }
 

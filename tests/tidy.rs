@@ -114,18 +114,6 @@ fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
 }
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            rust_files(&p, out);
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push(p);
-        }
-    }
-    out.sort();
-}
-
 /// The unit a file belongs to (its path relative to `src/`).
 fn unit_of(rel: &str) -> String {
     let first = rel.split('/').next().unwrap().trim_end_matches(".rs").to_string();
@@ -202,7 +190,7 @@ fn layer(unit: &str) -> usize {
 /// Violations of the layer map in `src/`: `file: uses crate::x (unit) ...`.
 fn layer_violations(root: &Path) -> Vec<String> {
     let mut files = Vec::new();
-    rust_files(root, &mut files);
+    crate::support::rust_files(root, &mut files);
     let mut bad = Vec::new();
     for f in files {
         let rel = f.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
@@ -291,7 +279,7 @@ fn methods() -> Vec<String> {
 fn method_mentions(root: &Path) -> Vec<String> {
     let names = methods();
     let mut files = Vec::new();
-    rust_files(root, &mut files);
+    crate::support::rust_files(root, &mut files);
     let mut bad = Vec::new();
     for f in files {
         let rel = f.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
@@ -329,7 +317,7 @@ fn kind_names_follow_their_files() {
     // An engine kind is named by its file stem; a method kind `<method>_<file stem>`.
     let exceptions = [("methods/rolemrc/stages/chat_format.rs", "chat_format")];
     let mut files = Vec::new();
-    rust_files(&src(), &mut files);
+    crate::support::rust_files(&src(), &mut files);
     let mut bad = Vec::new();
     for f in files {
         let rel = f.strip_prefix(src()).unwrap().to_string_lossy().replace('\\', "/");
@@ -354,7 +342,7 @@ fn only_the_runner_commits() {
     // (`train`, `neurons`) commits that program's input files into the stage working
     // directory through `stages/external.rs` (ARCHITECTURE.md).
     let mut files = Vec::new();
-    rust_files(&src(), &mut files);
+    crate::support::rust_files(&src(), &mut files);
     // `regen/` commits its own files (snapshots, row indexes), never a stage's.
     let allowed = |rel: &str| {
         rel.starts_with("dag/")
@@ -402,6 +390,23 @@ fn the_pipeline_reference_is_generated_from_the_registry() {
     );
 }
 
+/// docs/cli.md is `synth list --cli`: a command, argument, default or conflict changed in
+/// the command-line definitions and not on the page fails here.
+#[test]
+fn the_command_line_reference_is_generated_from_the_definitions() {
+    let page = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/cli.md");
+    let out = std::process::Command::new(crate::support::synth_bin()).args(["list", "--cli"]).output().unwrap();
+    assert!(out.status.success());
+    let generated = String::from_utf8(out.stdout).unwrap();
+    assert!(generated.contains("\n## synth run\n") && generated.contains("--dry-run"), "{generated}");
+    let written = std::fs::read_to_string(&page).unwrap_or_default();
+    if std::env::var_os("UPDATE_EXPECT").is_some() && written != generated {
+        std::fs::write(&page, &generated).unwrap();
+        return;
+    }
+    assert!(written == generated, "docs/cli.md is stale: run `synth list --cli > docs/cli.md` (or UPDATE_EXPECT=1)");
+}
+
 /// Every relative link of the README and the user guide points at a file that exists.
 #[test]
 fn the_readme_and_the_user_guide_link_to_files_that_exist() {
@@ -439,7 +444,7 @@ fn the_readme_and_the_user_guide_link_to_files_that_exist() {
 #[test]
 fn every_module_says_its_job() {
     let mut files = Vec::new();
-    rust_files(&src(), &mut files);
+    crate::support::rust_files(&src(), &mut files);
     let bad: Vec<String> = files
         .iter()
         .filter(|f| !std::fs::read_to_string(f).unwrap().starts_with("//!"))

@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 mod batch;
 mod cache;
+mod clidoc;
 mod emit;
 mod graph;
 mod inspect;
@@ -65,6 +66,10 @@ pub enum Command {
         /// As the Markdown page docs/reference.md (`synth list --markdown > docs/reference.md`).
         #[arg(long)]
         markdown: bool,
+        /// The command line instead: every command, argument and exit code, as the
+        /// Markdown page docs/cli.md (`synth list --cli > docs/cli.md`).
+        #[arg(long, conflicts_with = "markdown")]
+        cli: bool,
     },
     /// Run a pipeline (incrementally: up-to-date stages are skipped).
     Run(RunArgs),
@@ -460,9 +465,20 @@ pub struct RunArgs {
     /// Rebuild even when up to date.
     #[arg(long)]
     pub force: bool,
-    /// Show what would run and what is up to date; run nothing.
+    /// Show what would run and what is up to date, and estimate per stage the requests,
+    /// tokens, cost and time of the model calls (a simulated run: nothing is sent, unless
+    /// --sample); run nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// With --dry-run: send the first N uncached calls of each stage for real (paid; kept in
+    /// the cache, so the run does not pay for them again) to measure answer lengths and
+    /// latency instead of counting answers at max_tokens.
+    #[arg(long, value_name = "N", requires = "dry_run", default_value_t = 0)]
+    pub sample: u64,
+    /// With --dry-run: only the plan, no estimate (the estimate runs the pipeline's local
+    /// stages in a scratch directory).
+    #[arg(long, requires = "dry_run", conflicts_with = "sample")]
+    pub no_estimate: bool,
     /// Keep outputs, state and caches in an object store instead of --out:
     /// s3://bucket/prefix, gs://, az://, file:///path (credentials and endpoint from the
     /// environment, as the providers' SDKs read them).
@@ -766,7 +782,11 @@ pub fn main() -> i32 {
     match cli.command {
         Command::Validate(a) => validate::run(&a),
         Command::Graph(a) => graph::run(&a),
-        Command::List { markdown } => list::run(markdown),
+        Command::List { cli: true, .. } => {
+            print!("{}", clidoc::render());
+            EXIT_OK
+        }
+        Command::List { markdown, .. } => list::run(markdown),
         Command::Run(a) => run::run(&a, cli.quiet, cli.log_format),
         Command::Lock(a) => lock::run(&a),
         Command::Regenerate(a) => regenerate::run(&a, cli.quiet),

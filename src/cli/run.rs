@@ -95,12 +95,20 @@ pub fn run(args: &RunArgs, quiet: bool, log_format: super::LogFormat) -> i32 {
         lock: lock.clone(),
         detach: args.detach,
         max_cost_usd: None,
+        estimate: None,
     };
     let runtime = match runtime() {
         Ok(r) => r,
         Err(code) => return code,
     };
     let dry_run = opts.dry_run;
+    // The estimate, for a pipeline that declares a model (a run on one machine).
+    let estimating = (dry_run
+        && !args.no_estimate
+        && !p.providers.is_empty()
+        && matches!(part, Part::Whole)
+        && args.state.is_none())
+    .then(|| (p.clone(), opts.out_dir.clone()));
     let result = runtime.block_on(async move {
         let cancel = CancellationToken::new();
         spawn_signal_handler(cancel.clone());
@@ -141,7 +149,12 @@ pub fn run(args: &RunArgs, quiet: bool, log_format: super::LogFormat) -> i32 {
     match result {
         Ok(summary) if dry_run => {
             print_plan(&summary, placement.as_ref().map(|(w, p)| (w, p.as_ref(), args.shards.unwrap_or(1))));
-            EXIT_OK
+            match estimating {
+                Some((p, out_dir)) if summary.lines.iter().any(would_run) => {
+                    estimate(&runtime, p, args, &out_dir, quiet)
+                }
+                _ => EXIT_OK,
+            }
         }
         Ok(summary) => {
             print_summary(&summary);
@@ -183,6 +196,93 @@ pub fn run(args: &RunArgs, quiet: bool, log_format: super::LogFormat) -> i32 {
             EXIT_BUSY
         }
     }
+}
+
+/// A stage a dry run's plan says would run.
+fn would_run(l: &crate::dag::runner::StageLine) -> bool {
+    !matches!(l.status, StageStatus::UpToDate | StageStatus::Skipped | StageStatus::Failed | StageStatus::Cancelled)
+}
+
+/// `--dry-run`'s estimate: the run simulated in a scratch directory (its local stages
+/// run, every model call is counted and answered by a stand-in, `--sample N` of each
+/// stage's sent), then a table per stage of requests, tokens, cost and time.
+fn estimate(
+    runtime: &tokio::runtime::Runtime,
+    p: Arc<crate::pipeline::Pipeline>,
+    args: &RunArgs,
+    out_dir: &std::path::Path,
+    quiet: bool,
+) -> i32 {
+    use crate::services::estimate::{Estimator, table};
+    use crate::store::state::INTERNAL_DIR;
+    let scratch = match tempfile::Builder::new().prefix("synth-estimate-").tempdir() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("error: a scratch directory for the estimate: {e}");
+            return EXIT_RUNTIME;
+        }
+    };
+    let internal = out_dir.join(INTERNAL_DIR);
+    let real_cache = internal.join(crate::store::cache::CACHE_FILE).exists();
+    let result = runtime.block_on(async {
+        // The run's response cache says which calls are paid already; a sample fills it. It
+        // is used under the run's lock (a run in progress owns it).
+        let _lock = if real_cache || args.sample > 0 { Some(runner::prepare_out_dir(out_dir).await?) } else { None };
+        let cache_dir = if _lock.is_some() { internal.clone() } else { scratch.path().join(INTERNAL_DIR) };
+        // Files the run's sources downloaded are read, not fetched again.
+        let downloads = internal.join("downloads");
+        if downloads.is_dir() {
+            let _ = std::fs::create_dir_all(scratch.path().join(INTERNAL_DIR));
+            #[cfg(unix)]
+            let _ = std::os::unix::fs::symlink(&downloads, scratch.path().join(INTERNAL_DIR).join("downloads"));
+        }
+        let estimator = Arc::new(Estimator::new(args.sample));
+        let opts = RunOptions {
+            out_dir: scratch.path().to_path_buf(),
+            until: args.until.clone(),
+            limit: args.limit,
+            estimate: Some((estimator.clone(), cache_dir)),
+            ..Default::default()
+        };
+        let cancel = CancellationToken::new();
+        spawn_signal_handler(cancel.clone());
+        if !quiet {
+            eprintln!(
+                "estimating: the run simulated in {} (local stages run; model calls counted, not sent{})",
+                scratch.path().display(),
+                if args.sample > 0 { format!(", except {} a stage", args.sample) } else { String::new() }
+            );
+        }
+        let hub = ProgressHub::new(crate::progress::Mode::Quiet);
+        let outcome = runner::run(p.clone(), opts, hub, cancel).await;
+        Ok::<_, RunError>((outcome, estimator))
+    });
+    let (outcome, estimator) = match result {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: the estimate: {e}");
+            return if matches!(e, RunError::Busy(_)) { EXIT_BUSY } else { EXIT_RUNTIME };
+        }
+    };
+    let order: Vec<String> = p.graph.order.iter().map(|&i| p.stages[i].name.clone()).collect();
+    let stages = estimator.stages();
+    println!();
+    if stages.is_empty() {
+        println!("estimate: no stage that would run calls a model");
+    } else {
+        println!("estimate (a simulated run; calls answered from the cache are free):");
+        print!("{}", table(&stages, &order, args.sample));
+    }
+    // The plan stands either way (exit 0); an estimate cut short says so, and why.
+    if let Err(e) = outcome {
+        // (Its first line: the rest is about resuming a scratch directory that is gone.)
+        let why = e.to_string();
+        println!(
+            "estimate incomplete: the simulated run stopped, so it covers the stages before: {}",
+            why.lines().next().unwrap_or_default()
+        );
+    }
+    EXIT_OK
 }
 
 /// The local work directory of an object-store state.

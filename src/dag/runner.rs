@@ -61,6 +61,9 @@ pub struct RunOptions {
     pub detach: bool,
     /// Overrides `[pipeline] max_cost_usd` for this run (`synth regenerate --max-cost-usd`).
     pub max_cost_usd: Option<f64>,
+    /// `--dry-run`'s estimate: this run is its simulation (calls counted and stood in,
+    /// `services::estimate`), reading the response cache in the given directory.
+    pub estimate: Option<(Arc<crate::services::estimate::Estimator>, PathBuf)>,
 }
 
 impl std::fmt::Debug for RunOptions {
@@ -297,6 +300,9 @@ pub async fn run(
         None => Services::new(&out_dir, &p.root, p.providers.clone(), p.embedders.clone(), p.registry.shapes.clone()),
     };
     services.set_run_options(opts.detach, opts.max_cost_usd.or(p.max_cost_usd));
+    if let Some((estimate, cache_dir)) = &opts.estimate {
+        services.set_estimate(estimate.clone(), cache_dir.clone());
+    }
     let mut detached: Vec<String> = Vec::new();
 
     let mut nodes: Vec<Node> = (0..n)
@@ -363,6 +369,7 @@ pub async fn run(
                     role: opts.role.clone(),
                     dry_run: opts.dry_run,
                     resolve_only: opts.resolve_only && opts.dry_run,
+                    estimating: opts.estimate.is_some(),
                     lock: opts.lock.clone(),
                     review: review.clone(),
                 };
@@ -609,7 +616,7 @@ fn fail(e: anyhow::Error) -> RunError {
 const LOCK_GRACE: Duration = Duration::from_millis(1000);
 
 /// Create the output directory, take its lock and remove debris of interrupted runs.
-async fn prepare_out_dir(out_dir: &Path) -> Result<std::fs::File, RunError> {
+pub(crate) async fn prepare_out_dir(out_dir: &Path) -> Result<std::fs::File, RunError> {
     let internal = out_dir.join(INTERNAL_DIR);
     std::fs::create_dir_all(&internal)
         .map_err(|e| RunError::Failed(format!("cannot create output directory {}: {e}", out_dir.display())))?;
@@ -734,6 +741,8 @@ struct StageJob {
     role: Option<Arc<super::shard::Role>>,
     dry_run: bool,
     resolve_only: bool,
+    /// `--dry-run`'s simulated run: sources read only what this machine holds.
+    estimating: bool,
     lock: Option<Arc<PipelineLock>>,
     review: Arc<crate::quality::review::Review>,
 }
@@ -753,7 +762,7 @@ impl StageJob {
             services: &self.services,
             root: &self.p.root,
             out_dir: &self.out_dir,
-            offline_only: dry && !self.resolve_only,
+            offline_only: (dry || self.estimating) && !self.resolve_only,
             resolve_only: self.resolve_only,
             pins,
             limit: self.limit,
@@ -761,6 +770,12 @@ impl StageJob {
         };
         let prepared = decl.stage.prepare(&prepare_ctx).await?;
         let unknown_input = self.input_fps.iter().find(|(_, fp)| fp.is_none()).map(|(n, _)| n.clone());
+        if prepared.is_none() && self.estimating {
+            anyhow::bail!(
+                "the estimate reads only sources this machine holds, and this one needs the network: `synth run PIPELINE --until {}` downloads it (no model is called)",
+                decl.name
+            );
+        }
         let Some(prepared) = prepared else {
             return Ok(Outcome::WouldRun {
                 fp: None,

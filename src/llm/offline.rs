@@ -279,6 +279,105 @@ pub fn block_after<'a>(text: &'a str, marker: &str) -> Option<&'a str> {
     Some(inner[..close].trim())
 }
 
+/// A JSON value valid against `schema` (most of JSON Schema's keywords: types, `enum`,
+/// `const`, string and array length bounds, `prefixItems`, numeric bounds, `anyOf` /
+/// `oneOf` / `allOf` (the first), local `$ref`s), texts made of the prompt's words: what a
+/// structured answer looks like, for `--dry-run`'s simulated run. `pattern` and `format` are
+/// not followed (the words are letters, which the bracket-free patterns of the shipped
+/// schemas accept).
+pub fn schema_instance<R: Rng>(schema: &serde_json::Value, prompt: &str, rng: &mut R) -> serde_json::Value {
+    let words = content_words(prompt);
+    instance(schema, schema, &words, rng, 0, None)
+}
+
+/// `item`: the index of the array item this value is in (or under): an `enum` there takes
+/// its values in turn (a dialogue's `speaker` alternates), elsewhere one at random.
+fn instance<R: Rng>(
+    s: &serde_json::Value,
+    root: &serde_json::Value,
+    words: &[String],
+    rng: &mut R,
+    depth: usize,
+    item: Option<usize>,
+) -> serde_json::Value {
+    use serde_json::Value;
+    if depth > 32 {
+        return Value::Null;
+    }
+    let Some(o) = s.as_object() else { return Value::Null };
+    if let Some(r) = o.get("$ref").and_then(Value::as_str) {
+        let target = r.strip_prefix('#').and_then(|p| root.pointer(p)).unwrap_or(&Value::Null);
+        return instance(target, root, words, rng, depth + 1, item);
+    }
+    if let Some(c) = o.get("const") {
+        return c.clone();
+    }
+    if let Some(e) = o.get("enum").and_then(Value::as_array).filter(|e| !e.is_empty()) {
+        let i = item.unwrap_or_else(|| rng.random_range(0..e.len()));
+        return e[i % e.len()].clone();
+    }
+    for key in ["anyOf", "oneOf", "allOf"] {
+        if let Some(first) = o.get(key).and_then(Value::as_array).and_then(|a| a.first()) {
+            return instance(first, root, words, rng, depth + 1, item);
+        }
+    }
+    let ty = match o.get("type") {
+        Some(Value::String(t)) => t.as_str(),
+        Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).find(|t| *t != "null").unwrap_or("null"),
+        _ if o.contains_key("properties") => "object",
+        _ if o.contains_key("items") || o.contains_key("prefixItems") => "array",
+        _ => "string",
+    };
+    let num = |k: &str| o.get(k).and_then(Value::as_f64);
+    match ty {
+        "object" => {
+            let mut out = serde_json::Map::new();
+            if let Some(props) = o.get("properties").and_then(Value::as_object) {
+                for (k, v) in props {
+                    out.insert(k.clone(), instance(v, root, words, rng, depth + 1, item));
+                }
+            }
+            Value::Object(out)
+        }
+        "array" => {
+            let min = num("minItems").unwrap_or(0.0) as usize;
+            let max = num("maxItems").map(|m| m as usize).unwrap_or(usize::MAX);
+            let n = min.max(2.min(max)).min(max);
+            let prefix = o.get("prefixItems").and_then(Value::as_array).cloned().unwrap_or_default();
+            let items = o.get("items").cloned().unwrap_or(Value::Bool(true));
+            (0..n)
+                .map(|i| instance(prefix.get(i).unwrap_or(&items), root, words, rng, depth + 1, Some(i)))
+                .collect::<Vec<_>>()
+                .into()
+        }
+        "integer" | "number" => {
+            let lo = num("minimum").or(num("exclusiveMinimum").map(|m| m + 1.0)).unwrap_or(1.0);
+            let hi = num("maximum").or(num("exclusiveMaximum").map(|m| m - 1.0)).unwrap_or(lo.max(5.0));
+            let v = if hi > lo { lo + ((hi - lo) * rng.random::<f64>()).floor() } else { lo };
+            if ty == "integer" { Value::from(v as i64) } else { Value::from(v) }
+        }
+        "boolean" => Value::Bool(rng.random_bool(0.5)),
+        "null" => Value::Null,
+        _ => {
+            let min = num("minLength").unwrap_or(0.0) as usize;
+            let max = num("maxLength").map(|m| m as usize).unwrap_or(usize::MAX);
+            // About a sentence, or the length the schema asks for.
+            let goal = min.max(60.min(max));
+            // (No colon: a dialogue's parser reads `Name:` as a speaker.)
+            let mut text = paragraph(words, rng, 1).replace(':', ",");
+            while text.chars().count() < goal {
+                text.push(' ');
+                text.push_str(&paragraph(words, rng, 1).replace(':', ","));
+            }
+            let mut cut: String = text.chars().take(max.max(goal)).collect();
+            if cut.chars().count() > max {
+                cut = cut.chars().take(max).collect();
+            }
+            Value::String(cut.trim_end().to_string())
+        }
+    }
+}
+
 fn json_object<R: Rng>(prompt: &str, fields: &str, rng: &mut R) -> String {
     let mut obj = serde_json::Map::new();
     for f in fields.split(',').map(str::trim).filter(|f| !f.is_empty()) {
@@ -305,6 +404,33 @@ pub(crate) fn request(expect: &str, prompt: &str) -> ChatRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_schema_instance_is_valid_against_its_schema() {
+        let schema = serde_json::json!({
+            "type": "object",
+            "$defs": {"turn": {"type": "object", "properties": {
+                "speaker": {"enum": ["role"]},
+                "content": {"type": "string", "minLength": 40, "maxLength": 200}}, "required": ["speaker", "content"]}},
+            "properties": {
+                "turns": {"type": "array", "minItems": 4, "maxItems": 6, "items": {"$ref": "#/$defs/turn"}},
+                "score": {"type": "integer", "minimum": 1, "maximum": 5},
+                "short": {"type": "string", "maxLength": 10},
+                "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 1},
+                "flag": {"type": ["boolean", "null"]}
+            },
+            "required": ["turns", "score", "short", "tags", "flag"],
+            "additionalProperties": false
+        });
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        let prompt = "Write a dialogue between a lighthouse keeper and a sailor about storms, ropes and lanterns.";
+        for seed in 0..20u64 {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let v = schema_instance(&schema, prompt, &mut rng);
+            let errors: Vec<String> = validator.iter_errors(&v).map(|e| e.to_string()).collect();
+            assert!(errors.is_empty(), "{v}: {errors:?}");
+        }
+    }
 
     fn req(expect: &str, prompt: &str) -> ChatRequest {
         request(expect, prompt)

@@ -34,6 +34,11 @@ const DEFAULTS: &[(&str, f64, f64)] = &[
     ("claude-3-opus", 15.00, 75.00),
     ("claude-sonnet-4", 3.00, 15.00),
     ("claude-opus-4", 15.00, 75.00),
+    ("claude-opus-4-5", 5.00, 25.00),
+    ("claude-haiku-4-5", 1.00, 5.00),
+    ("gpt-5", 1.25, 10.00),
+    ("gpt-5-mini", 0.25, 2.00),
+    ("gpt-5-nano", 0.05, 0.40),
 ];
 
 /// The default price of a model: exact name, else the longest known prefix

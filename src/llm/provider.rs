@@ -542,6 +542,18 @@ impl Provider {
         rates: &RateRegistry,
         shapes: &Arc<[&'static OfflineShape]>,
     ) -> Result<Provider> {
+        Provider::build_with(decl, root, rates, shapes, false)
+    }
+
+    /// [`Provider::build`]; `keyless`: a provider whose API needs a key builds without it
+    /// (`--dry-run`'s estimate counts its calls and sends none).
+    pub fn build_with(
+        decl: &Decl,
+        root: &Path,
+        rates: &RateRegistry,
+        shapes: &Arc<[&'static OfflineShape]>,
+        keyless: bool,
+    ) -> Result<Provider> {
         let name = decl.name.as_str();
         let provider = match decl.kind.as_str() {
             "local" => {
@@ -585,7 +597,7 @@ impl Provider {
                 let o: OpenAiOptions = serde_json::from_value(decl.options.clone()).context("provider options")?;
                 let r = resolve_endpoint(name, &o.base_url, &o.base_url_env, &o.model, &o.model_env, &o.api_key_env)?;
                 let api_key = crate::secrets::key_from_env(&o.api_key_env);
-                if api_key.is_none() && r.base_url == DEFAULT_BASE_URL {
+                if api_key.is_none() && r.base_url == DEFAULT_BASE_URL && !keyless {
                     bail!(
                         "provider \"{name}\": the environment variable {} is not set (the OpenAI API needs a key)",
                         o.api_key_env
@@ -647,7 +659,7 @@ impl Provider {
                 let o: AnthropicOptions = serde_json::from_value(decl.options.clone()).context("provider options")?;
                 let (base_url, model) = o.resolve(name)?;
                 let api_key = crate::secrets::key_from_env(&o.api_key_env);
-                if api_key.is_none() && base_url == super::anthropic::DEFAULT_BASE_URL {
+                if api_key.is_none() && base_url == super::anthropic::DEFAULT_BASE_URL && !keyless {
                     bail!(
                         "provider \"{name}\": the environment variable {} is not set (the Anthropic API needs a key)",
                         o.api_key_env

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::data::arrow::datatypes::{DataType, Field, SchemaRef};
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Result, anyhow};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::Value;
@@ -982,7 +982,9 @@ impl Llm {
             // Content checks of a parsed answer: a failure is a rejection of kind `check`
             // (re-asked with its reason), or drops the record at once (`action = "drop"`).
             let accepted = match accepted {
-                Ok(fields) if !self.checks.is_empty() => {
+                // (Not on `--dry-run`'s stand-in answers: their words are no model's, and a
+                // re-ask they caused would count calls a real model may not need.)
+                Ok(fields) if !self.checks.is_empty() && !services.estimating() => {
                     let last = attempt >= self.opts.max_attempts;
                     match self.vet(fields, row, prompt, last, &mut log) {
                         Vetted::Pass(fields) => Ok(fields),
@@ -1166,7 +1168,11 @@ pub(crate) fn start_provider_with(
 ) -> Result<(Arc<Provider>, CallCtx, usize)> {
     let p = match model {
         Some(m) => ctx.services.provider_with_model(provider, m)?,
-        None => ctx.services.provider(provider).with_context(|| format!("provider \"{provider}\""))?,
+        // The provider's name in the error, once (a build error may name it already).
+        None => ctx.services.provider(provider).map_err(|e| {
+            let named = format!("provider \"{provider}\"");
+            if format!("{e:#}").starts_with(&named) { e } else { e.context(named) }
+        })?,
     };
     ctx.report.info.insert("provider".into(), p.name.clone());
     ctx.report.info.insert("model".into(), p.model.clone());

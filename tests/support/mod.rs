@@ -66,6 +66,19 @@ pub fn onnxruntime() -> PathBuf {
         .expect("ONNX Runtime is missing: run .ci/setup (the README's test command .ci/test does)")
 }
 
+/// Every `.rs` file under `dir`, sorted.
+pub fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display())) {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+    out.sort();
+}
+
 pub fn synth_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_synth"))
 }
@@ -102,6 +115,12 @@ impl Project {
     pub fn synth_env(&self, args: &[&str], env: &[(&str, &str)]) -> Run {
         let mut cmd = Command::new(synth_bin());
         cmd.args(args).current_dir(self.path()).env("CI", "1").env_remove("SYNTH_LOG").env_remove("OPENAI_API_KEY");
+        // The suite runs two tests at once on CI's two cores: llama.cpp's two threads beside a
+        // busy test spin at every barrier (8× slower, BENCHMARKS.md "llama.cpp's thread pool
+        // vs OpenMP"); one thread has no barrier. Answers are the same bytes for any count.
+        cmd.env(synth::llm::local::THREADS_ENV, "1");
+        // The same for PyTorch's OpenMP threads (the trainer and the neuron analysis).
+        cmd.env("OMP_NUM_THREADS", "1");
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -112,6 +131,12 @@ impl Project {
     pub fn spawn_env(&self, args: &[&str], env: &[(&str, &str)]) -> std::process::Child {
         let mut cmd = Command::new(synth_bin());
         cmd.args(args).current_dir(self.path()).env("CI", "1").env_remove("SYNTH_LOG").env_remove("OPENAI_API_KEY");
+        // The suite runs two tests at once on CI's two cores: llama.cpp's two threads beside a
+        // busy test spin at every barrier (8× slower, BENCHMARKS.md "llama.cpp's thread pool
+        // vs OpenMP"); one thread has no barrier. Answers are the same bytes for any count.
+        cmd.env(synth::llm::local::THREADS_ENV, "1");
+        // The same for PyTorch's OpenMP threads (the trainer and the neuron analysis).
+        cmd.env("OMP_NUM_THREADS", "1");
         for (k, v) in env {
             cmd.env(k, v);
         }

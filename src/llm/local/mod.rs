@@ -67,7 +67,7 @@ pub const OPTIONS: &[OptionSpec] = &[
     )
     .runtime_only(),
     OptionSpec::default("batch_tokens", POSITIVE, "512", "tokens per decode call").runtime_only(),
-    OptionSpec::optional("threads", POSITIVE, "CPU threads of llama.cpp (default: the machine's cores). On a machine busy with other work, set the cores left free: llama.cpp's threads spin at every barrier, so one that waits for a thread the OS has put aside loses its time slice (beside two compilers on 2 cores, 2 threads decoded 4.5 tokens/s and 1 thread 35; BENCHMARKS.md)").runtime_only(),
+    OptionSpec::optional("threads", POSITIVE, "CPU threads of llama.cpp (default: $SYNTH_LOCAL_THREADS, else the machine's cores). On a machine busy with other work, set the cores left free: llama.cpp's threads spin at every barrier, so one that waits for a thread the OS has put aside loses its time slice (beside two compilers on 2 cores, 2 threads decoded 4.5 tokens/s and 1 thread 35; BENCHMARKS.md)").runtime_only(),
     OptionSpec::optional("temperature", Ty::Float(0.0, 2.0), "sampling temperature (default 0.8; 0: greedy)"),
     OptionSpec::optional("top_p", crate::config::options::RATIO, "nucleus sampling"),
     OptionSpec::optional("max_tokens", POSITIVE, "most tokens per answer (default 1024)"),
@@ -276,9 +276,22 @@ pub struct LocalChat {
     pub name: String,
 }
 
+/// `SYNTH_LOCAL_THREADS`: the thread count of `local` providers that set none (a machine
+/// shared with other work: the cores left free; a test suite running tests side by side).
+/// Not a number, or 0: unset.
+fn threads_from_env() -> Option<usize> {
+    std::env::var(THREADS_ENV).ok()?.trim().parse().ok().filter(|n| *n > 0)
+}
+
+/// The environment variable [`threads_from_env`] reads.
+pub const THREADS_ENV: &str = "SYNTH_LOCAL_THREADS";
+
 impl LocalChat {
     pub fn new(o: &LocalOptions, path: PathBuf, provider: &str) -> LocalChat {
-        let threads = o.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2));
+        let threads = o
+            .threads
+            .or_else(threads_from_env)
+            .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2));
         let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
         LocalChat {
             settings: engine::Settings {
