@@ -252,10 +252,30 @@ fn loglik_picks_the_same_choice_twice_and_is_the_sum_of_its_tokens() {
     assert!(tokens.len() >= 4 && ll.logprob < 0.0, "{tokens:?}");
 }
 
-/// One local-model test at a time: each decodes on every core.
-pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+/// At most one local-model test per core at a time: each decodes with one thread (the
+/// tests' `SYNTH_LOCAL_THREADS=1`, the engines here), so two on two cores keep both busy
+/// without the barrier spinning of two threads sharing a core with other work (BENCHMARKS.md
+/// "Stop 59"). The name is from when they decoded on every core, one at a time.
+pub fn one_at_a_time() -> ModelSlot {
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let mut busy = SLOTS.0.lock().unwrap_or_else(|e| e.into_inner());
+    while *busy >= cores {
+        busy = SLOTS.1.wait(busy).unwrap_or_else(|e| e.into_inner());
+    }
+    *busy += 1;
+    ModelSlot
+}
+
+static SLOTS: (std::sync::Mutex<usize>, std::sync::Condvar) = (std::sync::Mutex::new(0), std::sync::Condvar::new());
+
+/// A place among the model tests running at once, given back when dropped.
+pub struct ModelSlot;
+
+impl Drop for ModelSlot {
+    fn drop(&mut self) {
+        *SLOTS.0.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+        SLOTS.1.notify_one();
+    }
 }
 
 /// A pipeline: records → llm on the local model → jsonl; `provider_extra` lines override
