@@ -579,7 +579,12 @@ fn a_few_records_first_then_all_of_them_pay_only_for_the_new_ones() {
 
     // The estimate: the model stage's row, priced (gpt-4o-mini), nothing sent.
     let dry = synth_in(p.path(), &runs[0], &env).ok();
-    let row = dry.stdout.lines().find(|l| l.starts_with("cards ")).unwrap_or_else(|| panic!("{}", dry.stdout));
+    let row = dry
+        .stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("estimate"))
+        .find(|l| l.starts_with("cards "))
+        .unwrap_or_else(|| panic!("{}", dry.stdout));
     assert!(row.contains("gpt-4o-mini") && row.contains("0.0"), "{row}");
     synth_in(p.path(), &runs[1], &env).ok();
     assert_eq!(server.seen().len(), 0, "a dry run sends nothing");
