@@ -28,6 +28,16 @@ fn repo_file(rel: &str) -> PathBuf {
     support::repo().join(rel)
 }
 
+/// `synth run pipelines/starter.toml EXTRA... --out DIR` into a fresh directory: the
+/// directory and the arguments.
+fn starter_run(extra: &[&str]) -> (tempfile::TempDir, Vec<String>) {
+    let out = tempfile::tempdir().unwrap();
+    let mut args = vec!["run".to_string(), repo_file("pipelines/starter.toml").display().to_string()];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args.extend(["--out".to_string(), out.path().display().to_string()]);
+    (out, args)
+}
+
 fn read(rel: &str) -> String {
     std::fs::read_to_string(repo_file(rel)).unwrap_or_else(|e| panic!("reading {rel}: {e}"))
 }
@@ -77,14 +87,7 @@ fn synth_in(dir: &Path, args: &[String], env: &[(String, String)]) -> support::R
 
 #[test]
 fn the_offline_run_writes_both_sinks_and_counts_its_checks() {
-    let out = tempfile::tempdir().unwrap();
-    let args: Vec<String> = vec![
-        "run".into(),
-        repo_file("pipelines/starter.toml").display().to_string(),
-        "--offline".into(),
-        "--out".into(),
-        out.path().display().to_string(),
-    ];
+    let (out, args) = starter_run(&["--offline"]);
     let started = std::time::Instant::now();
     synth_in(out.path(), &args, &[]).ok();
     let seconds = started.elapsed().as_secs_f64();
@@ -151,19 +154,9 @@ fn the_local_run_on_the_real_model_finishes_with_the_checks_at_work() {
         return;
     }
     let _one = crate::local::one_at_a_time();
-    let out = tempfile::tempdir().unwrap();
-    let args: Vec<String> = vec![
-        "run".into(),
-        repo_file("pipelines/starter.toml").display().to_string(),
-        "--profile".into(),
-        "local".into(),
-        "--out".into(),
-        out.path().display().to_string(),
-        // One thread: other tests share the cores, and llama.cpp's threads spin while they
-        // wait (docs/providers.md); the answers are the same bytes for any thread count.
-        "--set".into(),
-        "providers.writer.threads=1".into(),
-    ];
+    // One thread: other tests share the cores, and llama.cpp's threads spin while they
+    // wait (docs/providers.md); the answers are the same bytes for any thread count.
+    let (out, args) = starter_run(&["--profile", "local", "--set", "providers.writer.threads=1"]);
     let started = std::time::Instant::now();
     let run = synth_in(out.path(), &args, &[]).ok();
     eprintln!("starter --profile local: {:.1} s\n{}", started.elapsed().as_secs_f64(), run.stdout);

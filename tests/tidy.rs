@@ -371,40 +371,36 @@ fn every_failure_kind_is_documented_in_the_user_guide() {
     }
 }
 
+/// `page` is what `synth ARGS` prints (with UPDATE_EXPECT=1: made so); the generated text
+/// must hold each of `probes`.
+fn assert_page_is_generated(page: &str, args: &[&str], probes: &[&str]) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(page);
+    let out = std::process::Command::new(crate::support::synth_bin()).args(args).output().unwrap();
+    assert!(out.status.success(), "synth {}", args.join(" "));
+    let generated = String::from_utf8(out.stdout).unwrap();
+    for p in probes {
+        assert!(generated.contains(p), "synth {} does not print {p:?}", args.join(" "));
+    }
+    let written = std::fs::read_to_string(&path).unwrap_or_default();
+    if std::env::var_os("UPDATE_EXPECT").is_some() && written != generated {
+        std::fs::write(&path, &generated).unwrap();
+        return;
+    }
+    assert!(written == generated, "{page} is stale: run `synth {} > {page}` (or UPDATE_EXPECT=1)", args.join(" "));
+}
+
 /// docs/reference.md is `synth list --markdown`: a kind, option or default changed in the
 /// registry and not in the page fails here.
 #[test]
 fn the_pipeline_reference_is_generated_from_the_registry() {
-    let page = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/reference.md");
-    let out = std::process::Command::new(crate::support::synth_bin()).args(["list", "--markdown"]).output().unwrap();
-    assert!(out.status.success());
-    let generated = String::from_utf8(out.stdout).unwrap();
-    let written = std::fs::read_to_string(&page).unwrap_or_default();
-    if std::env::var_os("UPDATE_EXPECT").is_some() && written != generated {
-        std::fs::write(&page, &generated).unwrap();
-        return;
-    }
-    assert!(
-        written == generated,
-        "docs/reference.md is stale: run `synth list --markdown > docs/reference.md` (or UPDATE_EXPECT=1)"
-    );
+    assert_page_is_generated("docs/reference.md", &["list", "--markdown"], &["### `llm`"]);
 }
 
 /// docs/cli.md is `synth list --cli`: a command, argument, default or conflict changed in
 /// the command-line definitions and not on the page fails here.
 #[test]
 fn the_command_line_reference_is_generated_from_the_definitions() {
-    let page = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/cli.md");
-    let out = std::process::Command::new(crate::support::synth_bin()).args(["list", "--cli"]).output().unwrap();
-    assert!(out.status.success());
-    let generated = String::from_utf8(out.stdout).unwrap();
-    assert!(generated.contains("\n## synth run\n") && generated.contains("--dry-run"), "{generated}");
-    let written = std::fs::read_to_string(&page).unwrap_or_default();
-    if std::env::var_os("UPDATE_EXPECT").is_some() && written != generated {
-        std::fs::write(&page, &generated).unwrap();
-        return;
-    }
-    assert!(written == generated, "docs/cli.md is stale: run `synth list --cli > docs/cli.md` (or UPDATE_EXPECT=1)");
+    assert_page_is_generated("docs/cli.md", &["list", "--cli"], &["\n## synth run\n", "--dry-run"]);
 }
 
 /// Every relative link of the README and the user guide points at a file that exists.
