@@ -156,6 +156,36 @@ static MULTI: OnceLock<MultiProgress> = OnceLock::new();
 
 /// Write log output without tearing progress bars.
 pub struct LogWriter;
+
+/// While set, log lines below WARN are dropped (`--dry-run`'s simulated run: its stages'
+/// "starts" / "done" lines are not the user's run).
+static MUTE_INFO: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Drop (or again print) log lines below WARN, process-wide.
+pub fn mute_info(on: bool) {
+    MUTE_INFO.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The log's writer for each line: [`LogWriter`], or a sink while [`mute_info`] is on and the
+/// line is below WARN.
+pub struct LogSink;
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogSink {
+    type Writer = tracing_subscriber::fmt::writer::EitherWriter<LogWriter, std::io::Sink>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        tracing_subscriber::fmt::writer::EitherWriter::A(LogWriter)
+    }
+
+    fn make_writer_for(&'a self, meta: &tracing::Metadata<'_>) -> Self::Writer {
+        // Levels compare by verbosity: INFO > WARN.
+        if MUTE_INFO.load(std::sync::atomic::Ordering::Relaxed) && *meta.level() > tracing::Level::WARN {
+            tracing_subscriber::fmt::writer::EitherWriter::B(std::io::sink())
+        } else {
+            tracing_subscriber::fmt::writer::EitherWriter::A(LogWriter)
+        }
+    }
+}
 impl Write for LogWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         match MULTI.get() {

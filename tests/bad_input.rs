@@ -372,3 +372,26 @@ fn a_profile_redefining_a_stage_keeps_the_base_types() {
     let line = shown.lines().find(|l| l.starts_with("stages.personas_raw = ")).unwrap_or_else(|| panic!("{shown}"));
     assert!(line.contains("types = { persona = \"string\" }") && line.contains("rolemrc-demo"), "{line}");
 }
+
+/// `synth list --markdown | head -1`: the reader leaves after one line; synth ends as Unix
+/// tools do (SIGPIPE), with nothing on stderr, not a panic from `println!`.
+#[test]
+fn a_reader_that_leaves_early_ends_a_printing_command_quietly() {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(support::synth_bin())
+        .args(["list", "--markdown"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    // The reader is dropped: the pipe is closed with most of the page unread.
+    assert!(!first.is_empty());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{:?} {stderr}", out.status);
+}

@@ -226,6 +226,18 @@ fn profiles_limit_and_sets() {
     p.synth(&["run", "pipeline.toml", "--limit", "20", "--out", "lim"]).ok();
     assert_eq!(parquet_rows(&p.path().join("lim/people.parquet")).len(), 20);
     assert_eq!(parquet_rows(&p.path().join("lim/cities.parquet")).len(), 3);
+
+    // A `--set` on a misspelt stage says so (not "missing kind" of a stage nobody meant).
+    let bad = p.synth(&["run", "pipeline.toml", "--set", "stages.sampel.n=4"]).code(78);
+    assert!(
+        bad.stderr.contains(
+            "--set stages.sampel.n=4: stage \"sampel\": no stage \"sampel\" in the pipeline (did you mean \"sample\"?); a stage that --set adds needs its \"kind\""
+        ),
+        "{}",
+        bad.stderr
+    );
+    let bad = p.synth(&["run", "pipeline.toml", "--set", "providers.nobody.model=\"m\""]).code(78);
+    assert!(bad.stderr.contains("provider \"nobody\": no provider \"nobody\" in the pipeline;"), "{}", bad.stderr);
 }
 
 #[test]

@@ -49,6 +49,9 @@ fn a_dry_run_of_rolemrc_prints_tokens_and_cost_per_stage_and_sends_nothing() {
     assert!(r.stdout.lines().any(|l| l.starts_with("total")), "{}", r.stdout);
     assert!(r.stdout.contains("max_tokens"), "says answers are counted at max_tokens: {}", r.stdout);
     assert!(!out.exists(), "a dry run writes nothing where the run would write");
+    // The simulated stages do not log as if they ran.
+    assert!(!r.stderr.contains("\" done: "), "{}", r.stderr);
+    assert!(!r.stderr.contains(") starts: "), "{}", r.stderr);
 }
 
 /// On the real small model: the estimate with a sample of 3 calls is within 25% of the

@@ -609,3 +609,100 @@ fn shell_lines_are_read_as_sh_reads_them() {
         )
     );
 }
+
+/// llama.cpp's own C++ server (`llama-server`, built from the sdist llama-cpp-python==0.3.36 by
+/// `benches/llama_cpp.sh`) serving the real SmolLM2 GGUF; killed when dropped.
+struct LlamaServer {
+    child: std::process::Child,
+    url: String,
+}
+
+impl LlamaServer {
+    /// `None`, saying why, when the server or the model is not built here.
+    fn start(api_key: &str) -> Option<LlamaServer> {
+        let bin = repo_file(".tools/llama.cpp-0.3.36/bin/llama-server");
+        let model = repo_file(".tools/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        for (path, how) in [
+            (&bin, "`. benches/llama_cpp.sh && llama_cpp_install` builds it (~10 min)"),
+            (&model, ".ci/setup-model installs it"),
+        ] {
+            if !path.is_file() {
+                eprintln!("SKIPPED: {} is absent ({how})", path.display());
+                return None;
+            }
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = Command::new(&bin)
+            .args(["-m", model.to_str().unwrap(), "--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(["-t", "1", "-np", "2", "-c", "8192", "--api-key", api_key, "--no-webui"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start llama-server");
+        let server = LlamaServer { child, url: format!("http://127.0.0.1:{port}") };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while std::time::Instant::now() < deadline {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+                && Command::new("curl")
+                    .args(["-sf", &format!("{}/health", server.url)])
+                    .output()
+                    .is_ok_and(|o| o.status.success())
+            {
+                return Some(server);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        panic!("llama-server did not answer /health within 60 s");
+    }
+}
+
+impl Drop for LlamaServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The page's llama.cpp section, as written (its table, its key variable, its command), against
+/// llama.cpp's real C++ server instead of a loopback double: the schema goes in the server's
+/// form and the server decodes under it, the key is checked by the server, every record is
+/// kept or dropped with a reason. Skipped, saying why, where the server is not built (CI).
+#[test]
+fn the_llama_cpp_section_runs_against_llama_cpp_s_own_server() {
+    let title = "llama.cpp's server";
+    let sections = page_sections("The same file pointed at another model");
+    let section = &sections[title];
+    let (exports, runs) = commands(block(section, "sh", title), title);
+    assert_eq!(exports, ["LLAMA_API_KEY"], "{exports:?}");
+    let key = "llama-key-0123456789";
+    let Some(server) = LlamaServer::start(key) else { return };
+    let _one = crate::local::one_at_a_time();
+    let table_text = block(section, "toml", title);
+    let rewritten = table_text.replace("http://localhost:8080", &server.url);
+    assert_ne!(rewritten, table_text);
+    let (toml, _) = with_provider(&rewritten);
+    let p = starter_copy(&toml);
+
+    // A wrong key: the server refuses it and the run stops at once, saying so.
+    let refused = synth_in(p.path(), &runs[0], &[("LLAMA_API_KEY".into(), "wrong-key-0123456789".into())]);
+    assert_ne!(refused.code, 0);
+    assert!(refused.stderr.contains("HTTP 401") && refused.stderr.contains("(auth)"), "{}", refused.stderr);
+
+    synth_in(p.path(), &runs[0], &[("LLAMA_API_KEY".into(), key.into())]).ok();
+    let out = p.path().join("outputs/starter");
+    let m = manifest(&out);
+    let cards = &m["stages"]["cards"]["report"];
+    assert_eq!(number(&cards["rows_in"]), RECORDS as u64);
+    assert_eq!(number(&cards["rows_out"]) + number(&cards["rows_failed"]), RECORDS as u64, "{cards}");
+    assert_eq!(cards["info"]["structured"], "llama_cpp", "the schema went in llama-server's form: {cards}");
+    assert!(number(&cards["requests"]) >= DISTINCT as u64, "{cards}");
+    for line in jsonl(&out.join("cards.jsonl")) {
+        assert_eq!(line["model"], "your-model", "{line:?}");
+        for field in ["greeting", "backstory"] {
+            assert!(line[field].as_str().is_some_and(|t| !t.trim().is_empty()), "{field}: {line:?}");
+        }
+    }
+    for row in failures(&out, "cards") {
+        assert!(row["message"].as_str().is_some_and(|m| !m.is_empty()), "{row:?}");
+    }
+}

@@ -775,10 +775,38 @@ pub struct StatsArgs {
     pub json: bool,
 }
 
+/// Commands that read files and print, and start no process and no connection.
+fn only_prints(command: &Command) -> bool {
+    matches!(
+        command,
+        Command::Validate(_)
+            | Command::Graph(_)
+            | Command::List { .. }
+            | Command::Inspect(_)
+            | Command::Stats(_)
+            | Command::Emit(_)
+    )
+}
+
+/// `synth validate p.toml | head`: when the reader of stdout goes away, end quietly as
+/// Unix tools do (killed by SIGPIPE, exit status 141 in a shell) instead of a panic from
+/// `println!`. Only for the commands of `only_prints`: a process that writes to a child's
+/// pipe must not die of its child's end, so Rust's default (SIGPIPE ignored) stays for them.
+fn quiet_on_closed_stdout() {
+    #[cfg(unix)]
+    // SAFETY: sets a signal's disposition before any thread of ours starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 /// Parse arguments, run the command, return the exit code.
 pub fn main() -> i32 {
     let cli = Cli::parse();
     init_logging(&cli);
+    if only_prints(&cli.command) {
+        quiet_on_closed_stdout();
+    }
     match cli.command {
         Command::Validate(a) => validate::run(&a),
         Command::Graph(a) => graph::run(&a),
@@ -872,7 +900,7 @@ fn init_logging(cli: &Cli) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(|| crate::progress::LogWriter);
+        .with_writer(crate::progress::LogSink);
     match cli.log_format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.with_target(false).compact().init(),

@@ -254,7 +254,11 @@ fn estimate(
             );
         }
         let hub = ProgressHub::new(crate::progress::Mode::Quiet);
+        // The simulated stages' "starts" / "done" lines are not the user's run (warnings and
+        // errors still show).
+        crate::progress::mute_info(true);
         let outcome = runner::run(p.clone(), opts, hub, cancel).await;
+        crate::progress::mute_info(false);
         Ok::<_, RunError>((outcome, estimator))
     });
     let (outcome, estimator) = match result {

@@ -497,6 +497,7 @@ fn check(
         Some(e) => match e.node.as_table() {
             None => diags.error(&e.node.span, None, "\"stages\" must be a table of [stages.NAME] tables"),
             Some(stages) => {
+                let declared = declared_names(stages);
                 for entry in &stages.entries {
                     if let Some(raw) = check_stage(
                         &entry.key,
@@ -505,6 +506,7 @@ fn check(
                         &root_dir,
                         default_ratio,
                         &registry,
+                        &declared,
                         diags,
                     ) {
                         raws.push(raw);
@@ -603,6 +605,28 @@ struct RawStage {
     decl: Option<StageDecl>,
 }
 
+/// Names of a section's tables that the file (or a profile) declares, not a `--set`.
+fn declared_names(section: &Table) -> Vec<&str> {
+    section
+        .entries
+        .iter()
+        .filter(|e| !matches!(e.key_span.origin, node::Origin::Arg(_)))
+        .map(|e| e.key.as_str())
+        .collect()
+}
+
+/// The error for a table without `kind`: when only a `--set` made it, the name is most
+/// likely misspelt (`--set stages.sample.n=4` for `sampled`), so that is what it says.
+fn missing_kind(what: &str, name: &str, key_span: &Span, declared: &[&str], kinds: &str) -> String {
+    if matches!(key_span.origin, node::Origin::Arg(_)) {
+        let hint = did_you_mean(name, declared.iter().copied()).unwrap_or_default();
+        format!("no {what} \"{name}\" in the pipeline{hint}; a {what} that --set adds needs its \"kind\" ({kinds})")
+    } else {
+        format!("missing required option \"kind\" ({kinds})")
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 fn check_stage(
     name: &str,
     key_span: &Span,
@@ -610,6 +634,7 @@ fn check_stage(
     root: &Path,
     default_ratio: f64,
     registry: &Registry,
+    declared: &[&str],
     diags: &mut Diagnostics,
 ) -> Option<RawStage> {
     let subject = stage_subject(name);
@@ -647,7 +672,7 @@ fn check_stage(
         decl: None,
     };
     let Some(kind_entry) = table.get("kind") else {
-        diags.error(key_span, Some(&subject), "missing required option \"kind\" (see `synth list`)");
+        diags.error(key_span, Some(&subject), missing_kind("stage", name, key_span, declared, "see `synth list`"));
         return Some(raw);
     };
     let Some(kind_name) = kind_entry.node.as_str() else {
@@ -836,6 +861,7 @@ fn check_decls(
         diags.error(&entry.node.span, None, format!("\"{table}\" must be a table of [{table}.NAME] tables"));
         return out;
     };
+    let declared = declared_names(t);
     for e in &t.entries {
         let subject = format!("{what} \"{}\"", e.key);
         if !valid_name(&e.key) {
@@ -846,14 +872,8 @@ fn check_decls(
             continue;
         };
         let Some(kind_name) = body.get("kind").and_then(|k| k.node.as_str()) else {
-            diags.error(
-                &e.key_span,
-                Some(&subject),
-                format!(
-                    "missing required option \"kind\" ({})",
-                    kinds.iter().map(|k| k.name).collect::<Vec<_>>().join(", ")
-                ),
-            );
+            let names = kinds.iter().map(|k| k.name).collect::<Vec<_>>().join(", ");
+            diags.error(&e.key_span, Some(&subject), missing_kind(what, &e.key, &e.key_span, &declared, &names));
             continue;
         };
         let Some(kind) = kinds.iter().find(|k| k.name == kind_name) else {

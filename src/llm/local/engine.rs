@@ -34,8 +34,77 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::time::Instant;
 
-/// Held around every `decode` call of every engine of the process (see its use).
-static DECODE_TURN: Mutex<()> = Mutex::new(());
+/// Taken around every `decode` call of every engine of the process (see its use).
+static DECODE_TURN: CoreGate = CoreGate::new();
+
+/// The process's cores, lent to decode calls: a call takes as many as its engine has threads
+/// (at most all of them) and waits its turn, first come first served, until that many are
+/// free. Engines of several models (a base and its fine-tuned checkpoints answering side by
+/// side) that each use every core then take turns instead of their threads fighting over the
+/// cores (ggml's threads spin at every barrier of a graph, so a thread put aside stalls the
+/// others); engines of one thread each, as many as there are cores, decode side by side.
+/// Which call goes first changes no number: each engine has its own context.
+struct CoreGate {
+    state: Mutex<GateState>,
+    turn: std::sync::Condvar,
+}
+
+struct GateState {
+    /// Cores of the process (0 until the first call asks).
+    cores: usize,
+    in_use: usize,
+    /// Tickets handed out and the one whose turn it is.
+    next_ticket: u64,
+    serving: u64,
+}
+
+/// Cores held by one decode call; given back when dropped.
+struct GateTurn<'a> {
+    gate: &'a CoreGate,
+    held: usize,
+}
+
+impl CoreGate {
+    const fn new() -> Self {
+        Self::with_cores(0)
+    }
+
+    /// A gate of `cores` cores (0: the machine's, counted at the first call).
+    const fn with_cores(cores: usize) -> Self {
+        CoreGate {
+            state: Mutex::new(GateState { cores, in_use: 0, next_ticket: 0, serving: 0 }),
+            turn: std::sync::Condvar::new(),
+        }
+    }
+
+    /// Waits until `threads` cores (at most all of them) are free and this call is the oldest
+    /// waiting, then holds them.
+    fn enter(&self, threads: usize) -> GateTurn<'_> {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if s.cores == 0 {
+            s.cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        }
+        let want = threads.clamp(1, s.cores);
+        let ticket = s.next_ticket;
+        s.next_ticket += 1;
+        while s.serving != ticket || s.in_use + want > s.cores {
+            s = self.turn.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        s.in_use += want;
+        s.serving += 1;
+        // The next in line may fit beside this call.
+        self.turn.notify_all();
+        GateTurn { gate: self, held: want }
+    }
+}
+
+impl Drop for GateTurn<'_> {
+    fn drop(&mut self) {
+        let mut s = self.gate.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.in_use -= self.held;
+        self.gate.turn.notify_all();
+    }
+}
 
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::context::params::LlamaContextParams;
@@ -448,10 +517,9 @@ impl Loop<'_> {
             }
             let t = Instant::now();
             let decoded = {
-                // One decode call at a time in the process: engines of several models (a base
-                // and its fine-tuned checkpoints answering side by side) each use every core,
-                // and interleaving their calls beats their threads fighting over the cores.
-                let _turn = DECODE_TURN.lock().unwrap_or_else(|e| e.into_inner());
+                // The cores this call's threads use, shared with the process's other engines
+                // (`CoreGate`).
+                let _turn = DECODE_TURN.enter(self.threads);
                 self.ctx.decode(&mut batch)
             };
             let elapsed = t.elapsed().as_secs_f64();
@@ -944,6 +1012,42 @@ fn log_softmax_at(logits: &[f32], target: LlamaToken) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_core_gate_lets_one_thread_engines_decode_side_by_side_and_keeps_arrival_order() {
+        use std::sync::mpsc::channel;
+        use std::time::Duration;
+        static GATE: CoreGate = CoreGate::with_cores(2);
+        let a = GATE.enter(1);
+        // A second one-thread call fits beside the first.
+        let b = GATE.enter(1);
+        // A call that wants every core waits for both, and a later one-thread call waits
+        // behind it (first come, first served: a two-thread engine is not starved).
+        let (tx, rx) = channel();
+        let t2 = tx.clone();
+        let wide = std::thread::spawn(move || {
+            let _t = GATE.enter(4); // capped at the gate's 2 cores
+            t2.send("wide").unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        let narrow = std::thread::spawn(move || {
+            let _t = GATE.enter(1);
+            tx.send("narrow").unwrap();
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(rx.try_recv().is_err(), "nobody may enter while two cores are held");
+        drop(a);
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(rx.try_recv().is_err(), "the wide call needs both cores; the narrow one waits behind it");
+        drop(b);
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), "wide");
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), "narrow");
+        wide.join().unwrap();
+        narrow.join().unwrap();
+        let s = GATE.state.lock().unwrap();
+        assert_eq!(s.in_use, 0);
+    }
 
     #[test]
     fn strings_get_a_cap_unless_bounded() {

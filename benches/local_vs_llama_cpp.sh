@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Output tokens/s of the `local` provider against llama.cpp's own C++ server (`llama-server`,
+# built from the sdist llama-cpp-python==0.3.36 by benches/llama_cpp.sh: llama.cpp's defaults,
+# -march=native, OpenMP) serving the same GGUF with PARALLEL slots and continuous batching, on
+# the same requests: N short-story prompts, PARALLEL in flight, temperature 0.8, MAX_TOKENS,
+# as plain text and with a JSON Schema; ROUNDS rounds, each run right after its peer (only one
+# of the two is up at a time). Then `llama-batched-bench` (PARALLEL sequences, 32-token prompts,
+# MAX_TOKENS generated): llama.cpp's own decode ceiling on this machine.
+#   benches/local_vs_llama_cpp.sh [N] [MAX_TOKENS] [THREADS] [PARALLEL] [ROUNDS]
+# SYNTH=path/to/synth compares another build (e.g. one with RUSTFLAGS="-C target-cpu=native").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. benches/llama_cpp.sh
+N=${1:-64}; MAX_TOKENS=${2:-128}; THREADS=${3:-2}; PARALLEL=${4:-16}; ROUNDS=${5:-2}
+W=$(mktemp -d /tmp/local-vs-llama-cpp-XXXX)
+MODEL=$PWD/.tools/models/SmolLM2-135M-Instruct.Q4_1.gguf
+SYNTH=${SYNTH:-$PWD/target/release/synth}
+.ci/setup-model
+llama_cpp_install
+[ -n "${SYNTH_SKIP_BUILD:-}" ] || cargo build --release --quiet
+python3 - "$W" "$N" <<'PY'
+import json, sys
+w, n = sys.argv[1], int(sys.argv[2])
+topics = ["a lighthouse", "bread", "winter", "a cat", "trains", "the moon", "rain", "a library", "mountains",
+          "coffee", "a garden", "snow", "music", "a bridge", "autumn", "the sea"]
+with open(f"{w}/records.jsonl", "w") as f:
+    for i in range(n):
+        f.write(json.dumps({"topic": f"{topics[i % len(topics)]} (story {i})"}) + "\n")
+schema = {"type": "object", "properties": {"title": {"type": "string"}, "text": {"type": "string"}},
+          "required": ["title", "text"], "additionalProperties": False}
+json.dump(schema, open(f"{w}/story.schema.json", "w"))
+open(f"{w}/prompt.j2", "w").write("Write a short story about {{ topic }}.\n")
+PY
+pipeline() { # pipeline NAME PROVIDER_TABLE SCHEMA_LINE
+  cat > "$W/$1.toml" <<TOML
+[pipeline]
+name = "$1"
+output_dir = "$1"
+[providers.m]
+$2
+[stages.records]
+kind = "source"
+path = "records.jsonl"
+[stages.answers]
+kind = "llm"
+inputs = ["records"]
+provider = "m"
+prompt = "prompt.j2"
+max_attempts = 1
+max_failure_ratio = 1.0
+concurrency = $PARALLEL
+$3
+[stages.export]
+kind = "jsonl"
+inputs = ["answers"]
+TOML
+}
+GEN="temperature = 0.8
+max_tokens = $MAX_TOKENS
+seed = 1"
+LOCAL="kind = \"local\"
+model = \"$MODEL\"
+parallel = $PARALLEL
+threads = $THREADS
+max_concurrency = $PARALLEL
+$GEN"
+SERVER="kind = \"openai\"
+base_url = \"http://127.0.0.1:8767/v1\"
+model = \"smollm2\"
+api_key_env = \"NO_KEY\"
+structured_output = \"llama_cpp\"
+max_concurrency = $PARALLEL
+initial_concurrency = $PARALLEL
+timeout_seconds = 3600
+$GEN"
+pipeline server-text "$SERVER" ""
+pipeline server-schema "$SERVER" 'schema = "story.schema.json"'
+pipeline local-text "$LOCAL" ""
+pipeline local-schema "$LOCAL" 'schema = "story.schema.json"'
+RESULTS="$W/results.tsv"
+run() { # run NAME ROUND: a fresh output directory each time (nothing cached)
+  rm -rf "${W:?}/$1"
+  (cd "$W" && "$SYNTH" run "$1.toml" > "$W/$1.$2.log" 2>&1)
+  python3 - "$W/$1/manifest.json" "$1" "$2" >> "$RESULTS" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))["stages"]["answers"]["report"]
+out, wall = r.get("tokens_out", 0), r["wall_seconds"]
+print(f"{sys.argv[3]}\t{sys.argv[2]}\t{r.get('rows_out', 0)}\t{out}\t{wall:.2f}\t{out / wall:.1f}")
+PY
+  tail -1 "$RESULTS"
+}
+trap llama_cpp_server_stop EXIT
+echo "machine: $(lscpu | grep 'Model name' | sed 's/ \+/ /g'), $(nproc) cores, flags: $(grep -o -w 'avx2\|avx512f\|avx512vnni\|fma\|f16c' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+echo "N=$N max_tokens=$MAX_TOKENS threads=$THREADS parallel=$PARALLEL rounds=$ROUNDS"
+printf 'round\trun\tanswers\toutput_tokens\twall_s\ttokens_per_s\n' > "$RESULTS"
+for round in $(seq 1 "$ROUNDS"); do
+  for form in text schema; do
+    llama_cpp_server_start "$MODEL" 8767 "$THREADS" "$PARALLEL" 4096
+    run "server-$form" "$round"
+    llama_cpp_server_stop
+    run "local-$form" "$round"
+  done
+done
+echo "== llama-batched-bench -npp 32 -ntg $MAX_TOKENS -npl $PARALLEL -t $THREADS"
+"$LLAMA_CPP_DIR/bin/llama-batched-bench" -m "$MODEL" -c $((PARALLEL * (32 + MAX_TOKENS) + 256)) -b 2048 -ub 512 \
+  -npp 32 -ntg "$MAX_TOKENS" -npl "$PARALLEL" -t "$THREADS" 2>/dev/null | grep -E '^\|' || true
+python3 - "$RESULTS" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
+print("\n| round | form | llama-server tok/s | local tok/s | local ÷ server |\n| ---: | --- | ---: | ---: | ---: |")
+for r in sorted({x["round"] for x in rows}):
+    for form in ["text", "schema"]:
+        s = next(x for x in rows if x["round"] == r and x["run"] == f"server-{form}")
+        l = next(x for x in rows if x["round"] == r and x["run"] == f"local-{form}")
+        print(f"| {r} | {form} | {float(s['tokens_per_s']):.1f} | {float(l['tokens_per_s']):.1f} | {float(l['tokens_per_s']) / float(s['tokens_per_s']):.2f}× |")
+PY
+echo "raw: $RESULTS"
