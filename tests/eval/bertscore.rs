@@ -200,7 +200,12 @@ fn metrics_stage_scores_bertscore() {
     // A copy of the encoder, so that changing it is part of the test.
     for f in ["model.onnx", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json"] {
         std::fs::create_dir_all(p.path().join("enc")).unwrap();
-        std::fs::copy(dir.join(f), p.path().join("enc").join(f)).unwrap();
+        let copy = p.path().join("enc").join(f);
+        std::fs::copy(dir.join(f), &copy).unwrap();
+        // `../shared` is read-only and a copy keeps the mode: the test edits its copy below
+        // (root would write anyway; another user needs the permission).
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o644)).unwrap();
     }
     std::fs::copy(fixtures().join("pairs.jsonl"), p.path().join("pairs.jsonl")).unwrap();
     p.write(
