@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Shared by the sharded-run benchmarks (shard_scale.sh, source_split.sh); sourced, not run.
-# They set W (a scratch folder) before calling these.
+# Shared by the benchmark scripts (the sharded runs, the local-model comparisons); sourced, not
+# run. They set W (a scratch folder) before calling these.
 
 # measure NAME COMMAND...: run it under /usr/bin/time; print wall and CPU (user + sys) seconds,
 # peak RSS, and the object-store traffic the run printed (if any). Stops the script on failure.
@@ -24,4 +24,59 @@ same() {
   done
   [ "$n" -gt 0 ] || { echo "no outputs in $base"; exit 1; }
   echo "  $n outputs byte-identical to the one-process run"
+}
+
+# wait_http URL NAME LOG: wait up to 120 s until URL answers; else print LOG's end and fail.
+wait_http() {
+  local url=$1 name=$2 log=$3
+  for _ in $(seq 1 120); do
+    if curl -sf "$url" >/dev/null; then return 0; fi
+    sleep 1
+  done
+  echo "$name did not start:"; tail -20 "$log"; return 1
+}
+
+# story_inputs N: W/records.jsonl (N short-story topics), W/story.schema.json and W/prompt.j2,
+# the requests of the local-model comparisons (local_vs_server.sh, local_vs_llama_cpp.sh).
+story_inputs() {
+  python3 - "$W" "$1" <<'PY'
+import json, sys
+w, n = sys.argv[1], int(sys.argv[2])
+topics = ["a lighthouse", "bread", "winter", "a cat", "trains", "the moon", "rain", "a library", "mountains",
+          "coffee", "a garden", "snow", "music", "a bridge", "autumn", "the sea"]
+with open(f"{w}/records.jsonl", "w") as f:
+    for i in range(n):
+        f.write(json.dumps({"topic": f"{topics[i % len(topics)]} (story {i})"}) + "\n")
+schema = {"type": "object", "properties": {"title": {"type": "string"}, "text": {"type": "string"}},
+          "required": ["title", "text"], "additionalProperties": False}
+json.dump(schema, open(f"{w}/story.schema.json", "w"))
+open(f"{w}/prompt.j2", "w").write("Write a short story about {{ topic }}.\n")
+PY
+}
+
+# story_pipeline NAME PROVIDER_TABLE SCHEMA_LINE CONCURRENCY: W/NAME.toml, the story records
+# answered by provider `m` (one try each), written as JSONL.
+story_pipeline() {
+  cat > "$W/$1.toml" <<TOML
+[pipeline]
+name = "$1"
+output_dir = "$1"
+[providers.m]
+$2
+[stages.records]
+kind = "source"
+path = "records.jsonl"
+[stages.answers]
+kind = "llm"
+inputs = ["records"]
+provider = "m"
+prompt = "prompt.j2"
+max_attempts = 1
+max_failure_ratio = 1.0
+concurrency = $4
+$3
+[stages.export]
+kind = "jsonl"
+inputs = ["answers"]
+TOML
 }

@@ -4,7 +4,7 @@
 # ceiling: N sequences decoded together), built from the llama.cpp sources that ship in the
 # PyPI sdist `llama-cpp-python==0.3.36` (vendor/llama.cpp), with llama.cpp's own defaults
 # (CMake Release; GGML_NATIVE, OpenMP and llamafile as llama.cpp sets them), once, into
-# .tools/llama.cpp-0.3.36/. Sourced, not run:
+# .tools/llama.cpp-0.3.36/. Sourced, not run (after benches/lib.sh, for wait_http):
 #   . benches/llama_cpp.sh; llama_cpp_install; llama_cpp_server_start MODEL PORT THREADS PARALLEL; ...; llama_cpp_server_stop
 # LLAMA_CPP_CMAKE_ARGS adds CMake options (e.g. -DGGML_NATIVE=OFF -DGGML_AVX512=OFF for AVX2 code).
 LLAMA_CPP_DIR=${LLAMA_CPP_DIR:-$PWD/.tools/llama.cpp-0.3.36}
@@ -46,11 +46,7 @@ llama_cpp_server_start() {
     -t "$threads" -np "$parallel" -cb -c $((ctx * parallel)) --alias smollm2 --no-webui \
     > "${W:-/tmp}/llama_cpp_server.log" 2>&1 &
   LLAMA_CPP_SERVER_PID=$!
-  for _ in $(seq 1 120); do
-    if curl -sf "http://127.0.0.1:$port/health" >/dev/null; then return 0; fi
-    sleep 1
-  done
-  echo "llama-server did not start:"; tail -20 "${W:-/tmp}/llama_cpp_server.log"; return 1
+  wait_http "http://127.0.0.1:$port/health" llama-server "${W:-/tmp}/llama_cpp_server.log"
 }
 
 llama_cpp_server_stop() {

@@ -2,7 +2,7 @@
 # llama-cpp-python's OpenAI-compatible server (PyPI `llama-cpp-python[server]==0.3.36`, built
 # from its sdist: no wheel on PyPI; CMake and ninja come from PyPI too) serving a GGUF on
 # 127.0.0.1, for the benchmarks that compare the `local` provider with it and for runs of a
-# pipeline against a real server. Sourced, not run:
+# pipeline against a real server. Sourced, not run (after benches/lib.sh, for wait_http):
 #   . benches/llama_server.sh; llama_server_install; llama_server_start MODEL PORT THREADS; ...; llama_server_stop
 LLAMA_VENV=${LLAMA_VENV:-.tools/llamaserver-venv}
 
@@ -26,11 +26,7 @@ llama_server_start() {
     --n_threads "$threads" --n_threads_batch "$threads" --n_ctx "$n_ctx" --verbose false \
     > "${W:-/tmp}/llama_server.log" 2>&1 &
   LLAMA_SERVER_PID=$!
-  for _ in $(seq 1 120); do
-    if curl -sf "http://127.0.0.1:$port/v1/models" >/dev/null; then return 0; fi
-    sleep 1
-  done
-  echo "llama-cpp-python's server did not start:"; cat "${W:-/tmp}/llama_server.log"; return 1
+  wait_http "http://127.0.0.1:$port/v1/models" "llama-cpp-python's server" "${W:-/tmp}/llama_server.log"
 }
 
 llama_server_stop() {

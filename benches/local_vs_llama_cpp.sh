@@ -11,6 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . benches/llama_cpp.sh
+. benches/lib.sh
 N=${1:-64}; MAX_TOKENS=${2:-128}; THREADS=${3:-2}; PARALLEL=${4:-16}; ROUNDS=${5:-2}
 W=$(mktemp -d /tmp/local-vs-llama-cpp-XXXX)
 MODEL=$PWD/.tools/models/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -18,43 +19,7 @@ SYNTH=${SYNTH:-$PWD/target/release/synth}
 .ci/setup-model
 llama_cpp_install
 [ -n "${SYNTH_SKIP_BUILD:-}" ] || cargo build --release --quiet
-python3 - "$W" "$N" <<'PY'
-import json, sys
-w, n = sys.argv[1], int(sys.argv[2])
-topics = ["a lighthouse", "bread", "winter", "a cat", "trains", "the moon", "rain", "a library", "mountains",
-          "coffee", "a garden", "snow", "music", "a bridge", "autumn", "the sea"]
-with open(f"{w}/records.jsonl", "w") as f:
-    for i in range(n):
-        f.write(json.dumps({"topic": f"{topics[i % len(topics)]} (story {i})"}) + "\n")
-schema = {"type": "object", "properties": {"title": {"type": "string"}, "text": {"type": "string"}},
-          "required": ["title", "text"], "additionalProperties": False}
-json.dump(schema, open(f"{w}/story.schema.json", "w"))
-open(f"{w}/prompt.j2", "w").write("Write a short story about {{ topic }}.\n")
-PY
-pipeline() { # pipeline NAME PROVIDER_TABLE SCHEMA_LINE
-  cat > "$W/$1.toml" <<TOML
-[pipeline]
-name = "$1"
-output_dir = "$1"
-[providers.m]
-$2
-[stages.records]
-kind = "source"
-path = "records.jsonl"
-[stages.answers]
-kind = "llm"
-inputs = ["records"]
-provider = "m"
-prompt = "prompt.j2"
-max_attempts = 1
-max_failure_ratio = 1.0
-concurrency = $PARALLEL
-$3
-[stages.export]
-kind = "jsonl"
-inputs = ["answers"]
-TOML
-}
+story_inputs "$N"
 GEN="temperature = 0.8
 max_tokens = $MAX_TOKENS
 seed = 1"
@@ -73,10 +38,10 @@ max_concurrency = $PARALLEL
 initial_concurrency = $PARALLEL
 timeout_seconds = 3600
 $GEN"
-pipeline server-text "$SERVER" ""
-pipeline server-schema "$SERVER" 'schema = "story.schema.json"'
-pipeline local-text "$LOCAL" ""
-pipeline local-schema "$LOCAL" 'schema = "story.schema.json"'
+story_pipeline server-text "$SERVER" "" $PARALLEL
+story_pipeline server-schema "$SERVER" 'schema = "story.schema.json"' $PARALLEL
+story_pipeline local-text "$LOCAL" "" $PARALLEL
+story_pipeline local-schema "$LOCAL" 'schema = "story.schema.json"' $PARALLEL
 RESULTS="$W/results.tsv"
 run() { # run NAME ROUND: a fresh output directory each time (nothing cached)
   rm -rf "${W:?}/$1"

@@ -8,49 +8,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . benches/llama_server.sh
+. benches/lib.sh
 N=${1:-64}; MAX_TOKENS=${2:-128}; THREADS=${3:-2}
 W=$(mktemp -d /tmp/local-vs-server-XXXX)
 MODEL=$PWD/.tools/models/SmolLM2-135M-Instruct.Q4_1.gguf
 .ci/setup-model
 llama_server_install
 cargo build --release --quiet
-python3 - "$W" "$N" <<'PY'
-import json, sys
-w, n = sys.argv[1], int(sys.argv[2])
-topics = ["a lighthouse", "bread", "winter", "a cat", "trains", "the moon", "rain", "a library", "mountains",
-          "coffee", "a garden", "snow", "music", "a bridge", "autumn", "the sea"]
-with open(f"{w}/records.jsonl", "w") as f:
-    for i in range(n):
-        f.write(json.dumps({"topic": f"{topics[i % len(topics)]} (story {i})"}) + "\n")
-schema = {"type": "object", "properties": {"title": {"type": "string"}, "text": {"type": "string"}},
-          "required": ["title", "text"], "additionalProperties": False}
-json.dump(schema, open(f"{w}/story.schema.json", "w"))
-open(f"{w}/prompt.j2", "w").write("Write a short story about {{ topic }}.\n")
-PY
-pipeline() { # pipeline NAME PROVIDER_TABLE SCHEMA_LINE
-  cat > "$W/$1.toml" <<TOML
-[pipeline]
-name = "$1"
-output_dir = "$1"
-[providers.m]
-$2
-[stages.records]
-kind = "source"
-path = "records.jsonl"
-[stages.answers]
-kind = "llm"
-inputs = ["records"]
-provider = "m"
-prompt = "prompt.j2"
-max_attempts = 1
-max_failure_ratio = 1.0
-concurrency = 16
-$3
-[stages.export]
-kind = "jsonl"
-inputs = ["answers"]
-TOML
-}
+story_inputs "$N"
 GEN="temperature = 0.8
 max_tokens = $MAX_TOKENS
 seed = 1"
@@ -82,13 +47,13 @@ run() { # run NAME
   (cd "$W" && /usr/bin/time -f "%e" -o "$W/time" "$OLDPWD/target/release/synth" run "$1.toml" > "$W/$1.log" 2>&1)
   report "$1"
 }
-pipeline server-text "$SERVER" ""
-pipeline server-schema "$SERVER" 'schema = "story.schema.json"'
-pipeline local-text "$LOCAL" ""
-pipeline local-schema "$LOCAL" 'schema = "story.schema.json"'
+story_pipeline server-text "$SERVER" "" 16
+story_pipeline server-schema "$SERVER" 'schema = "story.schema.json"' 16
+story_pipeline local-text "$LOCAL" "" 16
+story_pipeline local-schema "$LOCAL" 'schema = "story.schema.json"' 16
 # The same local run with shared prompt starts off (the answers are the same bytes).
-pipeline local-text-unshared "$LOCAL
-share_prompts = false" ""
+story_pipeline local-text-unshared "$LOCAL
+share_prompts = false" "" 16
 trap llama_server_stop EXIT
 llama_server_start "$MODEL" 8766 "$THREADS" 4096
 echo "machine: $(lscpu | grep 'Model name' | sed 's/ \+/ /g'), $(nproc) cores; N=$N max_tokens=$MAX_TOKENS threads=$THREADS"

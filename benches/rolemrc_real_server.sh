@@ -10,6 +10,7 @@
 # COUNTS / TEST in the environment replace the plan's counts and test split (the --set values).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. benches/lib.sh
 . benches/llama_server.sh
 PERSONAS=${1:-4}
 W=$(mktemp -d /tmp/rolemrc-real-XXXX)
