@@ -7,7 +7,8 @@
 # of the two is up at a time). Then `llama-batched-bench` (PARALLEL sequences, 32-token prompts,
 # MAX_TOKENS generated): llama.cpp's own decode ceiling on this machine.
 #   benches/local_vs_llama_cpp.sh [N] [MAX_TOKENS] [THREADS] [PARALLEL] [ROUNDS]
-# SYNTH=path/to/synth compares another build (e.g. one with RUSTFLAGS="-C target-cpu=native").
+# SYNTH=path/to/synth compares another build; SYNTH_ALT=path/to/synth runs a second build in
+# each round too, right after the first (e.g. one built with GGML_SYNTH_NATIVE=OFF: AVX2 code).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . benches/llama_cpp.sh
@@ -43,10 +44,11 @@ story_pipeline server-schema "$SERVER" 'schema = "story.schema.json"' $PARALLEL
 story_pipeline local-text "$LOCAL" "" $PARALLEL
 story_pipeline local-schema "$LOCAL" 'schema = "story.schema.json"' $PARALLEL
 RESULTS="$W/results.tsv"
-run() { # run NAME ROUND: a fresh output directory each time (nothing cached)
+run() { # run NAME ROUND [SYNTH [LABEL]]: a fresh output directory each time (nothing cached)
+  local bin=${3:-$SYNTH} label=${4:-$1}
   rm -rf "${W:?}/$1"
-  (cd "$W" && "$SYNTH" run "$1.toml" > "$W/$1.$2.log" 2>&1)
-  python3 - "$W/$1/manifest.json" "$1" "$2" >> "$RESULTS" <<'PY'
+  (cd "$W" && "$bin" run "$1.toml" > "$W/$label.$2.log" 2>&1)
+  python3 - "$W/$1/manifest.json" "$label" "$2" >> "$RESULTS" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))["stages"]["answers"]["report"]
 out, wall = r.get("tokens_out", 0), r["wall_seconds"]
@@ -64,6 +66,7 @@ for round in $(seq 1 "$ROUNDS"); do
     run "server-$form" "$round"
     llama_cpp_server_stop
     run "local-$form" "$round"
+    if [ -n "${SYNTH_ALT:-}" ]; then run "local-$form" "$round" "$SYNTH_ALT" "alt-$form"; fi
   done
 done
 echo "== llama-batched-bench -npp 32 -ntg $MAX_TOKENS -npl $PARALLEL -t $THREADS"
@@ -72,11 +75,18 @@ echo "== llama-batched-bench -npp 32 -ntg $MAX_TOKENS -npl $PARALLEL -t $THREADS
 python3 - "$RESULTS" <<'PY'
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
-print("\n| round | form | llama-server tok/s | local tok/s | local ÷ server |\n| ---: | --- | ---: | ---: | ---: |")
+alt = any(x["run"].startswith("alt-") for x in rows)
+print("\n| round | form | llama-server tok/s | local tok/s | local ÷ server |" + (" SYNTH_ALT tok/s | ÷ server |" if alt else ""))
+print("| ---: | --- | ---: | ---: | ---: |" + (" ---: | ---: |" if alt else ""))
 for r in sorted({x["round"] for x in rows}):
     for form in ["text", "schema"]:
         s = next(x for x in rows if x["round"] == r and x["run"] == f"server-{form}")
         l = next(x for x in rows if x["round"] == r and x["run"] == f"local-{form}")
-        print(f"| {r} | {form} | {float(s['tokens_per_s']):.1f} | {float(l['tokens_per_s']):.1f} | {float(l['tokens_per_s']) / float(s['tokens_per_s']):.2f}× |")
+        sv = float(s["tokens_per_s"])
+        line = f"| {r} | {form} | {sv:.1f} | {float(l['tokens_per_s']):.1f} | {float(l['tokens_per_s']) / sv:.2f}× |"
+        a = next((x for x in rows if x["round"] == r and x["run"] == f"alt-{form}"), None)
+        if a:
+            line += f" {float(a['tokens_per_s']):.1f} | {float(a['tokens_per_s']) / sv:.2f}× |"
+        print(line)
 PY
 echo "raw: $RESULTS"

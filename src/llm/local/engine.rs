@@ -11,10 +11,13 @@
 //! never a mix (llama.cpp computes a token's attention in another order when many tokens of
 //! its sequence share the call); and llama.cpp is built without the llamafile kernels
 //! (`.cargo/config.toml`), whose many-token products sum in another order than the one-token
-//! path; and flash attention is off unless the cache is q8_0 (with an f16 cache, llama.cpp's
-//! flash attention splits the cache of a sequence decoded alone across threads once it holds
-//! 512 tokens, and merges the parts in another order than when it decodes beside others; a
-//! q8_0 cache never takes that path). With a per-request sampler seeded by the request, the same request gives the same
+//! path; and a decode call never holds one token alone when flash attention runs on an f16
+//! cache: llama.cpp's flash attention splits the cache of a lone token's sequence across
+//! threads once it holds 512 tokens and merges the parts in another order than when the token
+//! is decoded beside others (and than with another thread count), so such a call gets a
+//! *ballast* token of a sequence of its own (position 0, no logits, removed after the call),
+//! which keeps it on the path every other call takes (a q8_0 cache never takes the split
+//! path). With a per-request sampler seeded by the request, the same request gives the same
 //! bytes however requests interleave (`tests/local.rs` compares answers decoded alone and
 //! sixteen at a time).
 //!
@@ -277,11 +280,14 @@ fn run(settings: Settings, rx: mpsc::Receiver<Job>, stats: Arc<Mutex<Stats>>) {
     };
     let n_seq = settings.parallel.clamp(1, 256);
     let context = settings.context.min(model.n_ctx_train().max(1));
+    // The ballast's sequence (see the module's invariant), after the requests' ones.
+    let ballast = (settings.flash_attention == Some(true) && !settings.kv_q8).then_some(n_seq as i32);
+    let streams = n_seq as u32 + u32::from(ballast.is_some());
     let mut params = LlamaContextParams::default()
-        .with_n_ctx(NonZeroU32::new(context * n_seq as u32))
+        .with_n_ctx(NonZeroU32::new(context * streams))
         .with_n_batch(settings.batch_tokens)
         .with_n_ubatch(settings.batch_tokens)
-        .with_n_seq_max(n_seq as u32)
+        .with_n_seq_max(streams)
         .with_n_threads(settings.threads)
         .with_n_threads_batch(settings.threads)
         .with_kv_unified(false);
@@ -323,6 +329,7 @@ fn run(settings: Settings, rx: mpsc::Receiver<Job>, stats: Arc<Mutex<Stats>>) {
         admitted: 0,
         chunks_since_step: 0,
         threads: settings.threads.max(1) as usize,
+        ballast,
     };
     engine.serve(&rx);
 }
@@ -489,6 +496,8 @@ struct Loop<'m> {
     chunks_since_step: usize,
     /// Threads that draw the next tokens (llama.cpp's own count).
     threads: usize,
+    /// The sequence of the ballast token a lone token gets (flash attention on an f16 cache).
+    ballast: Option<i32>,
 }
 
 impl Loop<'_> {
@@ -515,6 +524,13 @@ impl Loop<'_> {
             if !self.fill(&mut batch) {
                 continue;
             }
+            // A lone token gets company (see the module's invariant): any token, at position 0
+            // of the ballast's own stream, its logits not computed.
+            let ballast = self.ballast.filter(|_| batch.n_tokens() == 1);
+            if let Some(b) = ballast {
+                let token = self.slots.iter().flatten().next().map_or(LlamaToken(0), |s| s.tokens[0]);
+                batch.add(token, 0, &[b], false).expect("the batch holds batch_tokens >= 16");
+            }
             let t = Instant::now();
             let decoded = {
                 // The cores this call's threads use, shared with the process's other engines
@@ -522,6 +538,10 @@ impl Loop<'_> {
                 let _turn = DECODE_TURN.enter(self.threads);
                 self.ctx.decode(&mut batch)
             };
+            if let Some(b) = ballast {
+                // Its stream is empty again for the next lone token.
+                let _ = self.ctx.clear_kv_cache_seq(Some(b as u32), None, None);
+            }
             let elapsed = t.elapsed().as_secs_f64();
             tracing::debug!(
                 tokens = batch.n_tokens(),

@@ -46,7 +46,7 @@ pub const OPTIONS: &[OptionSpec] = &[
         "flash_attention",
         Ty::Enum(&["auto", "on", "off"]),
         "\"auto\"",
-        "llama.cpp's flash attention: \"auto\" turns it on for q8_0 caches (they need it) and off for f16 ones; \"on\" with an f16 cache can be faster on long prompts but makes answers depend on what else is decoded (llama.cpp splits a lone sequence's attention over 512+ cached tokens across threads and sums in another order), so the same config no longer repeats its bytes",
+        "llama.cpp's flash attention (attention computed in one pass, without the matrix of scores): \"auto\" and \"on\" turn it on (as llama.cpp's own server does on a CPU: ~1.2× the tokens/s of \"off\" with 16 sequences, BENCHMARKS.md); answers repeat their bytes in any batch either way (a lone token is decoded beside a ballast token, see ARCHITECTURE.md); \"off\" gives the numbers of synth before flash attention was on by default",
     ),
     OptionSpec::optional(
         "max_string_chars",
@@ -303,11 +303,9 @@ impl LocalChat {
                 kv_q8: o.kv_cache == "q8_0",
                 max_string_chars: o.max_string_chars,
                 max_items: o.max_items,
-                // Never llama.cpp's own "auto" (on, for a CPU): see the option's text.
-                flash_attention: Some(matches!(
-                    (o.flash_attention.as_str(), o.kv_cache.as_str()),
-                    ("on", _) | ("auto", "q8_0")
-                )),
+                // Decided here, not by llama.cpp's own "auto", so the engine knows whether a
+                // lone token needs its ballast.
+                flash_attention: Some(o.flash_attention != "off"),
                 threads: threads as i32,
                 provider: provider.to_string(),
             },
