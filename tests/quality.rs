@@ -189,6 +189,48 @@ fn a_failed_check_reasks_with_its_reason_then_drops_and_a_changed_check_pays_not
 }
 
 #[test]
+fn a_reask_sends_every_rejected_answer_or_with_reask_history_last_only_the_last() {
+    // Debris every time: "{{" to the first ask, "][" to every re-ask.
+    let server = Scripted::start(Arc::new(|body: &Value| {
+        if body["messages"].as_array().unwrap().len() == 1 { "{{".into() } else { "][".into() }
+    }));
+    let p = Project::new();
+    p.write("in.jsonl", "{\"id\": \"a\", \"topic\": \"rain\"}\n");
+    p.write("prompt.j2", "Say something about {{ topic }}");
+    let run = |history: &str| {
+        let option = if history.is_empty() { String::new() } else { format!("reask_history = \"{history}\"\n") };
+        p.write(
+            "p.toml",
+            format!(
+                "[pipeline]\nname = \"p\"\nmax_failure_ratio = 1.0\n\n[providers.m]\nkind = \"openai\"\nmodel = \"m\"\nbase_url = \"{}\"\napi_key_env = \"NO_KEY_NEEDED\"\n\n[stages.in]\nkind = \"source\"\npath = \"in.jsonl\"\n\n[stages.ask]\nkind = \"llm\"\ninputs = [\"in\"]\nprovider = \"m\"\nprompt = \"prompt.j2\"\nmax_attempts = 3\n{option}\n[stages.ask.checks]\ndebris = {{}}\n",
+                server.url
+            ),
+        );
+        let before = server.count();
+        p.synth_env(&["run", "p.toml"], &[("NO_KEY_NEEDED", "k")]).ok();
+        let bodies = server.bodies.lock().unwrap().clone();
+        let asked = bodies.len() - before;
+        let third = bodies.last().unwrap()["messages"].as_array().unwrap().clone();
+        let roles: Vec<&str> = third.iter().map(|m| m["role"].as_str().unwrap()).collect();
+        let assistant: Vec<&str> =
+            third.iter().filter(|m| m["role"] == "assistant").map(|m| m["content"].as_str().unwrap()).collect();
+        (asked, roles.join(" "), assistant.join(" | "))
+    };
+    // The default: every rejected answer and its reason.
+    let (asked, roles, answers) = run("");
+    assert_eq!(asked, 3);
+    assert_eq!(roles, "user assistant user assistant user");
+    assert_eq!(answers, "{{ | ][");
+    // `last`: the first message, the last rejected answer and its reason. The first two asks
+    // are the same requests as before (answered from the cache); the third is new.
+    let (asked, roles, answers) = run("last");
+    assert_eq!(asked, 1);
+    assert_eq!(roles, "user assistant user");
+    assert_eq!(answers, "][");
+    assert_eq!(failures(&p.path().join("outputs/p"), "ask").len(), 1);
+}
+
+#[test]
 fn near_duplicates_keep_the_first_record_for_any_thread_count() {
     let p = Project::new();
     let base = "the role walks through the old market and talks about the price of bread, the weather and the harvest";

@@ -88,6 +88,7 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
         n: 1,
         max_attempts: 1,
         reask: String::new(),
+        reask_history: "all".into(),
         temperature: Some(o.temperature),
         top_p: o.top_p,
         max_tokens: Some(o.max_tokens),

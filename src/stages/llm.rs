@@ -63,6 +63,12 @@ const OPTIONS: &[OptionSpec] = &[
         "\"Your answer could not be used: {{ error }}. Answer again, following the required format exactly.\"",
         "message appended after an answer that did not parse ({{ error }} is the reason)",
     ),
+    OptionSpec::default(
+        "reask_history",
+        Ty::Enum(&["all", "last"]),
+        "\"all\"",
+        "what a re-ask sends: \"all\": the first messages, every rejected answer and its reason; \"last\": the first messages, the last rejected answer and its reason (a re-ask stays as long as the second try: less to read again, and long answers such as dialogues stay within a local model's context)",
+    ),
     OptionSpec::optional("temperature", Ty::Float(0.0, 2.0), "overrides the provider's"),
     OptionSpec::optional("max_tokens", POSITIVE, "overrides the provider's"),
     TOP_P,
@@ -171,6 +177,8 @@ pub(super) struct Options {
     pub(super) n: u32,
     pub(super) max_attempts: u32,
     pub(super) reask: String,
+    #[serde(default = "reask_all")]
+    pub(super) reask_history: String,
     pub(super) temperature: Option<f64>,
     pub(super) top_p: Option<f64>,
     pub(super) max_tokens: Option<u32>,
@@ -193,6 +201,10 @@ pub(super) struct Options {
 
 fn structured_auto() -> String {
     "auto".into()
+}
+
+fn reask_all() -> String {
+    "all".into()
 }
 
 /// Columns every LLM stage adds besides the parser's.
@@ -1018,6 +1030,9 @@ impl Llm {
                     answers.raw = Some(text.clone());
                     let ctx = minijinja::context! { error => reason };
                     let reask = self.templates.render_value("reask", ctx).unwrap_or_else(|_| last_error.clone());
+                    if self.opts.reask_history == "last" {
+                        convo.truncate(messages.len());
+                    }
                     convo.push(Message::new(ChatRole::Assistant, text));
                     convo.push(Message::new(ChatRole::User, reask));
                 }

@@ -11,25 +11,30 @@
 //! never a mix (llama.cpp computes a token's attention in another order when many tokens of
 //! its sequence share the call); and llama.cpp is built without the llamafile kernels
 //! (`.cargo/config.toml`), whose many-token products sum in another order than the one-token
-//! path; and a decode call never holds one token alone when flash attention runs on an f16
-//! cache: llama.cpp's flash attention splits the cache of a lone token's sequence across
-//! threads once it holds 512 tokens and merges the parts in another order than when the token
-//! is decoded beside others (and than with another thread count), so such a call gets a
-//! *ballast* token of a sequence of its own (position 0, no logits, removed after the call),
-//! which keeps it on the path every other call takes (a q8_0 cache never takes the split
+//! path; and no token is decoded alone when flash attention runs on an f16 cache. llama.cpp
+//! decodes a call in parts, each a run of sequences with consecutive ids (one stream each);
+//! its flash attention splits the cache of a token alone in its part across threads once it
+//! holds 512 tokens, and merges the pieces in another order than when the token is decoded
+//! beside others (and than with another thread count). So a token that would be alone in its
+//! part (a generating sequence whose neighbours do not generate, a one-token prompt chunk)
+//! gets a *ballast* token in the next stream (at that stream's next position, no logits,
+//! removed after the call; the stream after the requests' ones serves the last sequence),
+//! which keeps it on the path every other token takes (a q8_0 cache never takes the split
 //! path). With a per-request sampler seeded by the request, the same request gives the same
 //! bytes however requests interleave (`tests/local.rs` compares answers decoded alone and
 //! sixteen at a time).
 //!
 //! **Shared prompt starts.** A prompt is cut at fixed places: at the token where a message's
-//! text begins (its *cuts*, [`message_cuts`]; for a likelihood, before the context's last
-//! token) and at every `batch_tokens` from the last cut. So the cache of a prompt's first `c`
-//! tokens, for a cut `c`, is a function of those tokens and the cuts below `c` alone. When a
-//! live sequence has already decoded the same first `c` tokens with the same cuts below `c`,
-//! a new prompt copies that sequence's stream (the same bytes in the same cells) instead of
-//! decoding them again: what the template puts before every conversation (a default system
-//! prompt), a shared system prompt, the question of the four likelihood choices. A request
-//! alone cuts its prompt at the same places, so sharing changes no number.
+//! text begins (for a likelihood, before the context's last token) and every `batch_tokens`
+//! after each of those and after the start ([`with_chunk_ends`]): its *cuts*, where its
+//! chunks end. So the cache of a prompt's first `c` tokens, for a cut `c`, is a function of
+//! those tokens and the cuts below `c` alone. When a live sequence (or a free one still
+//! holding its last prompt) has already decoded the same first `c` tokens with the same cuts
+//! below `c`, a new prompt copies that sequence's stream (the same bytes in the same cells)
+//! instead of decoding them again: what the template puts before every conversation, a shared
+//! system prompt, a one-shot example before the part that differs (all of it but its last
+//! partial chunk), the prompt of a re-asked request, the question of the four likelihood
+//! choices. A request alone cuts its prompt at the same places, so sharing changes no number.
 
 use std::collections::{HashMap, VecDeque};
 use std::num::NonZeroU32;
@@ -280,13 +285,14 @@ fn run(settings: Settings, rx: mpsc::Receiver<Job>, stats: Arc<Mutex<Stats>>) {
     };
     let n_seq = settings.parallel.clamp(1, 256);
     let context = settings.context.min(model.n_ctx_train().max(1));
-    // The ballast's sequence (see the module's invariant), after the requests' ones.
-    let ballast = (settings.flash_attention == Some(true) && !settings.kv_q8).then_some(n_seq as i32);
-    let streams = n_seq as u32 + u32::from(ballast.is_some());
+    // Ballast tokens (see the module's invariant) need a stream after the requests' ones.
+    let ballast = settings.flash_attention == Some(true) && !settings.kv_q8;
+    let streams = n_seq as u32 + u32::from(ballast);
     let mut params = LlamaContextParams::default()
         .with_n_ctx(NonZeroU32::new(context * streams))
-        .with_n_batch(settings.batch_tokens)
-        .with_n_ubatch(settings.batch_tokens)
+        // A generation step holds a token per sequence and up to a ballast for every other.
+        .with_n_batch(settings.batch_tokens.max(2 * n_seq as u32 + 2))
+        .with_n_ubatch(settings.batch_tokens.max(2 * n_seq as u32 + 2))
         .with_n_seq_max(streams)
         .with_n_threads(settings.threads)
         .with_n_threads_batch(settings.threads)
@@ -330,6 +336,7 @@ fn run(settings: Settings, rx: mpsc::Receiver<Job>, stats: Arc<Mutex<Stats>>) {
         chunks_since_step: 0,
         threads: settings.threads.max(1) as usize,
         ballast,
+        ballasts: Vec::new(),
     };
     engine.serve(&rx);
 }
@@ -353,7 +360,7 @@ struct Slot {
     /// Tokens of `tokens` already in the KV cache.
     fed: usize,
     prompt_tokens: usize,
-    /// Where the prompt is cut besides every `batch_tokens` (ascending, each in 1..prompt_tokens).
+    /// Where the prompt's chunks end ([`with_chunk_ends`]; ascending, each in 1..prompt_tokens).
     cuts: Vec<usize>,
     /// Admission order (prompts are processed in it).
     order: u64,
@@ -496,13 +503,16 @@ struct Loop<'m> {
     chunks_since_step: usize,
     /// Threads that draw the next tokens (llama.cpp's own count).
     threads: usize,
-    /// The sequence of the ballast token a lone token gets (flash attention on an f16 cache).
-    ballast: Option<i32>,
+    /// Whether a token alone in its part of a decode call gets a ballast token (flash
+    /// attention on an f16 cache; see the module's invariant).
+    ballast: bool,
+    /// The ballast tokens of the call being decoded (stream, position), removed after it.
+    ballasts: Vec<(i32, i32)>,
 }
 
 impl Loop<'_> {
     fn serve(&mut self, rx: &mpsc::Receiver<Job>) {
-        let mut batch = LlamaBatch::new(self.batch_tokens, 1);
+        let mut batch = LlamaBatch::new(self.batch_tokens.max(2 * self.slots.len() + 2), 1);
         loop {
             if self.slots.iter().all(Option::is_none) && self.queue.is_empty() {
                 match rx.recv() {
@@ -524,13 +534,6 @@ impl Loop<'_> {
             if !self.fill(&mut batch) {
                 continue;
             }
-            // A lone token gets company (see the module's invariant): any token, at position 0
-            // of the ballast's own stream, its logits not computed.
-            let ballast = self.ballast.filter(|_| batch.n_tokens() == 1);
-            if let Some(b) = ballast {
-                let token = self.slots.iter().flatten().next().map_or(LlamaToken(0), |s| s.tokens[0]);
-                batch.add(token, 0, &[b], false).expect("the batch holds batch_tokens >= 16");
-            }
             let t = Instant::now();
             let decoded = {
                 // The cores this call's threads use, shared with the process's other engines
@@ -538,9 +541,9 @@ impl Loop<'_> {
                 let _turn = DECODE_TURN.enter(self.threads);
                 self.ctx.decode(&mut batch)
             };
-            if let Some(b) = ballast {
-                // Its stream is empty again for the next lone token.
-                let _ = self.ctx.clear_kv_cache_seq(Some(b as u32), None, None);
+            // The ballast tokens go again: each stream holds what it held before the call.
+            for (stream, position) in std::mem::take(&mut self.ballasts) {
+                let _ = self.ctx.clear_kv_cache_seq(Some(stream as u32), Some(position as u32), None);
             }
             let elapsed = t.elapsed().as_secs_f64();
             tracing::debug!(
@@ -697,7 +700,11 @@ impl Loop<'_> {
                     })
                     .collect();
                 let contents: Vec<&str> = g.messages.iter().map(|m| m.content.as_str()).collect();
-                let cuts = spaced(token_index_at(&ends, &content_starts(&prompt, &contents)), n);
+                let cuts = with_chunk_ends(
+                    spaced(token_index_at(&ends, &content_starts(&prompt, &contents)), n),
+                    n,
+                    self.batch_tokens,
+                );
                 let state = State::Generate {
                     sampler: LlamaSampler::chain_simple(chain),
                     max_tokens: g.max_tokens as usize,
@@ -731,7 +738,7 @@ impl Loop<'_> {
                 let n = whole.len();
                 // The context but its last token (whose row scores the first continuation
                 // token) is what the choices of one question share.
-                let cuts = spaced(vec![first - 1], n);
+                let cuts = with_chunk_ends(spaced(vec![first - 1], n), n, self.batch_tokens);
                 Ok((whole, State::Loglik { first, logprobs: Vec::new(), rows: Vec::new() }, n, cuts))
             }
         }
@@ -755,13 +762,21 @@ impl Loop<'_> {
         let step = any_generating && (!any_prefilling || self.chunks_since_step >= self.slots.len());
         self.chunks_since_step = if step { 0 } else { self.chunks_since_step + 1 };
         if step {
-            for slot in self.slots.iter_mut().flatten().filter(|s| generating(s)) {
+            let stepping: Vec<bool> = self.slots.iter().map(|s| s.as_ref().is_some_and(generating)).collect();
+            for k in 0..self.slots.len() {
+                let Some(slot) = self.slots[k].as_mut().filter(|_| stepping[k]) else { continue };
                 let i = slot.fed;
-                batch.add(slot.tokens[i], i as i32, &[slot.seq], true).expect("one token per sequence fits");
+                let token = slot.tokens[i];
+                batch.add(token, i as i32, &[slot.seq], true).expect("one token per sequence fits");
                 if let State::Generate { row, .. } = &mut slot.state {
                     *row = Some(batch.n_tokens() - 1);
                 }
                 slot.fed += 1;
+                // Alone between its neighbours: llama.cpp would decode it in a part of its own.
+                let beside = |j: Option<usize>| j.and_then(|j| stepping.get(j)).copied().unwrap_or(false);
+                if !beside(k.checked_sub(1)) && !beside(Some(k + 1)) {
+                    self.add_ballast(batch, k + 1, token);
+                }
             }
             return batch.n_tokens() > 0;
         }
@@ -803,7 +818,30 @@ impl Loop<'_> {
             }
         }
         slot.fed += take;
+        if take == 1 {
+            let token = slot.tokens[slot.fed - 1];
+            self.add_ballast(batch, index + 1, token);
+        }
         batch.n_tokens() > 0
+    }
+
+    /// With flash attention on an f16 cache, a token of sequence `stream - 1` that llama.cpp
+    /// would decode in a part of its own gets a ballast `token` in the next stream, at that
+    /// stream's next position, logits not computed (removed after the call; see the module's
+    /// invariant). That stream is not in the call otherwise: a sequence being fed or
+    /// generating outside this call, a free one (empty or holding its last prompt), or the
+    /// stream after the requests' ones.
+    fn add_ballast(&mut self, batch: &mut LlamaBatch, stream: usize, token: LlamaToken) {
+        if !self.ballast {
+            return;
+        }
+        let position = match self.slots.get(stream) {
+            Some(Some(slot)) => slot.fed,
+            Some(None) => self.kept[stream].as_ref().map_or(0, |(tokens, _)| tokens.len()),
+            None => 0,
+        } as i32;
+        batch.add(token, position, &[stream as i32], false).expect("the batch holds 2 tokens per sequence");
+        self.ballasts.push((stream as i32, position));
     }
 
     /// Copy into slot `index`'s stream the longest start of its prompt that another sequence
@@ -1017,6 +1055,23 @@ fn spaced(mut cuts: Vec<usize>, n: usize) -> Vec<usize> {
     kept
 }
 
+/// The cuts and, between two of them (and before the first, after the last), every
+/// `batch_tokens` from the lower one: where the prompt's chunks end (`fill` cuts there anyway),
+/// so also where a start can be shared (a chunk's cache depends on the chunks below it alone).
+/// A one-shot example before the part that differs is shared but for its last partial chunk.
+fn with_chunk_ends(cuts: Vec<usize>, n: usize, batch_tokens: usize) -> Vec<usize> {
+    let mut out = Vec::with_capacity(cuts.len() + n / batch_tokens.max(1));
+    let mut start = 0;
+    for end in cuts.iter().copied().chain([n]) {
+        out.extend((start + batch_tokens..end).step_by(batch_tokens.max(1)));
+        if end < n {
+            out.push(end);
+        }
+        start = end;
+    }
+    out
+}
+
 /// Where to cut an answer that contains a stop sequence (the first one found).
 fn stop_at(out: &[u8], stop: &[String]) -> Option<usize> {
     stop.iter().filter(|s| !s.is_empty()).filter_map(|s| out.windows(s.len()).position(|w| w == s.as_bytes())).min()
@@ -1103,6 +1158,11 @@ mod tests {
         // Not within MIN_SHARED of the start or of each other, never the whole prompt.
         assert_eq!(spaced(vec![40, 5, 20, 30, 90], 90), vec![20, 40]);
         assert_eq!(spaced(vec![16], 16), Vec::<usize>::new());
+        // Chunk ends every batch_tokens from each cut (and from 0), never the prompt's end.
+        assert_eq!(with_chunk_ends(vec![20, 40], 100, 8), vec![8, 16, 20, 28, 36, 40, 48, 56, 64, 72, 80, 88, 96]);
+        assert_eq!(with_chunk_ends(vec![], 1024, 512), vec![512]);
+        assert_eq!(with_chunk_ends(vec![600], 1100, 512), vec![512, 600]);
+        assert_eq!(with_chunk_ends(vec![30], 40, 512), vec![30]);
     }
 
     #[test]
