@@ -579,9 +579,15 @@ impl Loop<'_> {
     }
 
     /// Move queued jobs into free slots (a job that cannot start is answered at once).
+    /// Conversations that go on (a re-ask: an answer of the model is in them) go first, in
+    /// arrival order, then the rest: a record asked again has waited once already, and a
+    /// chain of tries is what a stage of few records waits for. (Which job starts first
+    /// changes no number: see the module's invariant.)
     fn admit(&mut self) {
         while self.slots.iter().any(Option::is_none) {
-            let Some(job) = self.queue.pop_front() else { return };
+            let goes_on = |j: &Job| matches!(&j.work, Work::Generate(g) if g.messages.iter().any(|m| m.role == crate::llm::Role::Assistant));
+            let next = self.queue.iter().position(goes_on).unwrap_or(0);
+            let Some(job) = self.queue.remove(next) else { return };
             match self.start(&job.work) {
                 Ok((tokens, state, prompt_tokens, cuts)) => {
                     let i = self.free_slot_for(&tokens, &cuts);
