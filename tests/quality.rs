@@ -81,10 +81,16 @@ struct Scripted {
 }
 
 type Answer = Arc<dyn Fn(&Value) -> String + Send + Sync>;
+/// How long the server waits before answering a request (milliseconds).
+type Delay = Arc<dyn Fn(&Value) -> u64 + Send + Sync>;
 
-async fn chat(State((bodies, answer)): State<(Arc<Mutex<Vec<Value>>>, Answer)>, body: axum::body::Bytes) -> Response {
+/// The server's state: the bodies it was sent, how it answers, how long it waits.
+type Script = (Arc<Mutex<Vec<Value>>>, Answer, Delay);
+
+async fn chat(State((bodies, answer, delay)): State<Script>, body: axum::body::Bytes) -> Response {
     let body: Value = serde_json::from_slice(&body).unwrap();
     bodies.lock().unwrap().push(body.clone());
+    tokio::time::sleep(std::time::Duration::from_millis(delay(&body))).await;
     let text = answer(&body);
     let answer = json!({"id": "c", "object": "chat.completion", "created": 0, "model": body["model"],
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
@@ -94,8 +100,12 @@ async fn chat(State((bodies, answer)): State<(Arc<Mutex<Vec<Value>>>, Answer)>, 
 
 impl Scripted {
     fn start(answer: Answer) -> Scripted {
+        Scripted::start_delayed(answer, Arc::new(|_: &Value| 0))
+    }
+
+    fn start_delayed(answer: Answer, delay: Delay) -> Scripted {
         let bodies: Arc<Mutex<Vec<Value>>> = Arc::default();
-        let app = Router::new().route("/v1/chat/completions", post(chat)).with_state((bodies.clone(), answer));
+        let app = Router::new().route("/v1/chat/completions", post(chat)).with_state((bodies.clone(), answer, delay));
         let (url, stop) = support::serve_router(app);
         Scripted { url: format!("{url}/v1"), bodies, _stop: stop }
     }
@@ -228,6 +238,67 @@ fn a_reask_sends_every_rejected_answer_or_with_reask_history_last_only_the_last(
     assert_eq!(roles, "user assistant user");
     assert_eq!(answers, "][");
     assert_eq!(failures(&p.path().join("outputs/p"), "ask").len(), 1);
+}
+
+#[test]
+fn candidates_are_drawn_at_once_and_the_lowest_passing_one_is_taken_whatever_order_they_end_in() {
+    // The server answers by the request's seed (each candidate its own: seed + k) and by
+    // whether it is a re-ask: `first` is a first ask, `again` a re-ask.
+    let script = |first: [&'static str; 3], again: [&'static str; 3]| -> Answer {
+        Arc::new(move |body: &Value| {
+            let k = (body["seed"].as_i64().unwrap() - 7) as usize;
+            let reask = body["messages"].as_array().unwrap().len() > 1;
+            (if reask { again[k] } else { first[k] }).to_string()
+        })
+    };
+    // Later candidates answer first: the order they end in must not matter.
+    let delay: Delay = Arc::new(|body: &Value| 80 * (9 - body["seed"].as_i64().unwrap()) as u64);
+    let good = "The rain falls softly on the quiet town tonight";
+    let other = "Thunder rolls over the hills while the farmers wait";
+    let p = Project::new();
+    p.write("prompt.j2", "Say something about {{ topic }}");
+    // (Each run its own topic: the cache would otherwise answer the second run's first asks.)
+    let run = |server: &Scripted, out: &str| {
+        p.write("in.jsonl", format!("{{\"id\": \"a\", \"topic\": \"{out}\"}}\n"));
+        p.write(
+            "p.toml",
+            format!(
+                "[pipeline]\nname = \"p\"\nmax_failure_ratio = 1.0\n\n[providers.m]\nkind = \"openai\"\nmodel = \"m\"\nbase_url = \"{}\"\napi_key_env = \"NO_KEY_NEEDED\"\nseed = 7\n\n[stages.in]\nkind = \"source\"\npath = \"in.jsonl\"\n\n[stages.ask]\nkind = \"llm\"\ninputs = [\"in\"]\nprovider = \"m\"\nprompt = \"prompt.j2\"\nmax_attempts = 2\ncandidates = 3\n\n[stages.ask.checks]\ndebris = {{}}\n",
+                server.url
+            ),
+        );
+        p.synth_env(&["run", "p.toml", "--out", out], &[("NO_KEY_NEEDED", "k")]).ok();
+        let dir = p.path().join(out);
+        let rows = parquet_rows(&dir.join("ask.parquet"));
+        (rows, manifest(&dir))
+    };
+    // Candidates 1 and 2 both pass: the lower one is taken, though 2 ended first.
+    let server = Scripted::start_delayed(script(["{{", other, good], ["][", "][", "]["]), delay.clone());
+    let (rows, m) = run(&server, "one");
+    assert_eq!(server.count(), 3, "three candidates, one round");
+    assert_eq!((rows[0]["raw"].as_str(), rows[0]["attempts"].as_i64()), (Some(other), Some(1)), "{rows:?}");
+    let a = &m["quality"]["stages"]["ask"]["answers"];
+    assert_eq!((a["first_attempt"].as_u64(), a["discarded_candidates"].as_u64()), (Some(1), Some(2)), "{a}");
+    assert_eq!(m["quality"]["stages"]["ask"]["checks"]["debris"]["reasked"], 0);
+    // None passes: candidate 0's answer is re-asked with its reason, three draws again;
+    // candidate 1 of the re-ask passes.
+    let server = Scripted::start_delayed(script(["{{", "][", "{{"], ["][", good, "]["]), delay);
+    let (rows, m) = run(&server, "two");
+    assert_eq!(server.count(), 6);
+    assert_eq!((rows[0]["raw"].as_str(), rows[0]["attempts"].as_i64()), (Some(good), Some(2)), "{rows:?}");
+    let bodies = server.bodies.lock().unwrap().clone();
+    for b in bodies.iter().filter(|b| b["messages"].as_array().unwrap().len() > 1) {
+        assert_eq!(b["messages"][1]["content"], "{{", "the re-ask carries candidate 0's answer: {b}");
+    }
+    let a = &m["quality"]["stages"]["ask"]["answers"];
+    // Discarded: candidates 1 and 2 of the first round, 0 of the second (failed), 2 (not read).
+    assert_eq!((a["after_reask"].as_u64(), a["discarded_candidates"].as_u64()), (Some(1), Some(4)), "{a}");
+    let c = &m["quality"]["stages"]["ask"]["checks"]["debris"];
+    assert_eq!(
+        (c["failed"].as_u64(), c["reasked"].as_u64(), c["dropped"].as_u64()),
+        (Some(4), Some(1), Some(0)),
+        "{c}"
+    );
 }
 
 #[test]

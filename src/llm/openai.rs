@@ -168,7 +168,10 @@ pub fn chat_body(model: &str, req: &ChatRequest, params: &GenParams) -> serde_js
         obj.insert("max_tokens".into(), m.into());
     }
     if let Some(s) = params.seed {
-        obj.insert("seed".into(), s.into());
+        // Each sample of a prompt its own seed (sample 0 sends the configured one): `n`
+        // samples and `candidates` of one prompt would otherwise be the same answer on a
+        // server that honours the seed.
+        obj.insert("seed".into(), s.wrapping_add(i64::from(req.sample)).into());
     }
     if let Some(stop) = &params.stop {
         obj.insert("stop".into(), stop.clone().into());

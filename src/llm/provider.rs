@@ -76,7 +76,11 @@ const GEN_OPTIONS: [OptionSpec; 6] = [
     OptionSpec::optional("temperature", Ty::Float(0.0, 2.0), "sampling temperature"),
     OptionSpec::optional("top_p", RATIO, "nucleus sampling"),
     OptionSpec::optional("max_tokens", POSITIVE, "most tokens per answer"),
-    OptionSpec::optional("seed", Ty::Int(i64::MIN, i64::MAX), "server-side sampling seed"),
+    OptionSpec::optional(
+        "seed",
+        Ty::Int(i64::MIN, i64::MAX),
+        "server-side sampling seed (sample k of a prompt, `n` or `candidates`, sends seed + k)",
+    ),
     OptionSpec::optional("stop", Ty::StrList, "stop sequences"),
     OptionSpec::optional("extra", Ty::Map(&Ty::Any), "extra body parameters, sent as they are"),
 ];

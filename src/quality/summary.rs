@@ -22,6 +22,8 @@ pub struct StageQuality {
     pub rejected: BTreeMap<String, u64>,
     /// Records whose answer was accepted first time, after re-asks, or never.
     pub answers: Option<[u64; 3]>,
+    /// Candidate answers drawn beside the one taken or re-asked, and not used (`candidates`).
+    pub discarded: Option<u64>,
     /// Records compared and near-duplicates removed.
     pub duplicates: Option<[u64; 2]>,
     /// Records with a review decision, and records dropped in review.
@@ -62,6 +64,7 @@ pub fn of_stage(stage: &str, m: &BTreeMap<String, f64>) -> Option<StageQuality> 
     {
         q.answers = Some([a, b, c]);
     }
+    q.discarded = get(m, "answers.discarded");
     if let (Some(a), Some(b)) = (get(m, "dedup.checked"), get(m, "dedup.removed")) {
         q.duplicates = Some([a, b]);
     }
@@ -77,7 +80,11 @@ impl StageQuality {
     pub fn to_json(&self) -> Value {
         let mut o = serde_json::Map::new();
         if let Some([first, after, failed]) = self.answers {
-            o.insert("answers".into(), json!({"first_attempt": first, "after_reask": after, "failed": failed}));
+            let mut a = json!({"first_attempt": first, "after_reask": after, "failed": failed});
+            if let Some(d) = self.discarded {
+                a["discarded_candidates"] = d.into();
+            }
+            o.insert("answers".into(), a);
         }
         if !self.rejected.is_empty() {
             o.insert("rejected_answers".into(), json!(self.rejected));
@@ -137,6 +144,7 @@ pub struct Totals {
     pub dropped: u64,
     pub duplicates: u64,
     pub review: u64,
+    pub discarded: u64,
 }
 
 impl Totals {
@@ -146,6 +154,7 @@ impl Totals {
         self.reasked += s.checks.values().map(|c| c.reasked).sum::<u64>();
         self.dropped += s.checks.values().map(|c| c.dropped).sum::<u64>();
         self.duplicates += s.duplicates.map(|d| d[1]).unwrap_or(0);
+        self.discarded += s.discarded.unwrap_or(0);
         self.review += s.review.map(|r| r[1]).unwrap_or(0) + s.dropped.get("review").copied().unwrap_or(0);
     }
 }
@@ -182,6 +191,12 @@ pub fn markdown(stages: &[StageQuality]) -> String {
         }
         s.push('.');
         said.push(s);
+    }
+    if t.discarded > 0 {
+        said.push(format!(
+            "{} drawn beside another of the same ask (`candidates`) and not used: an earlier-numbered one passed, or the first was asked again.",
+            plural(t.discarded, "candidate answer was", "candidate answers were")
+        ));
     }
     let compared: u64 = stages.iter().filter_map(|s| s.duplicates.map(|d| d[0])).sum();
     if compared > 0 {
@@ -277,6 +292,14 @@ mod tests {
         );
         assert!(md.contains("| profiles_llm | `debris` | 10 | 3 | 2 | 1 |"), "{md}");
         assert!(md.contains("2 answers rejected by the parser or schema"), "{md}");
+        assert!(!md.contains("candidate"), "{md}");
+        let mut drawn = m.clone();
+        drawn.insert("answers.discarded".into(), 4.0);
+        let c = of_stage("dialogues", &drawn).unwrap();
+        assert_eq!(c.discarded, Some(4));
+        assert_eq!(c.to_json()["answers"]["discarded_candidates"], 4);
+        let md = markdown(&[c]);
+        assert!(md.contains("4 candidate answers were drawn beside another of the same ask"), "{md}");
         let clean: BTreeMap<String, f64> =
             [("check.debris.checked".to_string(), 4.0), ("check.debris.failed".to_string(), 0.0)].into_iter().collect();
         let md = markdown(&[of_stage("s", &clean).unwrap()]);

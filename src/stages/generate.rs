@@ -87,6 +87,7 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
         schema_column: None,
         n: 1,
         max_attempts: 1,
+        candidates: 1,
         reask: String::new(),
         reask_history: "all".into(),
         temperature: Some(o.temperature),

@@ -58,6 +58,12 @@ const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default("n", POSITIVE, "1", "answers per record (each its own row, id \"<id>/<k>\")"),
     OptionSpec::default("max_attempts", POSITIVE, "3", "asks per answer when it does not parse"),
     OptionSpec::default(
+        "candidates",
+        POSITIVE,
+        "1",
+        "answers drawn at once per ask, each its own sample (candidate j of sample s is sample s + j·n): the lowest-numbered one that parses and passes the checks is taken, whatever order they finish in; if none does, the first is re-asked with its reason (each re-ask draws `candidates` again). Paid `candidates` times; worth it where a model's first answers often fail and its re-asks rarely mend them (a small local model, on slots a stage of few records leaves idle). The others count as discarded (`answers.discarded`, the card)",
+    ),
+    OptionSpec::default(
         "reask",
         Ty::Str,
         "\"Your answer could not be used: {{ error }}. Answer again, following the required format exactly.\"",
@@ -176,6 +182,8 @@ pub(super) struct Options {
     pub(super) checks: Option<Value>,
     pub(super) n: u32,
     pub(super) max_attempts: u32,
+    #[serde(default = "one")]
+    pub(super) candidates: u32,
     pub(super) reask: String,
     #[serde(default = "reask_all")]
     pub(super) reask_history: String,
@@ -201,6 +209,10 @@ pub(super) struct Options {
 
 fn structured_auto() -> String {
     "auto".into()
+}
+
+fn one() -> u32 {
+    1
 }
 
 fn reask_all() -> String {
@@ -616,7 +628,7 @@ impl Stage for Llm {
             report_batch(ctx, b);
         }
         let outcomes = rejected.into_inner().expect("rejection counts");
-        report_outcomes(ctx, outcomes.values().flatten());
+        report_outcomes(ctx, self.opts.candidates, outcomes.values().flatten());
         report_checks(ctx, &self.checks, outcomes.values().flatten());
         structured.report(ctx);
         report_local(ctx, &provider, local_before);
@@ -658,21 +670,26 @@ pub(crate) fn report_local(ctx: &mut RunCtx, provider: &Provider, before: Option
 struct Outcome {
     rejected: Vec<FailureKind>,
     accepted: bool,
+    /// Accepted at the first ask (one of its candidates).
+    first_attempt: bool,
     checks: Vec<CheckEvent>,
     check_seconds: f64,
+    /// Candidate answers neither taken nor re-asked.
+    discarded: u64,
 }
 
 /// The stage's answer figures into its report: answers accepted first time, after a re-ask,
 /// never (`answers.*`), and rejected answers per failure kind (`rejected.<kind>`).
-fn report_outcomes<'a>(ctx: &mut RunCtx, outcomes: impl Iterator<Item = &'a Outcome>) {
-    let (mut first, mut reasked, mut failed) = (0u64, 0u64, 0u64);
+fn report_outcomes<'a>(ctx: &mut RunCtx, candidates: u32, outcomes: impl Iterator<Item = &'a Outcome>) {
+    let (mut first, mut reasked, mut failed, mut discarded) = (0u64, 0u64, 0u64, 0u64);
     let mut counts: BTreeMap<FailureKind, u64> = BTreeMap::new();
     for o in outcomes {
-        match (o.accepted, o.rejected.is_empty()) {
+        match (o.accepted, o.first_attempt) {
             (true, true) => first += 1,
             (true, false) => reasked += 1,
             (false, _) => failed += 1,
         }
+        discarded += o.discarded;
         for kind in &o.rejected {
             *counts.entry(*kind).or_default() += 1;
         }
@@ -681,6 +698,9 @@ fn report_outcomes<'a>(ctx: &mut RunCtx, outcomes: impl Iterator<Item = &'a Outc
     m.insert("answers.first_attempt".into(), first as f64);
     m.insert("answers.after_reask".into(), reasked as f64);
     m.insert("answers.failed".into(), failed as f64);
+    if candidates > 1 {
+        m.insert("answers.discarded".into(), discarded as f64);
+    }
     for (kind, n) in &counts {
         m.insert(format!("rejected.{kind}"), *n as f64);
     }
@@ -895,8 +915,10 @@ impl Llm {
             .map(|(r, log)| Outcome {
                 rejected: log.kinds.clone(),
                 accepted: r.is_ok(),
+                first_attempt: matches!(r, Ok((_, _, 1))),
                 checks: log.checks.clone(),
                 check_seconds: log.check_seconds,
+                discarded: log.discarded,
             })
             .collect();
         rejected.lock().expect("rejection counts").insert(id.clone(), outcomes);
@@ -952,90 +974,119 @@ impl Llm {
         let mut log = SampleLog::default();
         let mut answers = Answers::default();
         let mut attempt = 1;
+        // Each round asks `candidates` answers of the same messages at once (candidate j of
+        // sample s is sample index s + j·n, so candidate 0 is the request asked without
+        // candidates); the lowest index that passes is the answer, whatever order they end in.
+        let k = self.opts.candidates.max(1);
         // A refused structured form is asked again in the next form (or as text), as the
         // same attempt; a provider has a handful of forms, so this ends.
         let mut refusals = 0;
         while attempt <= self.opts.max_attempts {
             let structured_req = structured.request(provider, self.schema_for(row));
-            let req = ChatRequest {
-                messages: convo.clone(),
-                params: self.params.clone(),
-                sample,
-                expect: self.parser.expect(),
-                structured: structured_req.as_ref().map(|(s, _)| s.clone()),
-            };
-            let completed = match services.chat(provider, req, call).await {
-                Ok(c) => c,
-                Err(e) => {
-                    if let Some((s, _)) = &structured_req
-                        && refusals < 8
-                        && structured.refused(provider, s.form, &e)
-                    {
-                        refusals += 1;
-                        continue;
-                    }
-                    let err = RowError {
-                        kind: FailureKind::Llm,
-                        message: e.to_string(),
-                        fatal: e.kind.fatal(),
-                        answers: (answers.raw.is_some()).then(|| Box::new(answers.clone())),
-                    };
-                    return (Err(err), log);
-                }
-            };
-            let text = completed.response.text.clone();
-            let accepted = match &structured_req {
-                Some((_, schema)) => match schema.read(&text) {
-                    Ok(obj) => self.parser.accept_json(&obj, row),
-                    Err(reason) => Err(parse::Rejection::invalid(reason)),
-                },
-                None => self.parser.accept(&text, row),
-            };
-            // Content checks of a parsed answer: a failure is a rejection of kind `check`
-            // (re-asked with its reason), or drops the record at once (`action = "drop"`).
-            let accepted = match accepted {
-                // (Not on `--dry-run`'s stand-in answers: their words are no model's, and a
-                // re-ask they caused would count calls a real model may not need.)
-                Ok(fields) if !self.checks.is_empty() && !services.estimating() => {
-                    let last = attempt >= self.opts.max_attempts;
-                    match self.vet(fields, row, prompt, last, &mut log) {
-                        Vetted::Pass(fields) => Ok(fields),
-                        Vetted::Reask(check, reason) => {
-                            answers.check = Some(check);
-                            Err(parse::Rejection { kind: FailureKind::Check, reason })
+            let asks = (0..k).map(|j| {
+                let req = ChatRequest {
+                    messages: convo.clone(),
+                    params: self.params.clone(),
+                    sample: sample + j * self.opts.n,
+                    expect: self.parser.expect(),
+                    structured: structured_req.as_ref().map(|(s, _)| s.clone()),
+                };
+                services.chat(provider, req, call)
+            });
+            let results = futures::future::join_all(asks).await;
+            let last = attempt >= self.opts.max_attempts;
+            // The round's rejected candidates, in index order, and the first that a check
+            // drops at once.
+            let mut failed: Vec<Rejected> = Vec::new();
+            let mut drop_at: Option<usize> = None;
+            let mut refused = false;
+            for (j, result) in results.into_iter().enumerate() {
+                let completed = match result {
+                    Ok(c) => c,
+                    Err(e) => {
+                        if let Some((s, _)) = &structured_req
+                            && refusals < 8
+                            && structured.refused(provider, s.form, &e)
+                        {
+                            refused = true;
+                            break;
                         }
-                        Vetted::Drop(check, reason) => {
-                            log.kinds.push(FailureKind::Check);
-                            answers.attempts.push(reason.clone());
-                            answers.raw = Some(text);
-                            answers.check = Some(check);
-                            let err = RowError::new(FailureKind::Check, format!("dropped by a check: {reason}"))
-                                .with_answers(answers);
-                            return (Err(err), log);
+                        // The lowest candidate decides: an error fails the record as it
+                        // does without candidates.
+                        self.settle_round(&mut log, &mut answers, &failed, None, false);
+                        let err = RowError {
+                            kind: FailureKind::Llm,
+                            message: e.to_string(),
+                            fatal: e.kind.fatal(),
+                            answers: (answers.raw.is_some()).then(|| Box::new(answers.clone())),
+                        };
+                        return (Err(err), log);
+                    }
+                };
+                let text = completed.response.text.clone();
+                let accepted = match &structured_req {
+                    Some((_, schema)) => match schema.read(&text) {
+                        Ok(obj) => self.parser.accept_json(&obj, row),
+                        Err(reason) => Err(parse::Rejection::invalid(reason)),
+                    },
+                    None => self.parser.accept(&text, row),
+                };
+                // Content checks of a parsed answer: a failure is a rejection of kind `check`
+                // (re-asked with its reason), or drops the record (`action = "drop"`: at
+                // once, unless another candidate of the round passes).
+                let (accepted, check, event) = match accepted {
+                    // (Not on `--dry-run`'s stand-in answers: their words are no model's, and a
+                    // re-ask they caused would count calls a real model may not need.)
+                    Ok(fields) if !self.checks.is_empty() && !services.estimating() => {
+                        match self.vet(fields, row, prompt, &mut log) {
+                            Vetted::Pass(fields) => (Ok(fields), None, None),
+                            Vetted::Fail { check, reason, drop, event } => {
+                                if drop && drop_at.is_none() {
+                                    drop_at = Some(failed.len());
+                                }
+                                (Err(parse::Rejection { kind: FailureKind::Check, reason }), Some(check), Some(event))
+                            }
                         }
                     }
-                }
-                other => {
-                    answers.check = None;
-                    other
-                }
-            };
-            match accepted {
-                Ok(fields) => return (Ok((fields, completed, attempt)), log),
-                Err(parse::Rejection { kind, reason }) => {
-                    log.kinds.push(kind);
-                    last_kind = kind;
-                    last_error = reason.clone();
-                    answers.attempts.push(reason.clone());
-                    answers.raw = Some(text.clone());
-                    let ctx = minijinja::context! { error => reason };
-                    let reask = self.templates.render_value("reask", ctx).unwrap_or_else(|_| last_error.clone());
-                    if self.opts.reask_history == "last" {
-                        convo.truncate(messages.len());
+                    other => (other, None, None),
+                };
+                match accepted {
+                    Ok(fields) => {
+                        // Candidates after this one are not read.
+                        log.discarded += (k as usize - 1 - j) as u64;
+                        self.settle_round(&mut log, &mut answers, &failed, None, false);
+                        return (Ok((fields, completed, attempt)), log);
                     }
-                    convo.push(Message::new(ChatRole::Assistant, text));
-                    convo.push(Message::new(ChatRole::User, reask));
+                    Err(parse::Rejection { kind, reason }) => {
+                        failed.push(Rejected { kind, reason, text, check, event })
+                    }
                 }
+            }
+            if refused {
+                refusals += 1;
+                continue;
+            }
+            // No candidate passed: the record is dropped (a check said so, or no attempt
+            // is left), or candidate 0's answer is re-asked with its reason.
+            if let Some(d) = drop_at {
+                self.settle_round(&mut log, &mut answers, &failed, Some(d), true);
+                let r = &failed[d];
+                let err = RowError::new(FailureKind::Check, format!("dropped by a check: {}", r.reason))
+                    .with_answers(answers);
+                return (Err(err), log);
+            }
+            self.settle_round(&mut log, &mut answers, &failed, Some(0), last);
+            let first = &failed[0];
+            last_kind = first.kind;
+            last_error = first.reason.clone();
+            if !last {
+                let ctx = minijinja::context! { error => first.reason.clone() };
+                let reask = self.templates.render_value("reask", ctx).unwrap_or_else(|_| last_error.clone());
+                if self.opts.reask_history == "last" {
+                    convo.truncate(messages.len());
+                }
+                convo.push(Message::new(ChatRole::Assistant, first.text.clone()));
+                convo.push(Message::new(ChatRole::User, reask));
             }
             attempt += 1;
         }
@@ -1045,6 +1096,34 @@ impl Llm {
         )
         .with_answers(answers);
         (Err(err), log)
+    }
+
+    /// Account for a round's rejected candidates: each is a rejected answer; the one at
+    /// `kept` (re-asked, or the reason its record is dropped) goes into the record's history,
+    /// its check event marked re-asked (`stop` false) or dropping (`stop` true); the others
+    /// are discarded (a failed check counted, neither re-asked nor dropping).
+    fn settle_round(
+        &self,
+        log: &mut SampleLog,
+        answers: &mut Answers,
+        failed: &[Rejected],
+        kept: Option<usize>,
+        stop: bool,
+    ) {
+        for (j, r) in failed.iter().enumerate() {
+            log.kinds.push(r.kind);
+            if Some(j) == kept {
+                if let Some(e) = r.event {
+                    log.checks[e].reasked = !stop;
+                    log.checks[e].dropped = stop;
+                }
+                answers.attempts.push(r.reason.clone());
+                answers.raw = Some(r.text.clone());
+                answers.check = r.check.clone();
+            } else {
+                log.discarded += 1;
+            }
+        }
     }
 
     /// The schema of `row`'s structured answer: the one `schemas` lists for its
@@ -1059,29 +1138,48 @@ impl Llm {
         self.schemas.get(&value)
     }
 
-    /// Run the content checks on a parsed answer; `last`: no attempt follows it.
-    fn vet(&self, fields: Row, row: &Row, prompt: &str, last: bool, log: &mut SampleLog) -> Vetted {
+    /// Run the content checks on a parsed answer; a failure's event is logged neither
+    /// re-asked nor dropping (the round decides: `settle_round`).
+    fn vet(&self, fields: Row, row: &Row, prompt: &str, log: &mut SampleLog) -> Vetted {
         let started = std::time::Instant::now();
         let verdict = self.checks.run(&crate::quality::Subject { fields: &fields, record: row, prompt: Some(prompt) });
         log.check_seconds += started.elapsed().as_secs_f64();
         let blocking = verdict.blocking();
-        let drop_now = blocking.iter().any(|f| f.action == Action::Drop);
-        let stop = !blocking.is_empty() && (last || drop_now);
-        log.checks.push(CheckEvent { verdict: verdict.clone(), reasked: !blocking.is_empty() && !stop, dropped: stop });
-        let Some(first) = blocking.first() else { return Vetted::Pass(fields) };
+        let drop = blocking.iter().any(|f| f.action == Action::Drop);
+        let Some(first) = blocking.first() else {
+            log.checks.push(CheckEvent { verdict, reasked: false, dropped: false });
+            return Vetted::Pass(fields);
+        };
+        let check = first.check.clone();
         let reason =
             blocking.iter().map(|f| format!("check \"{}\": {}", f.check, f.reason)).collect::<Vec<_>>().join("; ");
-        if drop_now { Vetted::Drop(first.check.clone(), reason) } else { Vetted::Reask(first.check.clone(), reason) }
+        log.checks.push(CheckEvent { verdict: verdict.clone(), reasked: false, dropped: false });
+        Vetted::Fail { check, reason, drop, event: log.checks.len() - 1 }
     }
 }
 
 /// What the content checks made of an answer.
 enum Vetted {
     Pass(Row),
-    /// Ask again (the check's name, the reason).
-    Reask(String, String),
-    /// Drop the record now.
-    Drop(String, String),
+    /// It failed (the first failed check's name, the reasons, whether a failed check drops
+    /// the record at once, its event in the sample's log).
+    Fail {
+        check: String,
+        reason: String,
+        drop: bool,
+        event: usize,
+    },
+}
+
+/// A candidate answer the parser, the schema or a check rejected.
+struct Rejected {
+    kind: FailureKind,
+    reason: String,
+    text: String,
+    /// The check that failed it (`None`: the parser or the schema).
+    check: Option<String>,
+    /// Its check event in the sample's log.
+    event: Option<usize>,
 }
 
 /// One checked answer: the checks it failed, and whether it was re-asked or its record dropped.
@@ -1100,6 +1198,8 @@ struct SampleLog {
     checks: Vec<CheckEvent>,
     /// Time spent running the content checks.
     check_seconds: f64,
+    /// Candidate answers neither taken nor re-asked (`candidates` > 1).
+    discarded: u64,
 }
 
 /// Who a sample asks, and how: the services, the provider, the call context and the
