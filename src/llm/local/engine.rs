@@ -25,8 +25,9 @@
 //! sixteen at a time).
 //!
 //! **Shared prompt starts.** A prompt is cut at fixed places: at the token where a message's
-//! text begins (for a likelihood, before the context's last token) and every `batch_tokens`
-//! after each of those and after the start ([`with_chunk_ends`]): its *cuts*, where its
+//! text begins (for a likelihood, before the context's last token) and every `chunk_tokens`
+//! (a likelihood: `batch_tokens`) after each of those and after the start
+//! ([`with_chunk_ends`]): its *cuts*, where its
 //! chunks end. So the cache of a prompt's first `c` tokens, for a cut `c`, is a function of
 //! those tokens and the cuts below `c` alone. When a live sequence (or a free one still
 //! holding its last prompt) has already decoded the same first `c` tokens with the same cuts
@@ -137,6 +138,9 @@ pub struct Settings {
     pub context: u32,
     /// Tokens per decode call.
     pub batch_tokens: u32,
+    /// A generation prompt's chunks end every this many tokens after each message start
+    /// (at most `batch_tokens`): where another prompt can share its start from.
+    pub chunk_tokens: u32,
     pub threads: i32,
     /// Strings of a schema without a `maxLength` get this one in the grammar.
     pub max_string_chars: Option<u32>,
@@ -324,6 +328,7 @@ fn run(settings: Settings, rx: mpsc::Receiver<Job>, stats: Arc<Mutex<Stats>>) {
         queue: VecDeque::new(),
         context,
         batch_tokens: settings.batch_tokens as usize,
+        chunk_tokens: settings.chunk_tokens.clamp(1, settings.batch_tokens) as usize,
         grammars: Grammars {
             max_string_chars: settings.max_string_chars,
             max_items: settings.max_items,
@@ -493,6 +498,8 @@ struct Loop<'m> {
     queue: VecDeque<Job>,
     context: u32,
     batch_tokens: usize,
+    /// Generation prompts' chunk grid (see [`Settings::chunk_tokens`]).
+    chunk_tokens: usize,
     grammars: Grammars,
     template: super::template::ChatTemplate,
     stats: Arc<Mutex<Stats>>,
@@ -709,7 +716,7 @@ impl Loop<'_> {
                 let cuts = with_chunk_ends(
                     spaced(token_index_at(&ends, &content_starts(&prompt, &contents)), n),
                     n,
-                    self.batch_tokens,
+                    self.chunk_tokens,
                 );
                 let state = State::Generate {
                     sampler: LlamaSampler::chain_simple(chain),

@@ -67,6 +67,12 @@ pub const OPTIONS: &[OptionSpec] = &[
     )
     .runtime_only(),
     OptionSpec::default("batch_tokens", POSITIVE, "512", "tokens per decode call").runtime_only(),
+    OptionSpec::default(
+        "chunk_tokens",
+        POSITIVE,
+        "64",
+        "a generation prompt is decoded in chunks that end at each message start and every this many tokens after it (at most `batch_tokens`): where a later prompt can copy the start it shares (a role profile before the question that differs is shared but for its last partial chunk; 512, synth's grid before, shared only whole 512-token chunks). The numbers of an answer depend on it, so it is part of the cache identity",
+    ),
     OptionSpec::optional("threads", POSITIVE, "CPU threads of llama.cpp (default: $SYNTH_LOCAL_THREADS, else the machine's cores). On a machine busy with other work, set the cores left free: llama.cpp's threads spin at every barrier, so one that waits for a thread the OS has put aside loses its time slice (beside two compilers on 2 cores, 2 threads decoded 4.5 tokens/s and 1 thread 35; BENCHMARKS.md)").runtime_only(),
     OptionSpec::optional("temperature", Ty::Float(0.0, 2.0), "sampling temperature (default 0.8; 0: greedy)"),
     OptionSpec::optional("top_p", crate::config::options::RATIO, "nucleus sampling"),
@@ -108,6 +114,7 @@ pub struct LocalOptions {
     #[serde(default = "yes")]
     pub share_prompts: bool,
     pub batch_tokens: u32,
+    pub chunk_tokens: u32,
     #[serde(default)]
     pub threads: Option<usize>,
     #[serde(flatten)]
@@ -259,6 +266,9 @@ pub fn identity(o: &LocalOptions, root: &Path) -> Value {
     if o.kv_cache != "f16" {
         id["kv_cache"] = o.kv_cache.clone().into();
     }
+    // Generation prompts' chunk grid (likelihoods keep `batch_tokens`): answers cached with
+    // another grid are other numbers.
+    id["chunk_tokens"] = o.chunk_tokens.min(o.batch_tokens.max(16)).into();
     if let Some(n) = o.max_string_chars {
         id["max_string_chars"] = n.into();
     }
@@ -300,6 +310,7 @@ impl LocalChat {
                 share_prompts: o.share_prompts,
                 context: o.context,
                 batch_tokens: o.batch_tokens.max(16),
+                chunk_tokens: o.chunk_tokens,
                 kv_q8: o.kv_cache == "q8_0",
                 max_string_chars: o.max_string_chars,
                 max_items: o.max_items,
