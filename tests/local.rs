@@ -513,7 +513,11 @@ fn rolemrc_local_profile_fills_its_counts_with_vouched_records() {
     let p = Project::new();
     let small = [
         ROLEMRC_SMALL[0],
-        ROLEMRC_SMALL[1],
+        // A question with an answer and one without: every profile's most relevant passage is
+        // one or the other, so a stylized answer is planned whatever the model wrote (which
+        // passage is nearest depends on the profile's words; with `answer` alone, profiles
+        // whose nearest passages all lack an answer left the stylize path unplanned).
+        "stages.plan.counts={free_chat=0,onscene_chat=1,answer=1,no_answer=1,refusal=0,attempt=0,multi_turn=0,nested=1,prioritized=0}",
         ROLEMRC_SMALL[2],
         // One try per dialogue, not the profile's five (CI's time: the spare's dialogue is
         // asked beside it and fills a failure).

@@ -114,12 +114,18 @@ pub struct LocalOptions {
     #[serde(default = "yes")]
     pub share_prompts: bool,
     pub batch_tokens: u32,
+    #[serde(default = "chunk_tokens")]
     pub chunk_tokens: u32,
     #[serde(default)]
     pub threads: Option<usize>,
     #[serde(flatten)]
     pub generation: GenParams,
     pub max_concurrency: usize,
+}
+
+/// The default of `chunk_tokens` (options built without the kind's defaults: tests, benches).
+fn chunk_tokens() -> u32 {
+    64
 }
 
 /// A GGUF file in a Hugging Face model repository.
