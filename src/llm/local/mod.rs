@@ -272,6 +272,11 @@ pub fn identity(o: &LocalOptions, root: &Path) -> Value {
     if o.kv_cache != "f16" {
         id["kv_cache"] = o.kv_cache.clone().into();
     }
+    // Flash attention off gives other numbers than on ("auto" and "on" are the same: on);
+    // only "off" is named, so identities of the default keep their bytes.
+    if o.flash_attention == "off" {
+        id["flash_attention"] = "off".into();
+    }
     // Generation prompts' chunk grid (likelihoods keep `batch_tokens`): answers cached with
     // another grid are other numbers.
     id["chunk_tokens"] = o.chunk_tokens.min(o.batch_tokens.max(16)).into();
@@ -506,6 +511,26 @@ mod tests {
         o.insert("hub".into(), serde_json::json!({"repo": "a/b", "file": "m.gguf"}));
         assert!(check(&o, &dir).is_empty());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_identity_names_what_changes_the_numbers() {
+        let opts = |extra: serde_json::Value| -> LocalOptions {
+            let mut o = serde_json::json!({"model": "/nowhere/m.gguf", "context": 1024, "parallel": 2, "batch_tokens": 512, "max_concurrency": 4});
+            o.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            serde_json::from_value(o).unwrap()
+        };
+        let root = Path::new("/nowhere");
+        let base = identity(&opts(serde_json::json!({})), root);
+        assert_eq!(base, identity(&opts(serde_json::json!({"flash_attention": "on", "parallel": 8})), root));
+        for other in [
+            serde_json::json!({"flash_attention": "off"}),
+            serde_json::json!({"chunk_tokens": 512}),
+            serde_json::json!({"kv_cache": "q8_0"}),
+            serde_json::json!({"context": 2048}),
+        ] {
+            assert_ne!(base, identity(&opts(other.clone()), root), "{other}");
+        }
     }
 
     fn tempfile_dir() -> PathBuf {
