@@ -1057,9 +1057,11 @@ fn provenance_facets_and_the_narrow_page_in_a_real_browser() {
     let profile = pair["profile_id"].as_str().unwrap();
     d.open(&format!("{base}#data?file=dpo.parquet&row=0"));
     d.click(&format!("//a[@data-id='{profile}']"));
+    // The lookup answers after the click: wait for its result before reading the panel
+    // (read at once, it may still say "looking up …", as it did once in CI).
+    d.find("//div[@id='provenance']//div[contains(@class,'found')]/a[starts-with(normalize-space(), 'profiles')]");
     let found = d.text("//div[@id='provenance']");
     assert!(found.contains(&format!("provenance: {profile}")), "{found}");
-    d.find("//div[@id='provenance']//div[contains(@class,'found')]/a[starts-with(normalize-space(), 'profiles')]");
     assert!(
         found.matches(&format!("\"id\": \"{profile}\"")).count() >= 2,
         "the record, in each stage that has it: {found}"
