@@ -36,7 +36,8 @@ wait_http() {
   echo "$name did not start:"; tail -20 "$log"; return 1
 }
 
-# story_inputs N: W/records.jsonl (N short-story topics), W/story.schema.json and W/prompt.j2,
+# story_inputs N: W/records.jsonl (N short-story topics), W/story.schema.json,
+# W/story-long.schema.json (a string no answer finishes) and W/prompt.j2,
 # the requests of the local-model comparisons (local_vs_server.sh, local_vs_llama_cpp.sh).
 story_inputs() {
   python3 - "$W" "$1" <<'PY'
@@ -50,6 +51,10 @@ with open(f"{w}/records.jsonl", "w") as f:
 schema = {"type": "object", "properties": {"title": {"type": "string"}, "text": {"type": "string"}},
           "required": ["title", "text"], "additionalProperties": False}
 json.dump(schema, open(f"{w}/story.schema.json", "w"))
+# One string longer than any max_tokens the benches use: every answer is max_tokens of JSON.
+long = {"type": "object", "properties": {"text": {"type": "string", "minLength": 1000}},
+        "required": ["text"], "additionalProperties": False}
+json.dump(long, open(f"{w}/story-long.schema.json", "w"))
 open(f"{w}/prompt.j2", "w").write("Write a short story about {{ topic }}.\n")
 PY
 }

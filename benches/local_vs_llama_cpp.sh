@@ -2,10 +2,16 @@
 # Output tokens/s of the `local` provider against llama.cpp's own C++ server (`llama-server`,
 # built from the sdist llama-cpp-python==0.3.36 by benches/llama_cpp.sh: llama.cpp's defaults,
 # -march=native, OpenMP) serving the same GGUF with PARALLEL slots and continuous batching, on
-# the same requests: N short-story prompts, PARALLEL in flight, temperature 0.8, MAX_TOKENS,
-# as plain text and with a JSON Schema; ROUNDS rounds, each run right after its peer (only one
-# of the two is up at a time). Then `llama-batched-bench` (PARALLEL sequences, 32-token prompts,
-# MAX_TOKENS generated): llama.cpp's own decode ceiling on this machine.
+# the same requests: N short-story prompts, PARALLEL in flight, MAX_TOKENS, the same samplers
+# named on both sides (llama-server's defaults: top_k 40, top_p 0.95, min_p 0.05, temperature
+# 0.8; a request that names only the temperature gets them from the server but not from synth,
+# which then samples from the whole vocabulary), in three forms: plain text; a JSON Schema
+# (`schema`: the answers differ in length, as synth decodes compact JSON and the server's
+# grammar lets the model pad it with whitespace, so the valid answers are counted too); and a
+# schema whose one string must be longer than MAX_TOKENS can hold (`long`: every answer on both
+# sides is MAX_TOKENS tokens of constrained JSON, the same work); ROUNDS rounds, each run right
+# after its peer (only one of the two is up at a time). Then `llama-batched-bench` (PARALLEL
+# sequences, 32-token prompts, MAX_TOKENS generated): llama.cpp's own decode ceiling here.
 #   benches/local_vs_llama_cpp.sh [N] [MAX_TOKENS] [THREADS] [PARALLEL] [ROUNDS]
 # SYNTH=path/to/synth compares another build; SYNTH_ALT=path/to/synth runs a second build in
 # each round too, right after the first (e.g. one built with GGML_SYNTH_NATIVE=OFF: AVX2 code).
@@ -22,6 +28,8 @@ llama_cpp_install
 [ -n "${SYNTH_SKIP_BUILD:-}" ] || cargo build --release --quiet
 story_inputs "$N"
 GEN="temperature = 0.8
+top_p = 0.95
+extra = { top_k = 40, min_p = 0.05 }
 max_tokens = $MAX_TOKENS
 seed = 1"
 LOCAL="kind = \"local\"
@@ -43,6 +51,8 @@ story_pipeline server-text "$SERVER" "" $PARALLEL
 story_pipeline server-schema "$SERVER" 'schema = "story.schema.json"' $PARALLEL
 story_pipeline local-text "$LOCAL" "" $PARALLEL
 story_pipeline local-schema "$LOCAL" 'schema = "story.schema.json"' $PARALLEL
+story_pipeline server-long "$SERVER" 'schema = "story-long.schema.json"' $PARALLEL
+story_pipeline local-long "$LOCAL" 'schema = "story-long.schema.json"' $PARALLEL
 RESULTS="$W/results.tsv"
 run() { # run NAME ROUND [SYNTH [LABEL]]: a fresh output directory each time (nothing cached)
   local bin=${3:-$SYNTH} label=${4:-$1}
@@ -61,7 +71,7 @@ echo "machine: $(lscpu | grep 'Model name' | sed 's/ \+/ /g'), $(nproc) cores, f
 echo "N=$N max_tokens=$MAX_TOKENS threads=$THREADS parallel=$PARALLEL rounds=$ROUNDS"
 printf 'round\trun\tanswers\toutput_tokens\twall_s\ttokens_per_s\n' > "$RESULTS"
 for round in $(seq 1 "$ROUNDS"); do
-  for form in text schema; do
+  for form in text schema long; do
     llama_cpp_server_start "$MODEL" 8767 "$THREADS" "$PARALLEL" 4096
     run "server-$form" "$round"
     llama_cpp_server_stop
@@ -76,14 +86,14 @@ python3 - "$RESULTS" <<'PY'
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
 alt = any(x["run"].startswith("alt-") for x in rows)
-print("\n| round | form | llama-server tok/s | local tok/s | local ÷ server |" + (" SYNTH_ALT tok/s | ÷ server |" if alt else ""))
+print("\n| round | form | llama-server tok/s (answers) | local tok/s (answers) | local ÷ server |" + (" SYNTH_ALT tok/s | ÷ server |" if alt else ""))
 print("| ---: | --- | ---: | ---: | ---: |" + (" ---: | ---: |" if alt else ""))
 for r in sorted({x["round"] for x in rows}):
-    for form in ["text", "schema"]:
+    for form in ["text", "schema", "long"]:
         s = next(x for x in rows if x["round"] == r and x["run"] == f"server-{form}")
         l = next(x for x in rows if x["round"] == r and x["run"] == f"local-{form}")
         sv = float(s["tokens_per_s"])
-        line = f"| {r} | {form} | {sv:.1f} | {float(l['tokens_per_s']):.1f} | {float(l['tokens_per_s']) / sv:.2f}× |"
+        line = f"| {r} | {form} | {sv:.1f} ({s['answers']}) | {float(l['tokens_per_s']):.1f} ({l['answers']}) | {float(l['tokens_per_s']) / sv:.2f}× |"
         a = next((x for x in rows if x["round"] == r and x["run"] == f"alt-{form}"), None)
         if a:
             line += f" {float(a['tokens_per_s']):.1f} | {float(a['tokens_per_s']) / sv:.2f}× |"
