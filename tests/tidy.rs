@@ -37,6 +37,10 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("L6 front ends", &["cli", "bench", "view", "lib", "main"]),
 ];
 
+/// The front ends (L6), lowest first: one may use those before it, never one after it
+/// (`view` shows what `dag` and `store` read, it does not call the command line).
+const FRONT_ENDS: &[&str] = &["view", "bench", "cli", "lib", "main"];
+
 /// What each unit may import (`crate::<unit>`), besides itself.
 const ALLOWED: &[(&str, &[&str])] = &[
     ("data", &[]),
@@ -101,7 +105,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "quality",
         ],
     ),
-    ("pipeline", &["config", "dag", "registry", "stages::api", "llm", "embed", "data", "template"]),
+    ("pipeline", &["config", "registry", "stages::api", "llm", "embed", "data", "template"]),
     (
         "dag",
         &["pipeline", "stages::api", "services", "store", "config", "progress", "secrets", "llm", "data", "quality"],
@@ -206,7 +210,12 @@ fn layer_violations(root: &Path) -> Vec<String> {
                 continue;
             }
             let to = layer(&target);
-            if to > from {
+            let rank = |u: &str| FRONT_ENDS.iter().position(|f| *f == u);
+            if front_end && to == from && rank(&target) > rank(&unit) {
+                bad.push(format!(
+                    "src/{rel} ({unit}) uses crate::{path} ({target}): a front end after it (FRONT_ENDS)"
+                ));
+            } else if to > from {
                 bad.push(format!(
                     "src/{rel} ({unit}, {}) uses crate::{path} ({target}, {}): a layer above",
                     LAYERS[from].0, LAYERS[to].0
@@ -244,8 +253,12 @@ fn a_new_file_that_breaks_the_layers_is_caught() {
         "//! A shortcut.\nuse crate::methods::METHODS;\npub fn n() -> usize { METHODS.len() }\n",
     )
     .unwrap();
+    // And a viewer that calls the command line, a front end after it.
+    std::fs::write(tmp.path().join("view/shortcut.rs"), "//! A shortcut.\npub fn n() -> i32 { crate::cli::EXIT_OK }\n")
+        .unwrap();
     let bad = layer_violations(tmp.path());
     assert!(bad.iter().any(|b| b.contains("src/llm/shortcut.rs")), "{bad:?}");
+    assert!(bad.iter().any(|b| b.contains("src/view/shortcut.rs") && b.contains("FRONT_ENDS")), "{bad:?}");
     assert!(!method_mentions(tmp.path()).is_empty(), "the engine-names-no-method rule missed llm/shortcut.rs");
 }
 
@@ -322,7 +335,24 @@ fn kind_names_follow_their_files() {
     for f in files {
         let rel = f.strip_prefix(src()).unwrap().to_string_lossy().replace('\\', "/");
         let text = std::fs::read_to_string(&f).unwrap();
-        let Some(i) = text.find(": KindInfo = KindInfo {") else { continue };
+        // A kind's static (not `KindInfo::DEFAULT`, a const).
+        let Some(i) = text.match_indices(": KindInfo = KindInfo {").map(|(i, _)| i).find(|&i| {
+            let line_start = text[..i].rfind('\n').map_or(0, |s| s + 1);
+            text[line_start..i].contains("static ")
+        }) else {
+            continue;
+        };
+        // What is a kind's own is never taken from `KindInfo::DEFAULT`.
+        let body = &text[i..i + text[i..].find("\n};").unwrap_or(text.len() - i)];
+        for field in ["name", "about", "options", "example", "build"] {
+            let own = body.lines().any(|l| {
+                let l = l.trim_start();
+                l.strip_prefix(field).is_some_and(|r| r.starts_with(':') || r.starts_with(','))
+            });
+            if !own {
+                bad.push(format!("src/{rel}: the kind's static takes its \"{field}\" from KindInfo::DEFAULT"));
+            }
+        }
         let name = text[i..].split("name: \"").nth(1).and_then(|s| s.split('"').next()).unwrap_or_default();
         let stem = f.file_stem().unwrap().to_string_lossy().to_string();
         let expected = match rel.strip_prefix("methods/") {
@@ -447,4 +477,247 @@ fn every_module_says_its_job() {
         .map(|f| f.strip_prefix(src()).unwrap().display().to_string())
         .collect();
     assert!(bad.is_empty(), "files without a //! first line: {bad:?}");
+}
+
+/// The module path of a file under `src/` (`a/b.rs` and `a/b/mod.rs` → `a::b`).
+fn module_of(rel: &str) -> Vec<String> {
+    let rel = rel.trim_end_matches(".rs");
+    let mut parts: Vec<String> = rel.split('/').map(str::to_string).collect();
+    if matches!(parts.last().map(String::as_str), Some("mod" | "lib" | "main")) {
+        parts.pop();
+    }
+    parts
+}
+
+/// The file of a module path, if it is a module of its own.
+fn file_of(root: &Path, module: &[String]) -> Option<String> {
+    if module.is_empty() {
+        return Some("lib.rs".into());
+    }
+    let p = module.join("/");
+    [format!("{p}.rs"), format!("{p}/mod.rs")].into_iter().find(|f| root.join(f).exists())
+}
+
+/// The paths a file's code names through `crate::`, `super::` or `self::`, each resolved to
+/// the file of the deepest module it goes through (`use super::{a, b::C}` gives two).
+fn imported_files(root: &Path, rel: &str, code: &str) -> BTreeSet<String> {
+    let here = module_of(rel);
+    let mut out = BTreeSet::new();
+    for prefix in ["crate::", "super::", "self::"] {
+        let mut i = 0;
+        while let Some(pos) = code[i..].find(prefix) {
+            let at = i + pos;
+            i = at + prefix.len();
+            let before = code[..at].chars().next_back();
+            // Part of a longer name or path (`$crate::`, `super::super::` after its first).
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$' || c == ':') {
+                continue;
+            }
+            let mut base: Vec<String> = match prefix {
+                "crate::" => Vec::new(),
+                "self::" => here.clone(),
+                _ => here[..here.len().saturating_sub(1)].to_vec(),
+            };
+            let mut rest = &code[i..];
+            while let Some(r) = rest.strip_prefix("super::") {
+                base.pop();
+                rest = r;
+            }
+            // One path, or a `{...}` group of them (the first segment of each is enough).
+            let heads: Vec<String> = if let Some(group) = rest.strip_prefix('{') {
+                let mut depth = 1;
+                let end = group
+                    .char_indices()
+                    .find(|&(_, c)| {
+                        depth += match c {
+                            '{' => 1,
+                            '}' => -1,
+                            _ => 0,
+                        };
+                        depth == 0
+                    })
+                    .map(|(e, _)| e)
+                    .unwrap_or(group.len());
+                let (mut items, mut depth, mut cur) = (Vec::new(), 0, String::new());
+                for c in group[..end].chars() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' => depth -= 1,
+                        ',' if depth == 0 => items.push(std::mem::take(&mut cur)),
+                        _ if depth == 0 => cur.push(c),
+                        _ => {}
+                    }
+                }
+                items.push(cur);
+                items.into_iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()
+            } else {
+                let end = rest.find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':')).unwrap_or(rest.len());
+                vec![rest[..end].to_string()]
+            };
+            for head in heads {
+                let mut module = base.clone();
+                for seg in head.split("::").map(|s| s.trim()).filter(|s| !s.is_empty()) {
+                    let seg = seg.split([' ', '{']).next().unwrap_or_default();
+                    let mut next = module.clone();
+                    next.push(seg.to_string());
+                    if seg == "self" || file_of(root, &next).is_none() {
+                        break;
+                    }
+                    module = next;
+                }
+                if let Some(f) = file_of(root, &module) {
+                    out.insert(f);
+                }
+            }
+        }
+    }
+    // A child module named without a prefix (`mod filter;` ... `filter::KIND`).
+    for line in code.lines() {
+        let decl = line.trim_start().trim_start_matches("pub ").trim_start_matches("pub(crate) ");
+        let Some(name) = decl.strip_prefix("mod ").and_then(|r| r.strip_suffix(';')) else { continue };
+        let mut child = here.clone();
+        child.push(name.trim().to_string());
+        let Some(file) = file_of(root, &child) else { continue };
+        let needle = format!("{}::", name.trim());
+        let mut i = 0;
+        while let Some(pos) = code[i..].find(&needle) {
+            let at = i + pos;
+            i = at + needle.len();
+            let before = code[..at].chars().next_back();
+            if !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+                out.insert(file.clone());
+                break;
+            }
+        }
+    }
+    out.remove(rel);
+    out
+}
+
+/// Circles of files that import each other (each as `a.rs <-> b.rs`), leaving out the
+/// imports of each `mod.rs` in `parents` from its own files (see [`PARENT_CIRCLES`]).
+fn import_circles(root: &Path, parents: &[&str]) -> Vec<String> {
+    let mut files = Vec::new();
+    crate::support::rust_files(root, &mut files);
+    let rels: Vec<String> =
+        files.iter().map(|f| f.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/")).collect();
+    let index = |r: &str| rels.iter().position(|x| x == r);
+    let edges: Vec<Vec<usize>> = rels
+        .iter()
+        .zip(&files)
+        .map(|(rel, f)| {
+            let text = std::fs::read_to_string(f).unwrap();
+            let dir = rel.strip_suffix("mod.rs").filter(|_| parents.contains(&rel.as_str()));
+            let own = |t: &str| dir.is_some_and(|d| t.strip_prefix(d).is_some_and(|r| !r.contains('/')));
+            imported_files(root, rel, &code(&text)).iter().filter(|t| !own(t)).filter_map(|t| index(t)).collect()
+        })
+        .collect();
+    // Strongly connected components (Tarjan); every one of two or more files is a circle.
+    struct Tarjan<'a> {
+        edges: &'a [Vec<usize>],
+        index: Vec<Option<usize>>,
+        low: Vec<usize>,
+        on_stack: Vec<bool>,
+        stack: Vec<usize>,
+        next: usize,
+        out: Vec<Vec<usize>>,
+    }
+    impl Tarjan<'_> {
+        fn visit(&mut self, v: usize) {
+            self.index[v] = Some(self.next);
+            self.low[v] = self.next;
+            self.next += 1;
+            self.stack.push(v);
+            self.on_stack[v] = true;
+            for &w in &self.edges[v] {
+                match self.index[w] {
+                    None => {
+                        self.visit(w);
+                        self.low[v] = self.low[v].min(self.low[w]);
+                    }
+                    Some(i) if self.on_stack[w] => self.low[v] = self.low[v].min(i),
+                    Some(_) => {}
+                }
+            }
+            if Some(self.low[v]) == self.index[v] {
+                let mut scc = Vec::new();
+                while let Some(w) = self.stack.pop() {
+                    self.on_stack[w] = false;
+                    scc.push(w);
+                    if w == v {
+                        break;
+                    }
+                }
+                if scc.len() > 1 {
+                    scc.sort();
+                    self.out.push(scc);
+                }
+            }
+        }
+    }
+    let n = rels.len();
+    let mut t = Tarjan {
+        edges: &edges,
+        index: vec![None; n],
+        low: vec![0; n],
+        on_stack: vec![false; n],
+        stack: Vec::new(),
+        next: 0,
+        out: Vec::new(),
+    };
+    for v in 0..n {
+        if t.index[v].is_none() {
+            t.visit(v);
+        }
+    }
+    t.out.iter().map(|scc| scc.iter().map(|&v| format!("src/{}", rels[v])).collect::<Vec<_>>().join(" <-> ")).collect()
+}
+
+/// Folders whose `mod.rs` both dispatches to its files (`filter::KIND`, `run::run`) and
+/// holds what they share (the `Stage` trait, the command-line types), so each file and the
+/// `mod.rs` import each other. Known, and to go with the workspace move (issue 55: the shared
+/// part into a file of its own below both); no other circle is allowed, and an entry whose
+/// circle is gone must leave this list.
+const PARENT_CIRCLES: &[&str] = &["cli/mod.rs", "embed/mod.rs", "stages/mod.rs", "view/mod.rs"];
+
+#[test]
+fn no_files_import_each_other() {
+    let circles = import_circles(&src(), PARENT_CIRCLES);
+    assert!(
+        circles.is_empty(),
+        "files that import each other (a circle; move what both need below them):\n{}",
+        circles.join("\n")
+    );
+    let all = import_circles(&src(), &[]);
+    let gone: Vec<&&str> = PARENT_CIRCLES
+        .iter()
+        .filter(|p| !all.iter().any(|c| c.split(" <-> ").any(|f| f == format!("src/{p}"))))
+        .collect();
+    assert!(gone.is_empty(), "no circle left around {gone:?}: remove it from PARENT_CIRCLES");
+}
+
+#[test]
+fn a_circle_of_files_is_caught() {
+    // A copy of src/ where the batch types' file reads the OpenAI provider's file, which reads it.
+    let tmp = tempfile::tempdir().unwrap();
+    copy_dir(&src(), tmp.path());
+    let batch = tmp.path().join("llm/batch.rs");
+    let text = std::fs::read_to_string(&batch).unwrap();
+    std::fs::write(
+        &batch,
+        text.replacen("\nuse ", "\nuse super::{openai::OpenAiChat, error::ErrorKind as _E};\nuse ", 1),
+    )
+    .unwrap();
+    let circles = import_circles(tmp.path(), PARENT_CIRCLES);
+    assert!(circles.iter().any(|c| c.contains("src/llm/batch.rs") && c.contains("src/llm/openai.rs")), "{circles:?}");
+    // Nested groups and `super::super::` resolve to files too.
+    let set = imported_files(
+        tmp.path(),
+        "llm/local/engine.rs",
+        "use super::super::{batch::{A, B}, rate};\nuse crate::dag::shard::X;",
+    );
+    assert_eq!(
+        set.into_iter().collect::<Vec<_>>(),
+        ["dag/shard.rs", "llm/batch.rs", "llm/rate.rs"].map(String::from).to_vec()
+    );
 }

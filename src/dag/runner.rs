@@ -50,7 +50,7 @@ pub struct RunOptions {
     pub lease_ttl: Option<Duration>,
     /// A part of a sharded run (`dag::shard` sets it): which stages run how, and where
     /// their inputs come from.
-    pub role: Option<Arc<super::shard::Role>>,
+    pub role: Option<Arc<dyn ShardPart>>,
     /// With `dry_run`: resolve upstreams over the network (without downloading) so every
     /// stage's fingerprint is known (`synth lock`, `synth regenerate`).
     pub resolve_only: bool,
@@ -162,8 +162,45 @@ impl RunSummary {
     }
 }
 
+/// What a part of a sharded run changes in the runner: which stages run how, where their
+/// inputs come from, what a shard's services share, and how a coordinator step completes a
+/// wave stage from its shards' parts. `dag::shard` provides it (the runner knows nothing
+/// of waves and shards beyond this).
+#[async_trait::async_trait]
+pub trait ShardPart: Send + Sync {
+    /// How each stage is treated (`None`: not in this part).
+    fn modes(&self) -> Vec<Option<Mode>>;
+    /// The local file stage `idx` reads as `input`, instead of the input's output.
+    fn input_path(&self, idx: usize, input: &str) -> Option<PathBuf>;
+    /// Stage `idx`'s whole first input, for fitting.
+    fn whole_input(&self, idx: usize) -> Option<PathBuf>;
+    /// For a split-input stage running as a shard: the global positions of the records
+    /// of its part of the split input.
+    fn part_positions(&self, idx: usize) -> Result<Option<Vec<u64>>>;
+    /// For a stage dividing its own work, running as a shard: its part and the count.
+    fn own_part(&self, idx: usize) -> Option<(usize, usize)>;
+    /// Stage `idx` runs as a shard (on its part of the records).
+    fn sharded(&self, idx: usize) -> bool;
+    /// The stage of this name runs as a shard somewhere in the run.
+    fn sharded_name(&self, name: &str) -> bool;
+    /// The error for a stage this part needs complete and finds out of date.
+    fn not_up_to_date(&self, name: &str, reason: &str) -> String;
+    /// This part's services (its share of the limits, the caches it reads).
+    fn services(&self, p: &Pipeline, out_dir: &Path) -> Arc<Services>;
+    /// After stage `idx` ran as a shard: the entry position of each output row.
+    fn write_keys(&self, idx: usize, ctx: &mut RunCtx) -> Result<()>;
+    /// A coordinator step: complete a wave stage by merging its shards' parts.
+    async fn merge(
+        &self,
+        decl: &crate::pipeline::StageDecl,
+        fp: &str,
+        ctx: &mut RunCtx,
+        store: &StateStore,
+    ) -> Result<()>;
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Mode {
+pub enum Mode {
     /// Run unless up to date (or forced).
     Run { forced: bool },
     /// Only check it is up to date (an input of `--only`, or of a step of a sharded run).
@@ -249,7 +286,7 @@ pub async fn run(
         }
     }
     if let Some(role) = &opts.role {
-        modes = role.modes.clone();
+        modes = role.modes();
     }
     if opts.dry_run {
         for m in modes.iter_mut().flatten() {
@@ -738,7 +775,7 @@ struct StageJob {
     hasher: Arc<Mutex<FileHasher>>,
     services: Arc<Services>,
     store: StateStore,
-    role: Option<Arc<super::shard::Role>>,
+    role: Option<Arc<dyn ShardPart>>,
     dry_run: bool,
     resolve_only: bool,
     /// `--dry-run`'s simulated run: sources read only what this machine holds.
@@ -1002,7 +1039,7 @@ async fn finish_stage(
     fp: &str,
     parts: FingerprintParts,
     mut ctx: RunCtx,
-    role: &Option<Arc<super::shard::Role>>,
+    role: &Option<Arc<dyn ShardPart>>,
     lease: &Option<Lease>,
 ) -> Result<(StageState, Option<FailureNote>)> {
     if let Some(lease) = lease {

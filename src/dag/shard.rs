@@ -39,7 +39,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use super::runner::{self, Mode, RunError, RunOptions, RunSummary};
+use super::runner::{self, Mode, RunError, RunOptions, RunSummary, ShardPart};
 use super::waves::{Placement, Waves, shard_of};
 use crate::pipeline::Pipeline;
 use crate::progress::ProgressHub;
@@ -155,8 +155,8 @@ impl WavePlan {
 }
 
 /// What a part of a sharded run changes in the runner.
-pub struct Role {
-    pub(crate) modes: Vec<Option<Mode>>,
+pub struct PartRole {
+    modes: Vec<Option<Mode>>,
     /// (stage, input) → local file read instead of the input's output.
     inputs: BTreeMap<(usize, String), PathBuf>,
     /// Stage → its whole first input, for fitting.
@@ -180,39 +180,44 @@ pub struct Role {
     claims: Option<crate::store::claims::Claims>,
 }
 
-impl Role {
-    pub(crate) fn input_path(&self, idx: usize, input: &str) -> Option<PathBuf> {
+#[async_trait::async_trait]
+impl ShardPart for PartRole {
+    fn modes(&self) -> Vec<Option<Mode>> {
+        self.modes.clone()
+    }
+
+    fn input_path(&self, idx: usize, input: &str) -> Option<PathBuf> {
         self.inputs.get(&(idx, input.to_string())).cloned()
     }
 
-    pub(crate) fn whole_input(&self, idx: usize) -> Option<PathBuf> {
+    fn whole_input(&self, idx: usize) -> Option<PathBuf> {
         self.whole.get(&idx).cloned()
     }
 
     /// For a split-input stage running as a shard: the global positions of the records
     /// of its part of the split input.
-    pub(crate) fn part_positions(&self, idx: usize) -> Result<Option<Vec<u64>>> {
+    fn part_positions(&self, idx: usize) -> Result<Option<Vec<u64>>> {
         self.part_keys.get(&idx).map(|p| read_keys(p)).transpose()
     }
 
     /// For a stage dividing its own work, running as a shard: its part and the count.
-    pub(crate) fn own_part(&self, idx: usize) -> Option<(usize, usize)> {
+    fn own_part(&self, idx: usize) -> Option<(usize, usize)> {
         self.own_parts.get(&idx).copied()
     }
 
-    pub(crate) fn sharded(&self, idx: usize) -> bool {
+    fn sharded(&self, idx: usize) -> bool {
         self.keys_in.contains_key(&idx)
     }
 
-    pub(crate) fn sharded_name(&self, name: &str) -> bool {
+    fn sharded_name(&self, name: &str) -> bool {
         self.sharded_names.contains(name)
     }
 
-    pub(crate) fn not_up_to_date(&self, name: &str, reason: &str) -> String {
+    fn not_up_to_date(&self, name: &str, reason: &str) -> String {
         format!("stage \"{name}\" is not up to date ({reason}): {}", self.hint)
     }
 
-    pub(crate) fn services(&self, p: &Pipeline, out_dir: &Path) -> Arc<Services> {
+    fn services(&self, p: &Pipeline, out_dir: &Path) -> Arc<Services> {
         let plain =
             || Services::new(out_dir, &p.root, p.providers.clone(), p.embedders.clone(), p.registry.shapes.clone());
         if self.share >= 1.0 && self.fallback.is_none() && self.claims.is_none() {
@@ -230,7 +235,7 @@ impl Role {
 
     /// After a stage ran as a shard: the entry position of each output row, from its
     /// input's positions and the stage's lineage, as the `<stage>.keys` artifact.
-    pub(crate) fn write_keys(&self, idx: usize, ctx: &mut RunCtx) -> Result<()> {
+    fn write_keys(&self, idx: usize, ctx: &mut RunCtx) -> Result<()> {
         let lineage = ctx.lineage.as_ref().map(|l| l.take()).unwrap_or_default();
         let rows = ctx.output.as_ref().map(|(_, r)| *r).unwrap_or(0);
         if lineage.len() as u64 != rows {
@@ -251,7 +256,7 @@ impl Role {
 
     /// A coordinator step: complete a wave stage by merging its shards' parts (by their
     /// keys; a split-input stage's partial results by the stage's own `combine`).
-    pub(crate) async fn merge(
+    async fn merge(
         &self,
         decl: &crate::pipeline::StageDecl,
         fp: &str,
@@ -600,7 +605,7 @@ pub async fn step(
             _ => None,
         };
     }
-    let role = Role {
+    let role = PartRole {
         modes,
         inputs: BTreeMap::new(),
         whole: BTreeMap::new(),
@@ -885,7 +890,7 @@ pub async fn shard(
         }
     }
     let fallback = run_cache(&parent, sh).await.map_err(fail)?;
-    let role = Role {
+    let role = PartRole {
         modes,
         inputs,
         whole,

@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 
-use super::Graph;
+use crate::pipeline::Graph;
 pub use crate::stages::{Partitioning, Sharding};
 
 /// Where one stage runs.

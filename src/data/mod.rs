@@ -19,6 +19,18 @@ pub const ID: &str = "id";
 /// A JSON object row.
 pub type Row = Map<String, Value>;
 
+/// What a JSON value is, as an error message says it: "a string", "an array", "null".
+pub fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
 pub fn id_field() -> Field {
     Field::new(ID, DataType::Utf8, false)
 }

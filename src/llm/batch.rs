@@ -18,7 +18,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use super::{ChatResponse, ErrorKind, LlmError, LoglikRequest, Usage, estimate_tokens};
+use super::error::{ErrorKind, LlmError};
 
 /// The online endpoint a batch line stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -331,39 +331,6 @@ fn clip(s: &str) -> String {
     crate::secrets::scrub(&s.chars().take(500).collect::<String>())
 }
 
-/// The answer of a line as the same [`ChatResponse`] the online call returns. `doc`
-/// is the request's cache document (a log-likelihood answer needs its text).
-/// `doc` is the request's cache document (JSON text), read only where the answer needs
-/// it: a chat answer without usage (its prompt tokens are estimated), a log-likelihood.
-pub fn answer_response(endpoint: Endpoint, body: &RawValue, doc: &str, model: &str) -> Result<ChatResponse, LlmError> {
-    let doc = || serde_json::from_str::<serde_json::Value>(doc).unwrap_or_default();
-    match endpoint {
-        Endpoint::Chat => {
-            let estimate = || Usage {
-                prompt_tokens: doc()["messages"]
-                    .as_array()
-                    .map(|m| m.iter().map(|x| estimate_tokens(x["content"].as_str().unwrap_or_default())).sum())
-                    .unwrap_or(1),
-                completion_tokens: 0,
-            };
-            super::openai::chat_response(body.get(), model, estimate)
-        }
-        Endpoint::Completions => {
-            let req: LoglikRequest = serde_json::from_value(doc()["loglik"].take()).map_err(|e| {
-                LlmError::new(ErrorKind::Malformed, format!("the cached request is not a log-likelihood request: {e}"))
-            })?;
-            let body = serde_json::from_str(body.get())
-                .map_err(|e| LlmError::new(ErrorKind::Malformed, format!("response is not valid JSON: {e}")))?;
-            super::openai::loglik_response(body, &req, model)
-        }
-        Endpoint::Messages => {
-            let body = serde_json::from_str(body.get())
-                .map_err(|e| LlmError::new(ErrorKind::Malformed, format!("response is not valid JSON: {e}")))?;
-            super::anthropic::message_response(body, model)
-        }
-    }
-}
-
 /// The result files of an ended batch, as downloaded.
 #[derive(Debug, Default)]
 pub struct Results {
@@ -416,8 +383,8 @@ mod tests {
         let (id, o) = parse_openai_line(ok).unwrap();
         assert_eq!(id, "k1");
         let LineOutcome::Answer(body) = o else { panic!("answer") };
-        let r = answer_response(Endpoint::Chat, &body, "{}", "x").unwrap();
-        assert_eq!((r.text.as_str(), r.usage.prompt_tokens, r.model.as_str()), ("hi", 3, "m"));
+        let body: serde_json::Value = serde_json::from_str(body.get()).unwrap();
+        assert_eq!(body["choices"][0]["message"]["content"], "hi");
 
         let rejected =
             r#"{"custom_id":"k2","response":{"status_code":400,"body":{"error":{"message":"bad","code":null}}}}"#;

@@ -11,14 +11,16 @@ use anyhow::{Context, Result, anyhow, bail};
 use serde::Deserialize;
 
 use super::anthropic::{AnthropicChat, AnthropicEndpoint};
-use super::batch::BatchApi;
+use super::batch::{BatchApi, Endpoint as LineEndpoint};
 use super::endpoint::{DEFAULT_BASE_URL, ENDPOINT_OPTIONS, resolve_endpoint};
 use super::offline::{Offline, OfflineShape};
 use super::openai::{Endpoint, OpenAiChat};
 use super::pricing::{Price, default_price};
 use super::rate::{RateConfig, RateControl, RateRegistry};
 use super::schema::{Form, Negotiation};
-use super::{ChatBackend, ChatRequest, GenParams};
+use super::{
+    ChatBackend, ChatRequest, ChatResponse, ErrorKind, GenParams, LlmError, LoglikRequest, Usage, estimate_tokens,
+};
 use crate::config::decl::{Decl, ProviderKind};
 use crate::config::options::{NUMBER, OptionSpec, POSITIVE, RATIO, Ty, UINT};
 
@@ -782,8 +784,65 @@ impl Provider {
     }
 }
 
+/// The answer of a line as the same [`ChatResponse`] the online call returns. `doc`
+/// is the request's cache document (a log-likelihood answer needs its text).
+/// `doc` is the request's cache document (JSON text), read only where the answer needs
+/// it: a chat answer without usage (its prompt tokens are estimated), a log-likelihood.
+pub fn answer_response(
+    endpoint: LineEndpoint,
+    body: &serde_json::value::RawValue,
+    doc: &str,
+    model: &str,
+) -> Result<ChatResponse, LlmError> {
+    let doc = || serde_json::from_str::<serde_json::Value>(doc).unwrap_or_default();
+    match endpoint {
+        LineEndpoint::Chat => {
+            let estimate = || Usage {
+                prompt_tokens: doc()["messages"]
+                    .as_array()
+                    .map(|m| m.iter().map(|x| estimate_tokens(x["content"].as_str().unwrap_or_default())).sum())
+                    .unwrap_or(1),
+                completion_tokens: 0,
+            };
+            super::openai::chat_response(body.get(), model, estimate)
+        }
+        LineEndpoint::Completions => {
+            let req: LoglikRequest = serde_json::from_value(doc()["loglik"].take()).map_err(|e| {
+                LlmError::new(ErrorKind::Malformed, format!("the cached request is not a log-likelihood request: {e}"))
+            })?;
+            let body = serde_json::from_str(body.get())
+                .map_err(|e| LlmError::new(ErrorKind::Malformed, format!("response is not valid JSON: {e}")))?;
+            super::openai::loglik_response(body, &req, model)
+        }
+        LineEndpoint::Messages => {
+            let body = serde_json::from_str(body.get())
+                .map_err(|e| LlmError::new(ErrorKind::Malformed, format!("response is not valid JSON: {e}")))?;
+            super::anthropic::message_response(body, model)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_batch_answer_line_reads_as_the_online_answer() {
+        let body = serde_json::value::RawValue::from_string(
+            r#"{"choices":[{"message":{"content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1},"model":"m"}"#.into(),
+        )
+        .unwrap();
+        let r = answer_response(LineEndpoint::Chat, &body, "{}", "x").unwrap();
+        assert_eq!((r.text.as_str(), r.usage.prompt_tokens, r.model.as_str()), ("hi", 3, "m"));
+        // Without usage, the prompt tokens are estimated from the cached request's messages.
+        let bare = serde_json::value::RawValue::from_string(
+            r#"{"choices":[{"message":{"content":"hi"},"finish_reason":"stop"}]}"#.into(),
+        )
+        .unwrap();
+        let doc = r#"{"messages":[{"role":"user","content":"a question of some length here"}]}"#;
+        let r = answer_response(LineEndpoint::Chat, &bare, doc, "x").unwrap();
+        assert!(r.usage.prompt_tokens > 1, "{:?}", r.usage);
+        assert!(answer_response(LineEndpoint::Completions, &bare, "{}", "x").is_err());
+    }
+
     use super::*;
 
     #[test]

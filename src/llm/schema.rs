@@ -274,7 +274,10 @@ impl SchemaFile {
     /// Check a schema given as a value.
     pub fn from_value(name: String, schema: Value, shown: &str) -> Result<SchemaFile, String> {
         if !schema.is_object() {
-            return Err(format!("schema {shown}: a JSON Schema must be an object, found {}", kind_of(&schema)));
+            return Err(format!(
+                "schema {shown}: a JSON Schema must be an object, found {}",
+                crate::data::json_type(&schema)
+            ));
         }
         let validator = jsonschema::validator_for(&schema)
             .map_err(|e| format!("schema {shown}: not a valid JSON Schema: {e} (at {})", pointer(e.schema_path())))?;
@@ -315,7 +318,7 @@ impl SchemaFile {
         self.validate(&value)?;
         match value {
             Value::Object(m) => Ok(m),
-            other => Err(format!("the answer must be a JSON object, found {}", kind_of(&other))),
+            other => Err(format!("the answer must be a JSON object, found {}", crate::data::json_type(&other))),
         }
     }
 
@@ -363,17 +366,6 @@ fn pointer(loc: &impl std::fmt::Display) -> String {
 
 fn shorten(s: &str, n: usize) -> String {
     if s.chars().count() <= n { s.to_string() } else { format!("{}…", s.chars().take(n).collect::<String>()) }
-}
-
-fn kind_of(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 /// The JSON value of a structured answer: the whole text (a provider that enforced the

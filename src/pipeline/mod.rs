@@ -3,6 +3,8 @@
 //! against its kind's option schema, build stages, check the graph (unknown inputs,
 //! arity, cycles, unused outputs) and plan columns in topological order.
 
+pub mod graph;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -11,11 +13,11 @@ use std::collections::BTreeMap;
 use crate::data::arrow::datatypes::SchemaRef;
 use serde::Deserialize;
 
+pub use self::graph::Graph;
 use crate::config::decl::{Decl, ProviderKind};
 use crate::config::diag::{Diagnostics, did_you_mean, stage_subject};
 use crate::config::node::{self, Node, SourceFile, Span, Table, Value};
 use crate::config::options::{CheckCtx, OptionSpans, OptionSpec, POSITIVE, RATIO, Ty, UINT, check_table};
-use crate::dag::Graph;
 use crate::registry::Registry;
 use crate::stages::{
     Arity, BuildCtx, COMMON_OPTIONS, KindInfo, PartitionCtx, Partitioning, PlanCtx, PlanInput, Role, Sharding, Stage,

@@ -33,9 +33,9 @@ use tokio_util::sync::CancellationToken;
 use super::Services;
 use super::cost::Reserved;
 use crate::llm::batch::{
-    BatchApi, BatchInfo, BatchRoute, BatchState, Deferred, Endpoint, LineOutcome, PartRef, Route, answer_response, now,
+    BatchApi, BatchInfo, BatchRoute, BatchState, Deferred, Endpoint, LineOutcome, PartRef, Route, now,
 };
-use crate::llm::provider::Provider;
+use crate::llm::provider::{Provider, answer_response};
 use crate::llm::{CallCtx, ChatResponse, ErrorKind, LlmError};
 use crate::progress::StageProgress;
 use crate::store::batch::{

@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{Arity, BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, Role, RunCtx, Sharding, Stage};
+use super::{BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, RunCtx, Sharding, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data;
@@ -27,15 +27,11 @@ const OPTIONS: &[OptionSpec] = &[OptionSpec::required(
 
 pub static KIND: KindInfo = KindInfo {
     name: "check",
-    version: 1,
     about: "content checks on every record (debris, repetition, echo, language, length, chat): failing records go to the failure table with the check's name",
-    role: Role::Transform,
-    arity: Arity::Exactly(1),
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "checks = { debris = {} }",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 
 use super::exec::BATCH_ROWS;
-use super::{Arity, BuildCtx, Cancelled, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use super::{Arity, BuildCtx, Cancelled, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data;
@@ -29,15 +29,12 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "concat",
-    version: 1,
     about: "records of several inputs one after another, columns united by name",
-    role: Role::Transform,
     arity: Arity::AtLeast(1),
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

@@ -25,7 +25,7 @@ use async_trait::async_trait;
 use rayon::prelude::*;
 use serde::Deserialize;
 
-use super::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use super::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{NUMBER, OptionSpec, RATIO, Ty, UINT};
 use crate::data;
@@ -57,15 +57,13 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "correlate",
-    version: 1,
     about: "Pearson / Spearman / Kendall tau-b between score columns and a reference (scipy.stats semantics), per group and split, with p-values or bootstrap CIs",
-    role: Role::Transform,
-    arity: Arity::Exactly(1),
     options: OPTIONS,
     uses_seed: true,
     summary: true,
     example: "x = [\"judge\"]\ny = \"human\"",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

@@ -16,7 +16,7 @@ use anyhow::{Result, bail};
 use async_trait::async_trait;
 use serde::Deserialize;
 
-use super::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use super::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, POSITIVE, RATIO, Ty};
 use crate::data;
@@ -55,15 +55,11 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "dedup",
-    version: 1,
     about: "remove near-duplicate records (MinHash + LSH over word shingles); the first of each group of near-duplicates is kept",
-    role: Role::Transform,
-    arity: Arity::Exactly(1),
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "fields = [\"in0\"]",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

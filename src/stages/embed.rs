@@ -13,8 +13,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 
 use super::{
-    Arity, BuildCtx, Cancelled, KindInfo, PartitionCtx, Partitioning, PlanCtx, PrepareCtx, Prepared, Role, RunCtx,
-    Sharding, Stage,
+    BuildCtx, Cancelled, KindInfo, PartitionCtx, Partitioning, PlanCtx, PrepareCtx, Prepared, RunCtx, Sharding, Stage,
 };
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, POSITIVE, Ty};
@@ -36,15 +35,11 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "embed",
-    version: 1,
     about: "embed a text column (or template) with an embedder into a FixedSizeList<f32> column",
-    role: Role::Transform,
-    arity: Arity::Exactly(1),
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "embedder = \"e\"\ncolumn = \"text\"",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

@@ -10,7 +10,7 @@ use anyhow::Result;
 use async_trait::async_trait;
 use serde::Deserialize;
 
-use super::{Arity, BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, Role, RunCtx, Sharding, Stage};
+use super::{BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, RunCtx, Sharding, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data;
@@ -25,15 +25,11 @@ const OPTIONS: &[OptionSpec] = &[OptionSpec::required(
 
 pub static KIND: KindInfo = KindInfo {
     name: "filter",
-    version: 1,
     about: "keep records for which an expression is true",
-    role: Role::Transform,
-    arity: Arity::Exactly(1),
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "where = \"true\"",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::llm::{self, Options as LlmOptions, build_with};
-use super::{Arity, BuildCtx, KindInfo, Role, Stage};
+use super::{Arity, BuildCtx, KindInfo, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, POSITIVE, Ty};
 
@@ -39,16 +39,13 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "generate",
-    version: 1,
     about: "answer each row's conversation with a model (temperature 0, 256 tokens): column `response`",
-    role: Role::Transform,
     // A second input only with `checkpoint` (checked at plan time).
     arity: Arity::AtLeast(1),
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "provider = \"p\"",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 
 use super::exec::BATCH_ROWS;
-use super::{Arity, BuildCtx, Cancelled, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use super::{Arity, BuildCtx, Cancelled, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, ID};
@@ -33,15 +33,12 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "join",
-    version: 1,
     about: "join two inputs on key columns (inner or left)",
-    role: Role::Transform,
     arity: Arity::Exactly(2),
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "on = \"id\"",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize, Clone)]

@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 use super::exec::BATCH_ROWS;
 use super::parquet::export_columns;
-use super::{Arity, BuildCtx, Cancelled, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use super::{BuildCtx, Cancelled, KindInfo, PlanCtx, Role, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data;
@@ -29,15 +29,12 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "jsonl",
-    version: 1,
     about: "sink: write an input as JSON Lines",
     role: Role::Sink,
-    arity: Arity::Exactly(1),
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "path = \"out.jsonl\"",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

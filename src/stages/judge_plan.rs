@@ -23,7 +23,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::{Arity, BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, Role, RunCtx, Sharding, Stage};
+use super::{BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, RunCtx, Sharding, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, POSITIVE, Ty};
 use crate::data::{self, Row};
@@ -47,15 +47,11 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "judge_plan",
-    version: 1,
     about: "LLM-as-judge queries from a judge folder (dimensions, task -> queries, one prompt template per dimension)",
-    role: Role::Transform,
-    arity: Arity::Exactly(1),
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "prompts_dir = \"tests/fixtures/judge\"",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

@@ -26,7 +26,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::judge_plan::{Dimension, read_dimensions};
-use super::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use super::{Arity, BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, Row};
@@ -61,15 +61,13 @@ pub const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "judge_score",
-    version: 1,
     about: "judge scores (score extraction, majority vote over samples) and the mean per dimension as a summary",
-    role: Role::Transform,
     arity: Arity::Exactly(2),
     options: OPTIONS,
-    uses_seed: false,
     summary: true,
     example: "dimensions = \"tests/fixtures/judge/dimensions.json\"",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

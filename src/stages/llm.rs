@@ -18,9 +18,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::exec::{Answers, RowError, batch_map_rows, map_rows};
-use super::{
-    Arity, BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Sharding, Stage,
-};
+use super::{BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, PrepareCtx, Prepared, RunCtx, Sharding, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, POSITIVE, RATIO, Ty};
 use crate::data::chat::Role as ChatRole;
@@ -151,15 +149,11 @@ pub(super) const MAX_COST_USD: OptionSpec = OptionSpec::optional(
 
 pub static KIND: KindInfo = KindInfo {
     name: "llm",
-    version: 1,
     about: "prompt a provider per record, parse and validate the answer, re-ask on failure",
-    role: Role::Transform,
-    arity: Arity::Exactly(1),
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "provider = \"p\"\nmessages = \"question\"",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

@@ -16,9 +16,7 @@ use serde_json::Value;
 
 use super::exec::{RowError, batch_map_rows, map_rows};
 use super::llm::{BATCH, BATCH_FALLBACK, CONCURRENCY, KEEP_COLUMNS, MAX_COST_USD};
-use super::{
-    Arity, BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Stage,
-};
+use super::{BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, PrepareCtx, Prepared, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, Row};
@@ -48,15 +46,11 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "loglik",
-    version: 1,
     about: "multiple choice by log-likelihood (completions with echo + logprobs): ll_<choice> per choice and the argmax",
-    role: Role::Transform,
-    arity: Arity::Exactly(1),
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "provider = \"p\"\ncontext = \"prompt\"\nchoices = [\"A\", \"B\"]",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

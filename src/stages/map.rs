@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{Arity, BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, Role, RunCtx, Sharding, Stage};
+use super::{BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, RunCtx, Sharding, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, ID, Row};
@@ -34,15 +34,11 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "map",
-    version: 1,
     about: "derive, rename, drop and select columns (templates and expressions, no LLM)",
-    role: Role::Transform,
-    arity: Arity::Exactly(1),
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "rename = { a = \"b\" }",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

@@ -21,7 +21,7 @@ use async_trait::async_trait;
 use rayon::prelude::*;
 use serde::Deserialize;
 
-use super::{Arity, BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, Role, RunCtx, Stage};
+use super::{BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data;
@@ -111,13 +111,11 @@ pub static KIND: KindInfo = KindInfo {
     //    std, invalid); rouge_target defaults to "reference" (a method's pipelines pin their order).
     version: 3,
     about: "BLEU, ROUGE, METEOR, BERTScore per row against a reference, with mean/std per group and overall",
-    role: Role::Transform,
-    arity: Arity::Exactly(1),
     options: OPTIONS,
-    uses_seed: false,
     summary: true,
     example: "",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize, Clone)]

@@ -197,6 +197,25 @@ pub struct KindInfo {
     pub build: fn(&BuildCtx<'_>, &mut Diagnostics) -> Option<Box<dyn Stage>>,
 }
 
+impl KindInfo {
+    /// What most kinds are: version 1, a transform of exactly one input, without the seed
+    /// and without a summary. A kind's static says what differs and takes the rest from
+    /// here (`..KindInfo::DEFAULT`); its `name`, `about`, `options`, `example` and `build`
+    /// are always its own (tests/tidy.rs checks that every static names them).
+    pub const DEFAULT: KindInfo = KindInfo {
+        name: "",
+        version: 1,
+        about: "",
+        role: Role::Transform,
+        arity: Arity::Exactly(1),
+        options: &[],
+        uses_seed: false,
+        summary: false,
+        example: "",
+        build: |_, _| None,
+    };
+}
+
 impl std::fmt::Debug for KindInfo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "KindInfo({})", self.name)

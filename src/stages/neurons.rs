@@ -32,7 +32,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::external::{self, absolute};
-use super::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use super::{Arity, BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, POSITIVE, Ty};
 use crate::data::{self, Row};
@@ -131,15 +131,13 @@ const VARIABLES: &[&str] = &["config", "probe", "output_dir", "stage", "root"];
 
 pub static KIND: KindInfo = KindInfo {
     name: "neurons",
-    version: 1,
     about: "neuron activation maps per group (top-p% activations per layer) from an external PyTorch script, base vs tuned discrepancy, figures",
-    role: Role::Transform,
     arity: Arity::AtLeast(1),
     options: OPTIONS,
-    uses_seed: false,
     summary: true,
     example: "models = { base = \"tiny-random-llama:1\", tuned = \"tiny-random-llama:2\" }\ncompare = [[\"base\", \"tuned\"]]",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Debug, Clone, Deserialize)]

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 
 use super::exec::BATCH_ROWS;
-use super::{Arity, BuildCtx, Cancelled, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use super::{BuildCtx, Cancelled, KindInfo, PlanCtx, Role, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data;
@@ -28,15 +28,12 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "parquet",
-    version: 1,
     about: "sink: write an input as a Parquet file",
     role: Role::Sink,
-    arity: Arity::Exactly(1),
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "path = \"out.parquet\"",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

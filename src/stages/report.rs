@@ -67,10 +67,9 @@ pub static KIND: KindInfo = KindInfo {
     role: Role::Sink,
     arity: Arity::AtLeast(1),
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "inputs = [\"scored\"]\n\n[stages.scored]\nkind = \"metrics\"\ninputs = [\"in0\"]",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

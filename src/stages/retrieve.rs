@@ -33,8 +33,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 
 use super::{
-    Arity, BuildCtx, Cancelled, KindInfo, PartitionCtx, Partitioning, PlanCtx, PrepareCtx, Prepared, Role, RunCtx,
-    Stage,
+    Arity, BuildCtx, Cancelled, KindInfo, PartitionCtx, Partitioning, PlanCtx, PrepareCtx, Prepared, RunCtx, Stage,
 };
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, POSITIVE, Ty};
@@ -86,13 +85,11 @@ pub static KIND: KindInfo = KindInfo {
     // 2: `exact` is the GEMM search (scores are the float64 value rounded once).
     version: 2,
     about: "most and least similar corpus record per query by inner product (exact through a blocked GEMM, or HNSW)",
-    role: Role::Transform,
     arity: Arity::Exactly(2),
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize, Clone)]

@@ -11,7 +11,7 @@ use crate::data::arrow::datatypes::SchemaRef;
 use anyhow::Result;
 use async_trait::async_trait;
 
-use super::{Arity, BuildCtx, KindInfo, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Stage};
+use super::{BuildCtx, KindInfo, PlanCtx, PrepareCtx, Prepared, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::data;
 use crate::quality::review::{Decision, Review};
@@ -19,15 +19,11 @@ use crate::store::failures::{Failure, FailureKind};
 
 pub static KIND: KindInfo = KindInfo {
     name: "review",
-    version: 1,
     about: "drop the records a person dropped in the run's review file (review.jsonl); the rest pass unchanged",
-    role: Role::Transform,
-    arity: Arity::Exactly(1),
     options: &[],
-    uses_seed: false,
-    summary: false,
     example: "",
     build,
+    ..KindInfo::DEFAULT
 };
 
 struct ReviewStage;

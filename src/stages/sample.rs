@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 
 use super::exec::BATCH_ROWS;
-use super::{Arity, BuildCtx, Cancelled, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use super::{BuildCtx, Cancelled, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, POSITIVE, RATIO, Ty};
 use crate::data;
@@ -27,15 +27,12 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "sample",
-    version: 1,
     about: "seeded random sample: n records, a fraction, or per stratum of a column",
-    role: Role::Transform,
-    arity: Arity::Exactly(1),
     options: OPTIONS,
     uses_seed: true,
-    summary: false,
     example: "n = 2",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Debug, Clone, Deserialize)]

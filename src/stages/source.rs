@@ -96,10 +96,9 @@ pub static KIND: KindInfo = KindInfo {
     role: Role::Source,
     arity: Arity::None,
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "path = \"pipelines/data/personas.jsonl\"",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Debug, Clone, Deserialize)]
@@ -891,7 +890,11 @@ impl Source {
                         w.ordinal += 1;
                     }
                     Ok(other) => w.fail(
-                        format!("{}:{line}: expected a JSON object, found {}", file.display(), json_kind(&other)),
+                        format!(
+                            "{}:{line}: expected a JSON object, found {}",
+                            file.display(),
+                            crate::data::json_type(&other)
+                        ),
                         Some(raw.to_string()),
                     ),
                     Err(msg) => w.fail(format!("{}:{line}:{msg}", file.display()), Some(raw.to_string())),
@@ -926,7 +929,11 @@ impl Source {
             stretch.visit(format, &mut |line, raw, rec| {
                 match rec {
                     Ok(other) => w.fail(
-                        format!("{}:{line}: expected a JSON object, found {}", file.display(), json_kind(&other)),
+                        format!(
+                            "{}:{line}: expected a JSON object, found {}",
+                            file.display(),
+                            crate::data::json_type(&other)
+                        ),
                         Some(raw.to_string()),
                     ),
                     Err(msg) => w.fail(format!("{}:{line}:{msg}", file.display()), Some(raw.to_string())),
@@ -1311,17 +1318,6 @@ fn schema_from_json(text: &str) -> Result<Schema> {
             .collect()
     }
     Ok(Schema::new(fields(&serde_json::from_str(text)?)?))
-}
-
-fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 /// Visit each record of a JSONL file (or each element of a JSON array file) with its

@@ -36,7 +36,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::external::{self, absolute};
-use super::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use super::{Arity, BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, POSITIVE, RATIO, Ty};
 use crate::data::chat;
@@ -85,13 +85,12 @@ pub static KIND: KindInfo = KindInfo {
     // 2: the `gguf` column and the summary (loss per step, final metrics).
     version: 2,
     about: "write SFT/DPO splits in TRL's format, run an external trainer, record its checkpoints and metrics",
-    role: Role::Transform,
     arity: Arity::Exactly(2),
     options: OPTIONS,
-    uses_seed: false,
     summary: true,
     example: "base_model = \"base\"",
     build,
+    ..KindInfo::DEFAULT
 };
 
 /// Variables every command template may use besides the hyperparameters.
@@ -218,7 +217,7 @@ fn trl_role(role: &str) -> Option<&'static str> {
 /// A list of `{role, content}` messages with TRL role names.
 fn trl_messages(v: &Value) -> Result<Vec<Value>, String> {
     let Value::Array(items) = v else {
-        return Err(format!("expected a list of messages, found {}", type_name(v)));
+        return Err(format!("expected a list of messages, found {}", crate::data::json_type(v)));
     };
     items
         .iter()
@@ -238,18 +237,7 @@ fn trl_completion(v: &Value) -> Result<Vec<Value>, String> {
     match v {
         Value::String(s) => Ok(vec![json!({"role": "assistant", "content": s})]),
         Value::Array(_) => trl_messages(v),
-        other => Err(format!("expected a string or a list of messages, found {}", type_name(other))),
-    }
-}
-
-fn type_name(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "list",
-        Value::Object(_) => "object",
+        other => Err(format!("expected a string or a list of messages, found {}", crate::data::json_type(other))),
     }
 }
 

@@ -377,7 +377,7 @@ async fn run(State(app): State<Arc<App>>) -> Response {
     let v = app.viewed.clone();
     let (mut state, waves) = (
         tokio::task::spawn_blocking(move || run_state(&v)).await.unwrap_or_default(),
-        crate::cli::status::waves_json(&app.viewed.dir).await,
+        crate::dag::status::waves_json(&app.viewed.dir).await,
     );
     state["waves"] = waves;
     answer(&state)

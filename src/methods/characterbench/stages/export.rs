@@ -24,7 +24,7 @@ use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data;
 use crate::methods::characterbench::bench::Bench;
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use crate::stages::{BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
 use crate::store::atomic::{create_tmp, finish_file};
 use crate::store::failures::FailureKind;
 
@@ -41,15 +41,12 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "characterbench_export",
-    version: 1,
     about: "construction: judged scripts as <dimension>_test.json files in the release's record layout (human fields left for import), with a card",
     role: Role::Sink,
-    arity: Arity::Exactly(1),
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

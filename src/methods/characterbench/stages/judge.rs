@@ -30,7 +30,7 @@ use crate::data::{self, Row, python};
 use crate::methods::characterbench::bench::Bench;
 use crate::methods::characterbench::prompts::{self, JudgeInput};
 use crate::stages::exec::{Ids, map_batches};
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use crate::stages::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::store::failures::FailureKind;
 
 const OPTIONS: &[OptionSpec] = &[
@@ -63,15 +63,11 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "characterbench_judge",
-    version: 1,
     about: "the official per-dimension judge prompt per record (judge_prompt, judge_prompt_sha256) and CharacterJudge's chat request (judge_messages)",
-    role: Role::Transform,
-    arity: Arity::Exactly(1),
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize, Clone)]

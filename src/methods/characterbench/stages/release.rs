@@ -44,15 +44,13 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "characterbench_release",
-    version: 1,
     about: "CharacterBench's release (<dimension>_test.json arrays) as one record per language: the official session normalization, the judge's view, human scores, shipped predictions",
     role: Role::Source,
     arity: Arity::None,
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "path = \"pipelines/data/characterbench-demo\"",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

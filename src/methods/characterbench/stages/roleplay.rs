@@ -18,7 +18,7 @@ use crate::data::{self, Row};
 use crate::methods::characterbench::bench::Bench;
 use crate::methods::characterbench::prompts;
 use crate::stages::exec::{Ids, map_batches};
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use crate::stages::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::store::failures::FailureKind;
 
 const OPTIONS: &[OptionSpec] = &[OptionSpec::default(
@@ -30,15 +30,11 @@ const OPTIONS: &[OptionSpec] = &[OptionSpec::default(
 
 pub static KIND: KindInfo = KindInfo {
     name: "characterbench_roleplay",
-    version: 1,
     about: "the official role-play prompt per record (rp_prompt, rp_prompt_sha256) and its chat request (rp_messages: one user message)",
-    role: Role::Transform,
-    arity: Arity::Exactly(1),
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

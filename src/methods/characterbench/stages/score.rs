@@ -29,7 +29,7 @@ use crate::config::options::{OptionSpec, Ty};
 use crate::data;
 use crate::methods::characterbench::bench::Bench;
 use crate::methods::characterbench::scores;
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::store::parquet::read_all;
 use crate::store::summary::{self, OVERALL, SummaryRow};
 
@@ -55,15 +55,13 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "characterbench_score",
-    version: 1,
     about: "CharacterBench scores of a model: per dimension 5·mean/scale_max, AVG, aspects (Tables 4-5 layout) and judge fallbacks, as a summary",
-    role: Role::Transform,
     arity: Arity::AtLeast(1),
     options: OPTIONS,
-    uses_seed: false,
     summary: true,
     example: "label = \"model\"",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

@@ -23,7 +23,7 @@ use crate::data::{self, Row};
 use crate::methods::characterbench::bench::Bench;
 use crate::methods::characterbench::build::{self, Script, Turn};
 use crate::methods::characterbench::release;
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use crate::stages::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::store::failures::FailureKind;
 
 const OPTIONS: &[OptionSpec] = &[
@@ -36,15 +36,11 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "characterbench_script",
-    version: 1,
     about: "construction: a planned query as a test script in the release's record layout (record JSON) and as the release reader's row",
-    role: Role::Transform,
-    arity: Arity::Exactly(1),
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

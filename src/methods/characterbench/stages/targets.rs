@@ -22,7 +22,7 @@ use crate::config::options::{OptionSpec, POSITIVE, Ty};
 use crate::data::{self, Row};
 use crate::methods::characterbench::bench::Bench;
 use crate::methods::characterbench::build::{self, BuildPlan, Turn};
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use crate::stages::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::store::failures::FailureKind;
 
 const OPTIONS: &[OptionSpec] = &[
@@ -52,15 +52,12 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "characterbench_targets",
-    version: 1,
     about: "construction: a script plan per character and dimension (target source and instruction, query instruction, behaviour / immoral setting / category draws)",
-    role: Role::Transform,
-    arity: Arity::Exactly(1),
     options: OPTIONS,
     uses_seed: true,
-    summary: false,
     example: "lang = \"zh\"",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

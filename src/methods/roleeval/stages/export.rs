@@ -21,7 +21,7 @@ use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, Row};
 use crate::methods::roleeval::format::Format;
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use crate::stages::{BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
 use crate::store::atomic::{create_tmp, finish_file};
 use crate::store::failures::FailureKind;
 
@@ -36,15 +36,12 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "roleeval_export",
-    version: 1,
     about: "RoleEval construction: questions as CSVs in the release's layout (dev/test by character), answer key, card",
     role: Role::Sink,
-    arity: Arity::Exactly(1),
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

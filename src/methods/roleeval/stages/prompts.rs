@@ -24,7 +24,7 @@ use crate::llm::Message;
 use crate::methods::roleeval::format::{Format, Question, Render};
 use crate::methods::roleeval::pyrandom::PyRandom;
 use crate::methods::roleeval::sha256;
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::store::failures::FailureKind;
 
 const OPTIONS: &[OptionSpec] = &[
@@ -52,15 +52,12 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "roleeval_prompts",
-    version: 1,
     about: "zero-/k-shot RoleEval prompts (byte layout of the spec's §3.1), their SHA-256 and chat messages, per question and shot setting",
-    role: Role::Transform,
     arity: Arity::AtLeast(1),
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

@@ -24,7 +24,7 @@ use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, Row};
 use crate::methods::roleeval::build::{QcBounds, qc_reasons};
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::store::atomic::{create_tmp, finish_file};
 use crate::store::summary::{self, OVERALL, SummaryRow};
 
@@ -43,13 +43,12 @@ pub static KIND: KindInfo = KindInfo {
     // 2: questions of failing characters go to the failure table, not the output.
     version: 2,
     about: "RoleEval construction: per-character automatic quality check (0.3 <= x <= 0.9, y <= 0.8, x - y >= 0.15)",
-    role: Role::Transform,
     arity: Arity::Exactly(3),
     options: OPTIONS,
-    uses_seed: false,
     summary: true,
     example: "",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

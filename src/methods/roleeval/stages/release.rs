@@ -40,15 +40,13 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "roleeval_release",
-    version: 1,
     about: "the RoleEval release (zh/<subset>/<split>/<category>_<split>.csv) as one record per question, key subset/category/id, cells as text",
     role: Role::Source,
     arity: Arity::None,
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "path = \"pipelines/data/roleeval-demo\"\nsplit = \"dev\"",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

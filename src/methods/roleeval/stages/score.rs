@@ -25,7 +25,7 @@ use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, Row};
 use crate::methods::roleeval::format::Format;
 use crate::methods::roleeval::metrics::{Tally, accuracy_pct, average};
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::store::atomic::{create_tmp, finish_file};
 use crate::store::summary::{self, OVERALL, SummaryRow};
 
@@ -42,15 +42,13 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "roleeval_score",
-    version: 1,
     about: "RoleEval accuracy per subset and category (Tables 3-6 layout), knowledge vs reasoning, unanswered rate, submission file",
-    role: Role::Transform,
     arity: Arity::Exactly(2),
     options: OPTIONS,
-    uses_seed: false,
     summary: true,
     example: "",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

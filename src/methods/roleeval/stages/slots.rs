@@ -15,7 +15,7 @@ use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty, UINT};
 use crate::data::{self, Row};
 use crate::methods::roleeval::build::{self, Slot, SlotCounts};
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use crate::stages::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::store::failures::FailureKind;
 
 const OPTIONS: &[OptionSpec] = &[
@@ -33,15 +33,11 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "roleeval_slots",
-    version: 1,
     about: "RoleEval construction: the question slots of each character (17 knowledge + 3 reasoning, types and formats)",
-    role: Role::Transform,
-    arity: Arity::Exactly(1),
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

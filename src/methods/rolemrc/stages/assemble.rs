@@ -30,7 +30,7 @@ use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, Row};
 use crate::quality::review::Verdict;
 use crate::stages::review::{dropped_message, review_prepared};
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Stage};
+use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, PrepareCtx, Prepared, RunCtx, Stage};
 use crate::store::failures::FailureKind;
 use crate::store::parquet::read_all;
 
@@ -46,13 +46,11 @@ pub static KIND: KindInfo = KindInfo {
     // `spare`, `degenerate_reasks`; split `spare`), upstream failure reasons carried.
     version: 2,
     about: "RoleMRC: build conversations, DPO pairs and test rows from the plan and the LLM stages' answers",
-    role: Role::Transform,
     arity: Arity::AtLeast(2),
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

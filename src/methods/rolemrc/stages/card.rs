@@ -51,9 +51,9 @@ pub static KIND: KindInfo = KindInfo {
     arity: Arity::AtLeast(1),
     options: OPTIONS,
     uses_seed: true,
-    summary: false,
     example: "",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

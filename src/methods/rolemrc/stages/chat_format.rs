@@ -28,7 +28,7 @@ use crate::config::options::{OptionSpec, Ty};
 use crate::data::chat;
 use crate::data::{self, Row};
 use crate::stages::exec::{Ids, map_batches};
-use crate::stages::{Arity, BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, Role, RunCtx, Sharding, Stage};
+use crate::stages::{BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, RunCtx, Sharding, Stage};
 use crate::store::failures::FailureKind;
 
 const OPTIONS: &[OptionSpec] = &[
@@ -54,13 +54,10 @@ pub static KIND: KindInfo = KindInfo {
     // 2: the sample layout gained `group`, `spare` and `degenerate_reasks` (rolemrc_assemble 2).
     version: 2,
     about: "convert chat / preference datasets into the RoleMRC sample layout (mix-in sources)",
-    role: Role::Transform,
-    arity: Arity::Exactly(1),
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "category = \"mix\"\nmessages = \"messages\"",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize, Clone)]

@@ -26,7 +26,7 @@ use crate::config::options::{OptionSpec, Ty};
 use crate::data::Row;
 use crate::data::chat;
 use crate::stages::judge_plan::{Query, Settings, build_with};
-use crate::stages::{Arity, BuildCtx, KindInfo, Role, Stage};
+use crate::stages::{BuildCtx, KindInfo, Stage};
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default(
@@ -62,13 +62,10 @@ pub static KIND: KindInfo = KindInfo {
     // 2: a preset of judge_plan (dimensions from dimensions.json); failure kind `judge_plan`.
     version: 2,
     about: "RoleMRC LLM-as-judge queries (Appendix F prompts, official task -> dimension mapping)",
-    role: Role::Transform,
-    arity: Arity::Exactly(1),
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize, Clone)]

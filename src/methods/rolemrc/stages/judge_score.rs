@@ -6,7 +6,7 @@
 
 use crate::config::options::{OptionSpec, Ty};
 use crate::stages::judge_score;
-use crate::stages::{Arity, KindInfo, Role};
+use crate::stages::{Arity, KindInfo};
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default("answer_column", Ty::Str, "\"raw\"", "column of the LLM stage with the judge's answer"),
@@ -34,11 +34,10 @@ pub static KIND: KindInfo = KindInfo {
     // 2: a preset of judge_score; the summary protocol (store::summary) instead of (label, dimension, n, accuracy, bad).
     version: 2,
     about: "RoleMRC judge scores (official extraction, majority vote over samples) and accuracy per dimension",
-    role: Role::Transform,
     arity: Arity::Exactly(2),
     options: OPTIONS,
-    uses_seed: false,
     summary: true,
     example: "",
     build: judge_score::build,
+    ..KindInfo::DEFAULT
 };

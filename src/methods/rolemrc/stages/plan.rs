@@ -19,7 +19,7 @@ use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, Row};
 use crate::methods::rolemrc::plan::{self, Counts, Planner, Profile, TestCounts, Triplet};
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use crate::stages::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::template::Templates;
 
 const OPTIONS: &[OptionSpec] = &[
@@ -67,13 +67,11 @@ pub static KIND: KindInfo = KindInfo {
     // 2: spare instances (columns `group`, `spare`), planned after the counted ones.
     version: 2,
     about: "RoleMRC: assign categories, types, variants, seeds, rules and splits; one row per LLM request",
-    role: Role::Transform,
-    arity: Arity::Exactly(1),
     options: OPTIONS,
     uses_seed: true,
-    summary: false,
     example: "system_template = \"pipelines/prompts/rolemrc/system.j2\"\nuser_template = \"pipelines/prompts/rolemrc/user_mrc.j2\"",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

@@ -66,15 +66,13 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "rolemrc_rolebench",
-    version: 1,
     about: "RoleBench's English sets (ZenMoore/RoleBench layout, local or hub) as test rows: the role's system prompt from desc.json, question, reference",
     role: Role::Source,
     arity: Arity::None,
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "path = \"pipelines/data/rolebench-demo\"",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

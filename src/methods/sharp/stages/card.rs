@@ -30,15 +30,13 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "sharp_card",
-    version: 1,
     about: "the card of a SHARP run: claims and roles statistics, licences, the reconstructed choices in force",
     role: Role::Sink,
     arity: Arity::AtLeast(1),
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

@@ -119,9 +119,9 @@ pub static KIND: KindInfo = KindInfo {
     arity: Arity::None,
     options: OPTIONS,
     uses_seed: true,
-    summary: false,
     example: "path = \"tests/fixtures/sharp/edges.csv\"",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

@@ -31,7 +31,7 @@ use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, Row};
 use crate::methods::sharp::metrics::{Affection, Cell, Rates, Stance, macro_average, pearson, pooled, reliability};
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::store::failures::FailureKind;
 use crate::store::summary::{self, OVERALL, SummaryRow};
 
@@ -65,13 +65,12 @@ pub static KIND: KindInfo = KindInfo {
     // 2: per model and language, unparsed counts, pooled option, backbone table, correlation.
     version: 2,
     about: "SHARP's factual-based metrics per (model, language, script, role) and per model: SR, AR, ER, conservative ratio, CRF; backbone vs aligned, Figure 3, detector reliability (summaries for `report`)",
-    role: Role::Transform,
     arity: Arity::AtLeast(1),
     options: OPTIONS,
-    uses_seed: false,
     summary: true,
     example: "label = \"rpa\"",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

@@ -27,7 +27,7 @@ use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, Row};
 use crate::methods::sharp::metrics::Affection;
 use crate::methods::sharp::roles::{self as r, Graph};
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::store::failures::FailureKind;
 
 const OPTIONS: &[OptionSpec] = &[
@@ -56,15 +56,12 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "sharp_roles",
-    version: 1,
     about: "roles and their affection toward the main character from a relationship table (or RoleMRC profiles' relations) and optional dialogue logs (interaction counts, degree centrality, top-k)",
-    role: Role::Transform,
     arity: Arity::AtLeast(1),
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

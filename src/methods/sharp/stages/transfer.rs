@@ -31,7 +31,7 @@ use crate::data::{self, Row};
 use crate::methods::sharp::metrics::{
     Affection, Stance, claim_difference, claim_ratio, transfer_difference, transfer_ratio,
 };
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use crate::stages::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::store::summary::{self, SummaryRow};
 
 const OPTIONS: &[OptionSpec] = &[
@@ -46,15 +46,12 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "sharp_transfer",
-    version: 1,
     about: "Table 5: stance-transfer ratio differences between high- and low-affection roles (factual mode; snowballing mode with the backbone's stances), a summary for `report`",
-    role: Role::Transform,
-    arity: Arity::Exactly(1),
     options: OPTIONS,
-    uses_seed: false,
     summary: true,
     example: "",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

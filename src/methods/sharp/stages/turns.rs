@@ -16,7 +16,7 @@ use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, Row};
 use crate::methods::sharp::metrics::Affection;
 use crate::methods::sharp::roles::{self, RoleRow};
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::optional(
@@ -35,13 +35,11 @@ pub static KIND: KindInfo = KindInfo {
     // 2: roles from a second input, claim_column, the lang column.
     version: 2,
     about: "claims × roles (full grid): each role puts each claim to the main character, Appendix B's turn in user_turn",
-    role: Role::Transform,
     arity: Arity::AtLeast(1),
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "roles = \"seeds/sharp/roles.tsv\"",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

@@ -23,7 +23,7 @@ use serde_json::{Map, Value, json};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, Row};
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use crate::stages::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::store::atomic::{create_tmp, finish_file};
 use crate::store::failures::FailureKind;
 
@@ -46,15 +46,11 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "sharp_verify",
-    version: 1,
     about: "the human check of claims: writes a review sheet, imports verdicts (ok / reject / fix with the corrected text)",
-    role: Role::Transform,
-    arity: Arity::Exactly(1),
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]

@@ -16,7 +16,7 @@ use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, Row};
 use crate::methods::sharp::metrics::{Stance, Tie, vote};
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
+use crate::stages::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default("stance_column", Ty::Str, "\"stance\"", "the samples' stance column"),
@@ -30,15 +30,11 @@ const OPTIONS: &[OptionSpec] = &[
 
 pub static KIND: KindInfo = KindInfo {
     name: "sharp_vote",
-    version: 1,
     about: "self-consistency: the majority stance over an llm stage's n samples per record (votes, agreement)",
-    role: Role::Transform,
-    arity: Arity::Exactly(1),
     options: OPTIONS,
-    uses_seed: false,
-    summary: false,
     example: "tie = \"neutral\"",
     build,
+    ..KindInfo::DEFAULT
 };
 
 #[derive(Deserialize)]
