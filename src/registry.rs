@@ -1,5 +1,5 @@
 //! The registry: every stage kind, parser and offline shape a pipeline may name —
-//! the engine's ([`crate::stages::KINDS`], [`crate::llm::parse::GENERIC`],
+//! the engine's ([`crate::stages::kinds::KINDS`], [`crate::llm::parse::GENERIC`],
 //! [`crate::llm::offline::SHAPES`]) followed by every method's
 //! ([`crate::methods::METHODS`]). The compiler and `synth list` read it; the checked
 //! pipeline carries it, and the runner hands its offline shapes to the run services.
@@ -25,7 +25,7 @@ pub struct Registry {
 
 static BUILTIN: LazyLock<Registry> = LazyLock::new(|| {
     let methods: Vec<&'static Method> = METHODS.to_vec();
-    let mut kinds: Vec<&'static KindInfo> = crate::stages::KINDS.to_vec();
+    let mut kinds: Vec<&'static KindInfo> = crate::stages::kinds::KINDS.to_vec();
     let mut parsers: Vec<&'static ParserKind> = crate::llm::parse::GENERIC.to_vec();
     let mut shapes: Vec<&'static OfflineShape> = crate::llm::offline::SHAPES.to_vec();
     for m in &methods {

@@ -74,7 +74,7 @@ fn registry_names_are_unique_and_grouped_by_method() {
             assert_eq!(r.method_of(k.name).map(|x| x.name), Some(m.name), "{}", k.name);
         }
     }
-    for k in synth::stages::KINDS {
+    for k in synth::stages::kinds::KINDS {
         assert!(r.method_of(k.name).is_none(), "engine kind {} claimed by a method", k.name);
     }
 }

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 /// The layers, lowest first: a unit may use units of its own layer or below, and
 /// only those listed in [`ALLOWED`]. A unit is a top-level module of `src/`, except
-/// that `stages/mod.rs` + `stages/exec.rs` (the stage API, L3) are apart from the
-/// generic kinds in `stages/*.rs` (L4).
+/// that `stages/` (the stage API, L3) is apart from the engine's kinds in
+/// `stages/kinds/` (L4).
 const LAYERS: &[(&str, &[&str])] = &[
     (
         "L0 leaves",
@@ -122,28 +122,20 @@ fn src() -> PathBuf {
 fn unit_of(rel: &str) -> String {
     let first = rel.split('/').next().unwrap().trim_end_matches(".rs").to_string();
     if first == "stages" {
-        return if rel == "stages/mod.rs" || rel == "stages/exec.rs" { "stages::api" } else { "stages::kinds" }.into();
+        return if rel.starts_with("stages/kinds/") { "stages::kinds" } else { "stages::api" }.into();
     }
     first
 }
 
-/// The unit a `crate::` path names (`crate::stages::exec::x` → the API; `crate::stages::llm` → a kind).
+/// The unit a `crate::` path names (`crate::stages::kinds::llm` → the kinds; any other
+/// `crate::stages` path → the API).
 fn unit_of_path(path: &str) -> String {
     let mut parts = path.split("::");
     let first = parts.next().unwrap_or_default();
     if first == "stages" {
-        return match parts.next() {
-            Some("exec") | None => "stages::api".into(),
-            Some(next) if next.starts_with(|c: char| c.is_uppercase()) || next.starts_with('{') => "stages::api".into(),
-            Some(next) if is_kind_module(next) => "stages::kinds".into(),
-            Some(_) => "stages::api".into(),
-        };
+        return if parts.next() == Some("kinds") { "stages::kinds" } else { "stages::api" }.into();
     }
     first.to_string()
-}
-
-fn is_kind_module(name: &str) -> bool {
-    src().join("stages").join(format!("{name}.rs")).exists() && name != "exec" && name != "mod"
 }
 
 /// Code before `#[cfg(test)]` with comments removed (tests may reach anywhere).
@@ -370,7 +362,7 @@ fn kind_names_follow_their_files() {
 fn only_the_runner_commits() {
     // Stages hand temporary files to the engine; a stage that runs an external program
     // (`train`, `neurons`) commits that program's input files into the stage working
-    // directory through `stages/external.rs` (ARCHITECTURE.md).
+    // directory through `stages/kinds/external.rs` (ARCHITECTURE.md).
     let mut files = Vec::new();
     crate::support::rust_files(&src(), &mut files);
     // `regen/` commits its own files (snapshots, row indexes), never a stage's.
@@ -379,7 +371,7 @@ fn only_the_runner_commits() {
             || rel.starts_with("store/")
             || rel.starts_with("cli/")
             || rel.starts_with("regen/")
-            || rel == "stages/external.rs"
+            || rel == "stages/kinds/external.rs"
     };
     let bad: Vec<String> = files
         .iter()
@@ -678,7 +670,7 @@ fn import_circles(root: &Path, parents: &[&str]) -> Vec<String> {
 /// `mod.rs` import each other. Known, and to go with the workspace move (issue 55: the shared
 /// part into a file of its own below both); no other circle is allowed, and an entry whose
 /// circle is gone must leave this list.
-const PARENT_CIRCLES: &[&str] = &["cli/mod.rs", "embed/mod.rs", "stages/mod.rs", "view/mod.rs"];
+const PARENT_CIRCLES: &[&str] = &["cli/mod.rs", "embed/mod.rs", "view/mod.rs"];
 
 #[test]
 fn no_files_import_each_other() {

@@ -21,7 +21,7 @@
 //!
 //! A record's shard is `blake3(id)[..8] % N`. A shard reads the merged first input of
 //! a wave stage, keeps its records and their positions (`_synth/entry/<input>.keys`);
-//! every stage reports the input row of each output row (`stages::exec::Lineage`), so
+//! every stage reports the input row of each output row (`stages::Lineage`), so
 //! every part carries the position of the entry record each row descends from
 //! (`<stage>.keys`, little-endian u64). The merge interleaves the parts by that
 //! position: the rows come back in exactly the order one process writes them, and

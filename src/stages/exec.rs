@@ -7,13 +7,13 @@
 use std::collections::HashSet;
 use std::future::Future;
 
-use crate::data::arrow::array::{Array, RecordBatch};
+use crate::data::arrow::array::RecordBatch;
 use crate::data::arrow::datatypes::SchemaRef;
 use anyhow::{Context, Result, bail};
 use futures::StreamExt;
 use tokio::sync::mpsc;
 
-use super::{Cancelled, RunCtx};
+use super::{Answers, Cancelled, RunCtx};
 use crate::data::{self, Row};
 use crate::llm::CallCtx;
 use crate::progress::StageProgress;
@@ -35,58 +35,6 @@ pub enum Ids {
     /// One output row per input row that did not fail (recorded in the failure log with
     /// its input id), in order, under new ids.
     Changed,
-}
-
-/// For a stage running as a shard of a wave: the input row (index in its first
-/// input) each output row came from, in output order. The merge of the shards puts
-/// rows back in the order of the whole input by it (`dag::shard`).
-#[derive(Clone, Default)]
-pub struct Lineage {
-    rows: std::sync::Arc<std::sync::Mutex<Vec<u64>>>,
-}
-
-impl Lineage {
-    /// `n` output rows from input row `input_row`.
-    pub fn push(&self, input_row: u64, n: usize) {
-        self.rows.lock().expect("lineage").extend(std::iter::repeat_n(input_row, n));
-    }
-
-    /// The input rows `first..` whose `keep` flag is set, one output row each.
-    pub fn push_kept(&self, first: u64, keep: &[bool]) {
-        let mut rows = self.rows.lock().expect("lineage");
-        rows.extend(keep.iter().enumerate().filter(|(_, k)| **k).map(|(i, _)| first + i as u64));
-    }
-
-    /// Output rows that keep their input's ids, a subset of `input` in order.
-    pub fn push_same_ids(&self, first: u64, input: &RecordBatch, output: &RecordBatch) -> Result<()> {
-        let (ins, outs) = (data::ids(input), data::ids(output));
-        let mut rows = self.rows.lock().expect("lineage");
-        let mut at = 0;
-        for j in 0..outs.len() {
-            let id = outs.value(j);
-            while at < ins.len() && ins.value(at) != id {
-                at += 1;
-            }
-            if at == ins.len() {
-                bail!("output record \"{id}\" is not among the input's records in order (cannot run as shards)");
-            }
-            rows.push(first + at as u64);
-            at += 1;
-        }
-        Ok(())
-    }
-
-    pub fn len(&self) -> usize {
-        self.rows.lock().expect("lineage").len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    pub fn take(&self) -> Vec<u64> {
-        std::mem::take(&mut *self.rows.lock().expect("lineage"))
-    }
 }
 
 /// Transform each input batch with `f` on a blocking thread and write the results.
@@ -156,15 +104,6 @@ pub struct RowError {
     /// A model stage's last answer and every rejected answer's reason (the failure
     /// table's `raw` and `attempts`), so a user sees what the model said.
     pub answers: Option<Box<Answers>>,
-}
-
-/// What a model answered a record that failed.
-#[derive(Debug, Clone, Default)]
-pub struct Answers {
-    pub raw: Option<String>,
-    pub attempts: Vec<String>,
-    /// The content check that failed the last answer (the failure table's `check`).
-    pub check: Option<String>,
 }
 
 impl RowError {

@@ -1,8 +1,9 @@
-//! Stage kinds: the one `Stage` trait, the engine's kinds (one file each, one line in
-//! [`KINDS`]; a method's kinds live in its folder, the registry joins both), and the
-//! contexts a stage sees at each phase — build (options from
-//! checked config), plan (columns and checks, no side effects), prepare (resolve
-//! what it reads, for the fingerprint) and run (stream records, write output).
+//! The stage API: the one `Stage` trait, the `KindInfo` description of a kind, and the
+//! contexts a stage sees at each phase — build (options from checked config), plan
+//! (columns and checks, no side effects), prepare (resolve what it reads, for the
+//! fingerprint) and run (stream records, write output). `exec` holds the shared execution
+//! loops; the engine's kinds are in `kinds` (one file each), a method's in its folder, and
+//! the registry joins both.
 //!
 //! Stages never see TOML and never commit files: they hand finished temporary files
 //! to the engine, which commits them only when the stage as a whole succeeded.
@@ -29,61 +30,8 @@ use crate::store::lock::{StageLock, Upstream};
 use crate::store::parquet::{FINGERPRINT_KEY, Footer, ParquetOut, STAGE_KEY};
 use crate::store::state::StageReport;
 
-pub mod aggregate;
-pub mod check;
-pub mod concat;
-pub mod correlate;
-pub mod dedup;
-pub mod embed;
 pub mod exec;
-pub mod external;
-pub mod filter;
-pub mod generate;
-pub mod join;
-pub mod jsonl;
-pub mod judge_plan;
-pub mod judge_score;
-pub mod llm;
-pub mod loglik;
-pub mod map;
-pub mod metrics;
-pub mod neurons;
-pub mod parquet;
-pub mod report;
-pub mod retrieve;
-pub mod review;
-pub mod sample;
-pub mod source;
-pub mod train;
-
-/// The engine's stage kinds, in the order `synth list` shows them (a method's kinds
-/// are listed by the method, `crate::methods`; the registry joins both).
-pub static KINDS: &[&KindInfo] = &[
-    &source::KIND,
-    &sample::KIND,
-    &filter::KIND,
-    &map::KIND,
-    &concat::KIND,
-    &join::KIND,
-    &llm::KIND,
-    &check::KIND,
-    &dedup::KIND,
-    &review::KIND,
-    &generate::KIND,
-    &loglik::KIND,
-    &embed::KIND,
-    &retrieve::KIND,
-    &judge_plan::KIND,
-    &judge_score::KIND,
-    &aggregate::KIND,
-    &metrics::KIND,
-    &correlate::KIND,
-    &report::KIND,
-    &train::KIND,
-    &neurons::KIND,
-    &parquet::KIND,
-    &jsonl::KIND,
-];
+pub mod kinds;
 
 /// What a stage kind is in the graph.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,7 +53,7 @@ pub enum Partitioning {
     Whole,
     /// Each record of the first input is processed on its own, in input order; other
     /// inputs are read whole. The stage reports, per output row, the input row it came
-    /// from ([`exec::Lineage`]): the merge restores the input order by it.
+    /// from ([`Lineage`]): the merge restores the input order by it.
     ByRecord(Sharding),
     /// The records of input `split` (e.g. a retrieval corpus) are divided among the
     /// shards by id hash; the other inputs are read whole. Each shard writes a partial
@@ -621,7 +569,7 @@ pub struct RunCtx {
     pub(crate) artifacts: Vec<(PendingFile, Option<u64>)>,
     /// In a shard of a wave: the input row of every output row, in output order (the
     /// exec helpers fill it); `None` otherwise.
-    pub lineage: Option<exec::Lineage>,
+    pub lineage: Option<Lineage>,
     /// In a shard of a wave, for a kind that fits statistics on its whole first input
     /// ([`Sharding::fits_whole_input`]): that whole input (the stage's `inputs[0]` holds
     /// only this shard's records). `None` otherwise.
@@ -724,7 +672,7 @@ impl RunCtx {
         kind: crate::store::failures::FailureKind,
         message: impl Into<String>,
         record: Option<String>,
-        answers: Option<exec::Answers>,
+        answers: Option<Answers>,
     ) {
         let scrub = crate::secrets::scrub;
         let mut failure =
@@ -781,3 +729,72 @@ pub fn failures_path(out_dir: &Path, stage: &str) -> PathBuf {
 #[derive(Debug, thiserror::Error)]
 #[error("cancelled")]
 pub struct Cancelled;
+
+/// For a stage running as a shard of a wave: the input row (index in its first
+/// input) each output row came from, in output order. The merge of the shards puts
+/// rows back in the order of the whole input by it (`dag::shard`).
+#[derive(Clone, Default)]
+pub struct Lineage {
+    rows: std::sync::Arc<std::sync::Mutex<Vec<u64>>>,
+}
+
+impl Lineage {
+    /// `n` output rows from input row `input_row`.
+    pub fn push(&self, input_row: u64, n: usize) {
+        self.rows.lock().expect("lineage").extend(std::iter::repeat_n(input_row, n));
+    }
+
+    /// The input rows `first..` whose `keep` flag is set, one output row each.
+    pub fn push_kept(&self, first: u64, keep: &[bool]) {
+        let mut rows = self.rows.lock().expect("lineage");
+        rows.extend(keep.iter().enumerate().filter(|(_, k)| **k).map(|(i, _)| first + i as u64));
+    }
+
+    /// Output rows that keep their input's ids, a subset of `input` in order.
+    pub fn push_same_ids(
+        &self,
+        first: u64,
+        input: &crate::data::arrow::array::RecordBatch,
+        output: &crate::data::arrow::array::RecordBatch,
+    ) -> Result<()> {
+        use crate::data::arrow::array::Array;
+        let (ins, outs) = (crate::data::ids(input), crate::data::ids(output));
+        let mut rows = self.rows.lock().expect("lineage");
+        let mut at = 0;
+        for j in 0..outs.len() {
+            let id = outs.value(j);
+            while at < ins.len() && ins.value(at) != id {
+                at += 1;
+            }
+            if at == ins.len() {
+                anyhow::bail!(
+                    "output record \"{id}\" is not among the input's records in order (cannot run as shards)"
+                );
+            }
+            rows.push(first + at as u64);
+            at += 1;
+        }
+        Ok(())
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows.lock().expect("lineage").len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn take(&self) -> Vec<u64> {
+        std::mem::take(&mut *self.rows.lock().expect("lineage"))
+    }
+}
+
+/// What a model answered a record that failed.
+#[derive(Debug, Clone, Default)]
+pub struct Answers {
+    pub raw: Option<String>,
+    pub attempts: Vec<String>,
+    /// The content check that failed the last answer (the failure table's `check`).
+    pub check: Option<String>,
+}

@@ -29,7 +29,7 @@ const OPTIONS: &[OptionSpec] = &[
     OptionSpec::optional("path", Ty::Str, "the release's root directory (holding zh/), relative to the pipeline root"),
     OptionSpec::optional(
         "hf",
-        Ty::Struct(crate::stages::source::HF_OPTIONS),
+        Ty::Struct(crate::stages::kinds::source::HF_OPTIONS),
         "a hub repository in the release's layout instead of `path` (files default to the selected CSVs)",
     ),
     OptionSpec::required("split", Ty::Enum(&["test", "dev"]), "which files: test (questions) or dev (exemplars with answers)"),

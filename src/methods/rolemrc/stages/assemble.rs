@@ -29,7 +29,7 @@ use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, Row};
 use crate::quality::review::Verdict;
-use crate::stages::review::{dropped_message, review_prepared};
+use crate::stages::kinds::review::{dropped_message, review_prepared};
 use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, PrepareCtx, Prepared, RunCtx, Stage};
 use crate::store::failures::FailureKind;
 use crate::store::parquet::read_all;

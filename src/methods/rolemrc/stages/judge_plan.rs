@@ -25,7 +25,7 @@ use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data::Row;
 use crate::data::chat;
-use crate::stages::judge_plan::{Query, Settings, build_with};
+use crate::stages::kinds::judge_plan::{Query, Settings, build_with};
 use crate::stages::{BuildCtx, KindInfo, Stage};
 
 const OPTIONS: &[OptionSpec] = &[

@@ -5,7 +5,7 @@
 //! accuracy per dimension in `<stage>.summary.parquet` (table `judge`).
 
 use crate::config::options::{OptionSpec, Ty};
-use crate::stages::judge_score;
+use crate::stages::kinds::judge_score;
 use crate::stages::{Arity, KindInfo};
 
 const OPTIONS: &[OptionSpec] = &[

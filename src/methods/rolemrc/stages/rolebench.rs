@@ -38,7 +38,7 @@ const OPTIONS: &[OptionSpec] = &[
         .instead_of(&["hf"]),
     OptionSpec::optional(
         "hf",
-        Ty::Struct(crate::stages::source::HF_OPTIONS),
+        Ty::Struct(crate::stages::kinds::source::HF_OPTIONS),
         "the hub repository instead of `path`, e.g. { repo = \"ZenMoore/RoleBench\" } (files default to the selected ones)",
     )
     .instead_of(&["path"]),

@@ -12,14 +12,14 @@ use anyhow::{Context, Result, anyhow, bail};
 use async_trait::async_trait;
 use serde::Deserialize;
 
-use super::{
-    BuildCtx, Cancelled, KindInfo, PartitionCtx, Partitioning, PlanCtx, PrepareCtx, Prepared, RunCtx, Sharding, Stage,
-};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, POSITIVE, Ty};
 use crate::data::{self, Row};
 use crate::embed::Embedder;
 use crate::llm::CallCtx;
+use crate::stages::{
+    BuildCtx, Cancelled, KindInfo, PartitionCtx, Partitioning, PlanCtx, PrepareCtx, Prepared, RunCtx, Sharding, Stage,
+};
 use crate::store::cache::Use;
 use crate::store::failures::FailureKind;
 use crate::store::parquet::stream_batches;
@@ -245,7 +245,7 @@ impl Stage for Embed {
         let schema = data::schema_with_id(
             input.schema.fields().iter().skip(1).map(|f| f.as_ref().clone()).chain([out_field.clone()]),
         );
-        let writer = super::exec::WriterTask::spawn(ctx.create_output_keeping_ids(schema.clone())?);
+        let writer = crate::stages::exec::WriterTask::spawn(ctx.create_output_keeping_ids(schema.clone())?);
         let cache = ctx.services.cache()?;
         let usage = Use { stage: ctx.name.clone(), fingerprint: ctx.fingerprint.clone() };
         let call = CallCtx::new(&ctx.name, &ctx.fingerprint, ctx.progress.clone());

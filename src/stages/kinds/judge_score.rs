@@ -26,10 +26,10 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::judge_plan::{Dimension, read_dimensions};
-use super::{Arity, BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, Row};
+use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::store::parquet::read_all;
 use crate::store::summary::{self, OVERALL, SummaryRow};
 

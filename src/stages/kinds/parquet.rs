@@ -9,11 +9,11 @@ use anyhow::{Context, Result, anyhow, bail};
 use async_trait::async_trait;
 use serde::Deserialize;
 
-use super::exec::BATCH_ROWS;
-use super::{BuildCtx, Cancelled, KindInfo, PlanCtx, Role, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data;
+use crate::stages::exec::BATCH_ROWS;
+use crate::stages::{BuildCtx, Cancelled, KindInfo, PlanCtx, Role, RunCtx, Stage};
 use crate::store::parquet::{ParquetOut, open_reader};
 
 const OPTIONS: &[OptionSpec] = &[

@@ -36,10 +36,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::external::{self, absolute};
-use super::{Arity, BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, POSITIVE, RATIO, Ty};
 use crate::data::chat;
+use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::store::failures::FailureKind;
 use crate::store::state::relative_to;
 use crate::store::summary::{self, OVERALL, SummaryRow};

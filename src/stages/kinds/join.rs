@@ -11,11 +11,11 @@ use anyhow::{Context, Result, anyhow, bail};
 use async_trait::async_trait;
 use serde::Deserialize;
 
-use super::exec::BATCH_ROWS;
-use super::{Arity, BuildCtx, Cancelled, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, ID};
+use crate::stages::exec::BATCH_ROWS;
+use crate::stages::{Arity, BuildCtx, Cancelled, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::store::parquet::{open_reader, read_all};
 
 const OPTIONS: &[OptionSpec] = &[

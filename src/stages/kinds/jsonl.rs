@@ -10,12 +10,12 @@ use anyhow::{Context, Result, bail};
 use async_trait::async_trait;
 use serde::Deserialize;
 
-use super::exec::BATCH_ROWS;
 use super::parquet::export_columns;
-use super::{BuildCtx, Cancelled, KindInfo, PlanCtx, Role, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data;
+use crate::stages::exec::BATCH_ROWS;
+use crate::stages::{BuildCtx, Cancelled, KindInfo, PlanCtx, Role, RunCtx, Stage};
 use crate::store::atomic::{create_tmp, finish_file};
 use crate::store::failures::FailureKind;
 use crate::store::parquet::open_reader;

@@ -32,10 +32,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::external::{self, absolute};
-use super::{Arity, BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, POSITIVE, Ty};
 use crate::data::{self, Row};
+use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::store::failures::FailureKind;
 use crate::store::state::relative_to;
 use crate::store::summary::{self, OVERALL, SummaryRow};

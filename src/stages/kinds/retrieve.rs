@@ -32,13 +32,13 @@ use anyhow::{Context, Result, bail};
 use async_trait::async_trait;
 use serde::Deserialize;
 
-use super::{
-    Arity, BuildCtx, Cancelled, KindInfo, PartitionCtx, Partitioning, PlanCtx, PrepareCtx, Prepared, RunCtx, Stage,
-};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, POSITIVE, Ty};
 use crate::data::{self, ID};
 use crate::retrieval::{self, Extremes, hnsw};
+use crate::stages::{
+    Arity, BuildCtx, Cancelled, KindInfo, PartitionCtx, Partitioning, PlanCtx, PrepareCtx, Prepared, RunCtx, Stage,
+};
 use crate::store::parquet::stream_batches;
 
 const OPTIONS: &[OptionSpec] = &[
@@ -470,7 +470,7 @@ impl Stage for Retrieve {
     /// The shards' partial results, row by row (every part holds every query, in
     /// order): the most similar record is the part winner with the largest f64 score,
     /// the least similar the one with the smallest, ties to the lower corpus position.
-    async fn combine(&self, ctx: &mut RunCtx, outputs: &[super::PartOutput]) -> Result<()> {
+    async fn combine(&self, ctx: &mut RunCtx, outputs: &[crate::stages::PartOutput]) -> Result<()> {
         for part in outputs {
             part.keep_failures(ctx)?;
         }

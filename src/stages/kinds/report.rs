@@ -19,9 +19,9 @@ use anyhow::{Result, bail};
 use async_trait::async_trait;
 use serde::Deserialize;
 
-use super::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
+use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
 use crate::store::atomic::{create_tmp, finish_file};
 use crate::store::summary::{self, OVERALL, SummaryRow};
 

@@ -13,10 +13,10 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, RunCtx, Sharding, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, ID, Row};
+use crate::stages::{BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, RunCtx, Sharding, Stage};
 use crate::store::failures::FailureKind;
 use crate::template::Templates;
 
@@ -227,9 +227,9 @@ impl Stage for MapStage {
         let templates = self.templates.clone();
         let rekey = self.rekey;
         let needs_rows = !derives.is_empty() || rekey;
-        let ids_mode = if rekey { super::exec::Ids::Changed } else { super::exec::Ids::Kept };
+        let ids_mode = if rekey { crate::stages::exec::Ids::Changed } else { crate::stages::exec::Ids::Kept };
         let plan = Arc::new(Reshape::new(&input_schema, &derives, &self.rename, &out_schema));
-        super::exec::map_batches(ctx, 0, out_schema.clone(), ids_mode, move |batch, failures| {
+        crate::stages::exec::map_batches(ctx, 0, out_schema.clone(), ids_mode, move |batch, failures| {
             if !needs_rows {
                 return plan.apply(batch, Vec::new(), None);
             }

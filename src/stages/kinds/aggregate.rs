@@ -18,10 +18,10 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, Row};
+use crate::stages::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 
 const HOW: &[&str] = &["mean", "vote", "median", "min", "max"];
 
@@ -268,7 +268,7 @@ impl Stage for Aggregate {
         ctx.progress.set_total(ctx.inputs[0].num_rows);
         let (progress, cancel, opts) = (ctx.progress.clone(), ctx.cancel.clone(), self.opts.clone());
         let (out, rows_in, records) = tokio::task::spawn_blocking(move || -> Result<_> {
-            let reader = crate::store::parquet::open_reader(&path, super::exec::BATCH_ROWS)?;
+            let reader = crate::store::parquet::open_reader(&path, crate::stages::exec::BATCH_ROWS)?;
             let (mut rows_in, mut records) = (0u64, 0u64);
             let mut current: Option<(String, Vec<Row>)> = None;
             let mut pending: Vec<Row> = Vec::new();
@@ -283,7 +283,7 @@ impl Stage for Aggregate {
             };
             for batch in reader {
                 if cancel.is_cancelled() {
-                    bail!(super::Cancelled);
+                    bail!(crate::stages::Cancelled);
                 }
                 let batch = batch.with_context(|| format!("reading {}", path.display()))?;
                 for i in 0..batch.num_rows() {

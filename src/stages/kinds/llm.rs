@@ -17,8 +17,6 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::exec::{Answers, RowError, batch_map_rows, map_rows};
-use super::{BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, PrepareCtx, Prepared, RunCtx, Sharding, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, POSITIVE, RATIO, Ty};
 use crate::data::chat::Role as ChatRole;
@@ -30,6 +28,11 @@ use crate::llm::{CallCtx, ChatRequest, Completed, GenParams, Message};
 use crate::quality::{Action, Checks, Tally};
 use crate::services::Services;
 use crate::services::batch::{BatchStage, StageBatch};
+use crate::stages::Answers;
+use crate::stages::exec::{RowError, batch_map_rows, map_rows};
+use crate::stages::{
+    BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, PrepareCtx, Prepared, RunCtx, Sharding, Stage,
+};
 use crate::store::failures::FailureKind;
 use crate::template::Templates;
 

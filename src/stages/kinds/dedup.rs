@@ -16,12 +16,12 @@ use anyhow::{Result, bail};
 use async_trait::async_trait;
 use serde::Deserialize;
 
-use super::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, POSITIVE, RATIO, Ty};
 use crate::data;
 use crate::quality::minhash::{self, Params};
 use crate::quality::select::Selector;
+use crate::stages::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::store::failures::{Failure, FailureKind};
 use crate::store::parquet::open_reader;
 
@@ -150,7 +150,7 @@ impl Stage for Dedup {
             let (mut ids, mut sigs, mut groups, mut same) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
             for batch in open_reader(&path, 4096)? {
                 if cancel.is_cancelled() {
-                    bail!(super::Cancelled);
+                    bail!(crate::stages::Cancelled);
                 }
                 let batch = batch?;
                 let rows: Vec<crate::data::Row> = (0..batch.num_rows()).map(|i| data::row_json(&batch, i)).collect();
@@ -199,7 +199,7 @@ impl Stage for Dedup {
         // Pass 2: the kept records, in input order.
         let schema = ctx.inputs[0].schema.clone();
         let drop = Arc::new(drop);
-        super::exec::map_batches(ctx, 0, schema, super::exec::Ids::Kept, move |batch, _| {
+        crate::stages::exec::map_batches(ctx, 0, schema, crate::stages::exec::Ids::Kept, move |batch, _| {
             let mask: BooleanArray = data::ids(batch).iter().map(|id| Some(!drop.contains(id.unwrap_or("")))).collect();
             Ok(crate::data::arrow::compute::filter_record_batch(batch, &mask)?)
         })

@@ -12,11 +12,11 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, RunCtx, Sharding, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data;
 use crate::quality::{Checks, Env, Subject, Tally};
+use crate::stages::{BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, RunCtx, Sharding, Stage};
 use crate::store::failures::{Failure, FailureKind};
 
 const OPTIONS: &[OptionSpec] = &[OptionSpec::required(
@@ -79,7 +79,7 @@ impl Stage for Check {
         let checks = self.checks.clone();
         let tally = Arc::new(Tally::default());
         let counted = tally.clone();
-        super::exec::map_batches(ctx, 0, schema, super::exec::Ids::Kept, move |batch, failures| {
+        crate::stages::exec::map_batches(ctx, 0, schema, crate::stages::exec::Ids::Kept, move |batch, failures| {
             let ids = data::ids(batch);
             let mask: BooleanArray = (0..batch.num_rows())
                 .map(|i| {

@@ -23,7 +23,7 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::sync::mpsc;
 
-use super::{Cancelled, RunCtx};
+use crate::stages::{Cancelled, RunCtx};
 use crate::store::atomic::{create_tmp, finish_file};
 use crate::store::parquet::open_reader;
 

@@ -11,10 +11,10 @@ use crate::data::arrow::datatypes::SchemaRef;
 use anyhow::Result;
 use async_trait::async_trait;
 
-use super::{BuildCtx, KindInfo, PlanCtx, PrepareCtx, Prepared, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::data;
 use crate::quality::review::{Decision, Review};
+use crate::stages::{BuildCtx, KindInfo, PlanCtx, PrepareCtx, Prepared, RunCtx, Stage};
 use crate::store::failures::{Failure, FailureKind};
 
 pub static KIND: KindInfo = KindInfo {
@@ -73,7 +73,7 @@ impl Stage for ReviewStage {
         // (records with a decision, records dropped)
         let counts = Arc::new([std::sync::atomic::AtomicU64::new(0), std::sync::atomic::AtomicU64::new(0)]);
         let counted = counts.clone();
-        super::exec::map_batches(ctx, 0, schema, super::exec::Ids::Kept, move |batch, failures| {
+        crate::stages::exec::map_batches(ctx, 0, schema, crate::stages::exec::Ids::Kept, move |batch, failures| {
             let ids = data::ids(batch);
             let mask: BooleanArray = (0..batch.num_rows())
                 .map(|i| match review.get(ids.value(i)) {

@@ -25,11 +25,11 @@ use async_trait::async_trait;
 use rayon::prelude::*;
 use serde::Deserialize;
 
-use super::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{NUMBER, OptionSpec, RATIO, Ty, UINT};
 use crate::data;
 use crate::eval::correlation::{self, Method};
+use crate::stages::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::store::summary::{self, OVERALL, SummaryRow};
 
 const OPTIONS: &[OptionSpec] = &[

@@ -11,11 +11,11 @@ use anyhow::{Context, Result, bail};
 use async_trait::async_trait;
 use serde::Deserialize;
 
-use super::exec::BATCH_ROWS;
-use super::{BuildCtx, Cancelled, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, POSITIVE, RATIO, Ty};
 use crate::data;
+use crate::stages::exec::BATCH_ROWS;
+use crate::stages::{BuildCtx, Cancelled, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::store::parquet::open_reader;
 
 const OPTIONS: &[OptionSpec] = &[
@@ -77,13 +77,19 @@ impl Stage for Sample {
         let key = move |id: &str| crate::rng::record_key(seed, &name, id, "sample");
 
         if let Some(fraction) = opts.fraction {
-            return super::exec::map_batches(ctx, 0, input.schema.clone(), super::exec::Ids::Kept, move |batch, _| {
-                let mask: BooleanArray = data::ids(batch)
-                    .iter()
-                    .map(|id| Some(crate::rng::unit(key(id.unwrap_or_default())) < fraction))
-                    .collect();
-                Ok(crate::data::arrow::compute::filter_record_batch(batch, &mask)?)
-            })
+            return crate::stages::exec::map_batches(
+                ctx,
+                0,
+                input.schema.clone(),
+                crate::stages::exec::Ids::Kept,
+                move |batch, _| {
+                    let mask: BooleanArray = data::ids(batch)
+                        .iter()
+                        .map(|id| Some(crate::rng::unit(key(id.unwrap_or_default())) < fraction))
+                        .collect();
+                    Ok(crate::data::arrow::compute::filter_record_batch(batch, &mask)?)
+                },
+            )
             .await;
         }
 
@@ -146,11 +152,18 @@ impl Stage for Sample {
         .context("sample worker panicked")??;
 
         let mut row = 0u64;
-        super::exec::map_batches(ctx, 0, input.schema.clone(), super::exec::Ids::Kept, move |batch: &RecordBatch, _| {
-            let mask: BooleanArray = (0..batch.num_rows() as u64).map(|i| Some(chosen.contains(&(row + i)))).collect();
-            row += batch.num_rows() as u64;
-            Ok(crate::data::arrow::compute::filter_record_batch(batch, &mask)?)
-        })
+        crate::stages::exec::map_batches(
+            ctx,
+            0,
+            input.schema.clone(),
+            crate::stages::exec::Ids::Kept,
+            move |batch: &RecordBatch, _| {
+                let mask: BooleanArray =
+                    (0..batch.num_rows() as u64).map(|i| Some(chosen.contains(&(row + i)))).collect();
+                row += batch.num_rows() as u64;
+                Ok(crate::data::arrow::compute::filter_record_batch(batch, &mask)?)
+            },
+        )
         .await
     }
 }

@@ -29,14 +29,14 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{
-    Arity, BuildCtx, Cancelled, KindInfo, PartOutput, PartitionCtx, Partitioning, PlanCtx, PrepareCtx, Prepared, Role,
-    RunCtx, Stage,
-};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty, UINT, expand_glob};
 use crate::data::{self, ID, Row};
 use crate::hub::HubSpec;
+use crate::stages::{
+    Arity, BuildCtx, Cancelled, KindInfo, PartOutput, PartitionCtx, Partitioning, PlanCtx, PrepareCtx, Prepared, Role,
+    RunCtx, Stage,
+};
 use crate::store::failures::FailureKind;
 use crate::store::parquet::ParquetOut;
 
@@ -504,7 +504,7 @@ impl Stage for Source {
                         src.decode_json(&stretches, Format::Jsonl, Arc::new(schema), &mut w)?;
                     }
                     None => {
-                        for batch in crate::store::parquet::open_reader(data, super::exec::BATCH_ROWS)? {
+                        for batch in crate::store::parquet::open_reader(data, crate::stages::exec::BATCH_ROWS)? {
                             let batch = batch.with_context(|| format!("reading {}", data.display()))?;
                             if batch.num_rows() > 0 {
                                 w.write_batch(&batch)?;
@@ -773,7 +773,7 @@ impl Source {
             let indices: Vec<usize> =
                 shaped.fields().iter().map(|f| file_schema.index_of(f.name()).expect("checked")).collect();
             let mask = ProjectionMask::roots(builder.parquet_schema(), indices.clone());
-            let mut builder = builder.with_projection(mask).with_batch_size(super::exec::BATCH_ROWS);
+            let mut builder = builder.with_projection(mask).with_batch_size(crate::stages::exec::BATCH_ROWS);
             if part.is_some() {
                 builder = builder.with_row_groups(groups).with_offset(skip as usize).with_limit((to - from) as usize);
             }

@@ -14,13 +14,13 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::exec::{RowError, batch_map_rows, map_rows};
 use super::llm::{BATCH, BATCH_FALLBACK, CONCURRENCY, KEEP_COLUMNS, MAX_COST_USD};
-use super::{BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, PrepareCtx, Prepared, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data::{self, Row};
 use crate::llm::{CallCtx, Loglik, LoglikRequest};
+use crate::stages::exec::{RowError, batch_map_rows, map_rows};
+use crate::stages::{BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, PrepareCtx, Prepared, RunCtx, Stage};
 use crate::store::failures::FailureKind;
 
 const OPTIONS: &[OptionSpec] = &[

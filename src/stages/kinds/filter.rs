@@ -10,10 +10,10 @@ use anyhow::Result;
 use async_trait::async_trait;
 use serde::Deserialize;
 
-use super::{BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, RunCtx, Sharding, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data;
+use crate::stages::{BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, RunCtx, Sharding, Stage};
 use crate::store::failures::FailureKind;
 use crate::template::{Templates, truthy};
 
@@ -70,7 +70,7 @@ impl Stage for Filter {
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
         let schema = ctx.inputs[0].schema.clone();
         let templates = self.templates.clone();
-        super::exec::map_batches(ctx, 0, schema, super::exec::Ids::Kept, move |batch, failures| {
+        crate::stages::exec::map_batches(ctx, 0, schema, crate::stages::exec::Ids::Kept, move |batch, failures| {
             let ids = data::ids(batch);
             let mask: BooleanArray = (0..batch.num_rows())
                 .map(|i| {

@@ -21,13 +21,13 @@ use async_trait::async_trait;
 use rayon::prelude::*;
 use serde::Deserialize;
 
-use super::{BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data;
 use crate::eval::bertscore::BertScoreConfig;
 use crate::eval::rouge::RougeTarget;
 use crate::eval::score::{DEFAULT_WORDNET, Scorer, heading, per_sample, summarize};
+use crate::stages::{BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, RunCtx, Stage};
 use crate::store::parquet::open_reader;
 use crate::store::summary::{self, SummaryRow};
 
@@ -346,7 +346,7 @@ impl Stage for Metrics {
             let mut scores: Vec<Vec<f64>> = Vec::new();
             for batch in open_reader(&input.path, 2048)? {
                 if cancel.is_cancelled() {
-                    anyhow::bail!(super::Cancelled);
+                    anyhow::bail!(crate::stages::Cancelled);
                 }
                 let batch = batch.with_context(|| format!("reading {}", input.path.display()))?;
                 let text = |name: &str| text_column(&batch, name);
@@ -372,7 +372,7 @@ impl Stage for Metrics {
             if scorer.has_bertscore() {
                 let pairs = read_pairs(&input.path, &opts.response, &opts.reference)?;
                 if cancel.is_cancelled() {
-                    anyhow::bail!(super::Cancelled);
+                    anyhow::bail!(crate::stages::Cancelled);
                 }
                 let refs: Vec<(&str, &str)> = pairs.iter().map(|(r, f)| (r.as_str(), f.as_str())).collect();
                 if let Some(bert) = scorer.bertscore_f1(&refs)? {
@@ -429,7 +429,7 @@ impl Stage for Metrics {
 
     /// The shards' parts back in input order (a k-way merge by position: a row belongs
     /// to one part), and the summary over every row.
-    async fn combine(&self, ctx: &mut RunCtx, outputs: &[super::PartOutput]) -> Result<()> {
+    async fn combine(&self, ctx: &mut RunCtx, outputs: &[crate::stages::PartOutput]) -> Result<()> {
         for part in outputs {
             part.keep_failures(ctx)?;
         }

@@ -12,9 +12,9 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::llm::{self, Options as LlmOptions, build_with};
-use super::{Arity, BuildCtx, KindInfo, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, POSITIVE, Ty};
+use crate::stages::{Arity, BuildCtx, KindInfo, Stage};
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::required("provider", Ty::Str, "name of a [providers.NAME] table (the model under test)"),

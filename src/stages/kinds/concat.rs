@@ -10,11 +10,11 @@ use anyhow::{Context, Result, bail};
 use async_trait::async_trait;
 use serde::Deserialize;
 
-use super::exec::BATCH_ROWS;
-use super::{Arity, BuildCtx, Cancelled, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::config::diag::Diagnostics;
 use crate::config::options::{OptionSpec, Ty};
 use crate::data;
+use crate::stages::exec::BATCH_ROWS;
+use crate::stages::{Arity, BuildCtx, Cancelled, KindInfo, PlanCtx, RunCtx, Stage};
 use crate::store::parquet::open_reader;
 
 const OPTIONS: &[OptionSpec] = &[
