@@ -586,9 +586,8 @@ fn imported_files(root: &Path, rel: &str, code: &str) -> BTreeSet<String> {
     out
 }
 
-/// Circles of files that import each other (each as `a.rs <-> b.rs`), leaving out the
-/// imports of each `mod.rs` in `parents` from its own files (see [`PARENT_CIRCLES`]).
-fn import_circles(root: &Path, parents: &[&str]) -> Vec<String> {
+/// Circles of files that import each other (each as `a.rs <-> b.rs`).
+fn import_circles(root: &Path) -> Vec<String> {
     let mut files = Vec::new();
     crate::support::rust_files(root, &mut files);
     let rels: Vec<String> =
@@ -599,9 +598,7 @@ fn import_circles(root: &Path, parents: &[&str]) -> Vec<String> {
         .zip(&files)
         .map(|(rel, f)| {
             let text = std::fs::read_to_string(f).unwrap();
-            let dir = rel.strip_suffix("mod.rs").filter(|_| parents.contains(&rel.as_str()));
-            let own = |t: &str| dir.is_some_and(|d| t.strip_prefix(d).is_some_and(|r| !r.contains('/')));
-            imported_files(root, rel, &code(&text)).iter().filter(|t| !own(t)).filter_map(|t| index(t)).collect()
+            imported_files(root, rel, &code(&text)).iter().filter_map(|t| index(t)).collect()
         })
         .collect();
     // Strongly connected components (Tarjan); every one of two or more files is a circle.
@@ -665,27 +662,15 @@ fn import_circles(root: &Path, parents: &[&str]) -> Vec<String> {
     t.out.iter().map(|scc| scc.iter().map(|&v| format!("src/{}", rels[v])).collect::<Vec<_>>().join(" <-> ")).collect()
 }
 
-/// Folders whose `mod.rs` both dispatches to its files (`filter::KIND`, `run::run`) and
-/// holds what they share (the `Stage` trait, the command-line types), so each file and the
-/// `mod.rs` import each other. Known, and to go with the workspace move (issue 55: the shared
-/// part into a file of its own below both); no other circle is allowed, and an entry whose
-/// circle is gone must leave this list.
-const PARENT_CIRCLES: &[&str] = &["cli/mod.rs", "embed/mod.rs", "view/mod.rs"];
-
 #[test]
 fn no_files_import_each_other() {
-    let circles = import_circles(&src(), PARENT_CIRCLES);
+    let circles = import_circles(&src());
     assert!(
         circles.is_empty(),
-        "files that import each other (a circle; move what both need below them):\n{}",
+        "files that import each other (a circle; move what both need below them, as `stages/` did with \
+         `kinds/` and `view/` with `app.rs`):\n{}",
         circles.join("\n")
     );
-    let all = import_circles(&src(), &[]);
-    let gone: Vec<&&str> = PARENT_CIRCLES
-        .iter()
-        .filter(|p| !all.iter().any(|c| c.split(" <-> ").any(|f| f == format!("src/{p}"))))
-        .collect();
-    assert!(gone.is_empty(), "no circle left around {gone:?}: remove it from PARENT_CIRCLES");
 }
 
 #[test]
@@ -700,7 +685,7 @@ fn a_circle_of_files_is_caught() {
         text.replacen("\nuse ", "\nuse super::{openai::OpenAiChat, error::ErrorKind as _E};\nuse ", 1),
     )
     .unwrap();
-    let circles = import_circles(tmp.path(), PARENT_CIRCLES);
+    let circles = import_circles(tmp.path());
     assert!(circles.iter().any(|c| c.contains("src/llm/batch.rs") && c.contains("src/llm/openai.rs")), "{circles:?}");
     // Nested groups and `super::super::` resolve to files too.
     let set = imported_files(

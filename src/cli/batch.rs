@@ -7,7 +7,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use super::{BatchCommand, EXIT_OK, EXIT_RUNTIME};
+use super::args::BatchCommand;
+use super::common::{EXIT_OK, EXIT_RUNTIME};
 use crate::llm::batch::{BatchApi, BatchInfo};
 use crate::store::batch::{BatchLog, PartState, Phase, Record};
 use crate::store::state::INTERNAL_DIR;

@@ -11,7 +11,8 @@ use crate::data::arrow::datatypes::{DataType, Field, Schema};
 use anyhow::{Context, Result};
 use tokio_util::sync::CancellationToken;
 
-use super::{CacheCommand, EXIT_OK, EXIT_RUNTIME};
+use super::args::CacheCommand;
+use super::common::{EXIT_OK, EXIT_RUNTIME};
 use crate::dag::runner::{RunOptions, run as run_pipeline};
 use crate::progress::{Mode, ProgressHub};
 use crate::store::cache::admin;
@@ -68,8 +69,8 @@ fn stats(dir: &Path, json: bool) -> Result<(), i32> {
     Ok(())
 }
 
-fn gc(pipeline: &super::PipelineArgs, out: Option<&Path>, dry_run: bool) -> Result<(), i32> {
-    let p = Arc::new(super::load_or_report(pipeline)?);
+fn gc(pipeline: &super::args::PipelineArgs, out: Option<&Path>, dry_run: bool) -> Result<(), i32> {
+    let p = Arc::new(super::common::load_or_report(pipeline)?);
     let out_dir = out.map(Path::to_path_buf).unwrap_or_else(|| p.output_dir.clone());
     // Keep what the committed stages used and what the current config would ask for.
     let mut keep: BTreeSet<(String, String)> = BTreeSet::new();

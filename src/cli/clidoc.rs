@@ -4,7 +4,8 @@
 
 use clap::{Arg, ArgAction, Command, CommandFactory};
 
-use super::{Cli, EXIT_BUSY, EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_NOT_READY, EXIT_OK, EXIT_RUNTIME};
+use super::args::Cli;
+use super::common::{EXIT_BUSY, EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_NOT_READY, EXIT_OK, EXIT_RUNTIME};
 
 /// The page.
 pub fn render() -> String {

@@ -12,7 +12,8 @@ use std::fmt::Write;
 
 use serde_json::{Value, json};
 
-use super::{EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME, EmitArgs, EmitCommand, EmitScheduleArgs, ScheduleTarget};
+use super::args::{EmitArgs, EmitCommand, EmitScheduleArgs, ScheduleTarget};
+use super::common::{EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME};
 use crate::regen::config::RegenConfig;
 use crate::regen::schedule::{self, Recipe, Target};
 
@@ -53,7 +54,7 @@ struct Plan {
 }
 
 fn plan(a: &EmitArgs) -> Result<Plan, i32> {
-    let p = super::load_or_report(&a.pipeline)?;
+    let p = super::common::load_or_report(&a.pipeline)?;
     let waves = crate::dag::shard::waves(&p).n_waves;
     let mut args = vec!["run".to_string(), a.pipeline.pipeline.to_string_lossy().to_string()];
     if a.pipeline.offline {
@@ -97,7 +98,7 @@ fn dns_name(s: &str) -> String {
     if out.is_empty() { "synth".into() } else { out }
 }
 
-fn k8s(a: &super::EmitK8sArgs) -> Result<String, i32> {
+fn k8s(a: &super::args::EmitK8sArgs) -> Result<String, i32> {
     let c = &a.common;
     let plan = plan(c)?;
     let wait = c.wait.to_string();
@@ -253,7 +254,7 @@ fn sh(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
 
-fn slurm(a: &super::EmitSlurmArgs) -> Result<String, i32> {
+fn slurm(a: &super::args::EmitSlurmArgs) -> Result<String, i32> {
     let c = &a.common;
     let plan = plan(c)?;
     let parallel = c.parallel.unwrap_or(c.shards).min(c.shards);
@@ -326,7 +327,7 @@ fn slurm(a: &super::EmitSlurmArgs) -> Result<String, i32> {
 }
 
 fn emit_schedule(a: &EmitScheduleArgs) -> i32 {
-    let p = match super::load_or_report(&a.pipeline) {
+    let p = match super::common::load_or_report(&a.pipeline) {
         Ok(p) => p,
         Err(code) => return code,
     };

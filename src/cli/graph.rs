@@ -2,12 +2,13 @@
 
 use std::fmt::Write;
 
-use super::{EXIT_OK, GraphArgs, GraphFormat};
+use super::args::{GraphArgs, GraphFormat};
+use super::common::EXIT_OK;
 use crate::pipeline::Pipeline;
 use crate::stages::Role;
 
 pub fn run(args: &GraphArgs) -> i32 {
-    let p = match super::load_or_report(&args.pipeline) {
+    let p = match super::common::load_or_report(&args.pipeline) {
         Ok(p) => p,
         Err(code) => return code,
     };

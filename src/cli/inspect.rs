@@ -7,7 +7,8 @@ use crate::data::arrow::array::{Array, RecordBatch, StringArray};
 use crate::data::arrow::datatypes::DataType;
 use anyhow::{Context, Result};
 
-use super::{EXIT_OK, EXIT_RUNTIME, InspectArgs};
+use super::args::InspectArgs;
+use super::common::{EXIT_OK, EXIT_RUNTIME};
 use crate::data;
 use crate::store::parquet::{open_reader, read_footer};
 

@@ -3,7 +3,7 @@
 //! `[pipeline]` table, and the provider, embedder, content check and parser kinds; as
 //! text, or as the Markdown page `docs/reference.md`.
 
-use super::EXIT_OK;
+use super::common::EXIT_OK;
 use crate::config::options::describe_specs;
 use crate::registry::Registry;
 use crate::stages::{Arity, COMMON_OPTIONS, KindInfo, Role};

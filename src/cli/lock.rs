@@ -8,13 +8,14 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{EXIT_BUSY, EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_OK, EXIT_RUNTIME, LockArgs};
+use super::args::LockArgs;
+use super::common::{EXIT_BUSY, EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_OK, EXIT_RUNTIME};
 use crate::regen::{self, RegenError};
 use crate::store::lock::{LockFile, PipelineLock, changes};
 use crate::store::state::Manifest;
 
 pub fn run(args: &LockArgs) -> i32 {
-    let p = match super::load_or_report(&args.pipeline) {
+    let p = match super::common::load_or_report(&args.pipeline) {
         Ok(p) => Arc::new(p),
         Err(code) => return code,
     };

@@ -7,13 +7,14 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{EXIT_OK, RegenerateArgs};
+use super::args::RegenerateArgs;
+use super::common::EXIT_OK;
 use crate::progress::ProgressHub;
 use crate::regen::hooks::Status;
 use crate::regen::{self, RegenError, RegenOptions};
 
 pub fn run(args: &RegenerateArgs, quiet: bool) -> i32 {
-    let p = match super::load_or_report(&args.pipeline) {
+    let p = match super::common::load_or_report(&args.pipeline) {
         Ok(p) => Arc::new(p),
         Err(code) => return code,
     };

@@ -2,7 +2,8 @@
 //! (`review.jsonl`, `quality::review`), or show the decisions so far. A bad line in the
 //! file is reported with its file and line (exit 78) and nothing is written.
 
-use super::{EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME, ReviewArgs};
+use super::args::ReviewArgs;
+use super::common::{EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME};
 use crate::quality::review::{self, Decision, Review, Verdict};
 
 pub fn run(args: &ReviewArgs) -> i32 {

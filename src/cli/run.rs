@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{EXIT_BUSY, EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_NOT_READY, EXIT_OK, EXIT_RUNTIME, RunArgs};
+use super::args::RunArgs;
+use super::common::{EXIT_BUSY, EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_NOT_READY, EXIT_OK, EXIT_RUNTIME};
 use crate::dag::runner::{self, RunError, RunOptions, RunSummary};
 use crate::dag::shard::{self, ShardOutcome, Sharding};
 use crate::progress::ProgressHub;
@@ -21,8 +22,8 @@ enum Part {
     Shard(Sharding, usize, usize),
 }
 
-pub fn run(args: &RunArgs, quiet: bool, log_format: super::LogFormat) -> i32 {
-    let mut p = match super::load_or_report(&args.pipeline) {
+pub fn run(args: &RunArgs, quiet: bool, log_format: super::args::LogFormat) -> i32 {
+    let mut p = match super::common::load_or_report(&args.pipeline) {
         Ok(p) => p,
         Err(code) => return code,
     };
@@ -348,7 +349,7 @@ fn launcher(
     args: &RunArgs,
     sh: &Sharding,
     quiet: bool,
-    log_format: super::LogFormat,
+    log_format: super::args::LogFormat,
 ) -> impl Fn(usize, usize) -> tokio::process::Command + Send + Sync + use<> {
     let exe = std::env::current_exe().unwrap_or_else(|_| "synth".into());
     let mut base: Vec<std::ffi::OsString> = vec!["run".into(), args.pipeline.pipeline.clone().into()];
@@ -391,7 +392,7 @@ fn launcher(
             base.extend(["--lockfile".into(), l.clone().into()]);
         }
     }
-    if matches!(log_format, super::LogFormat::Json) {
+    if matches!(log_format, super::args::LogFormat::Json) {
         base.extend(["--log-format".into(), "json".into()]);
     }
     let _ = quiet;

@@ -12,7 +12,8 @@ use anyhow::{Context, Result, bail};
 use rayon::prelude::*;
 use serde_json::{Value, json};
 
-use super::{EXIT_OK, EXIT_RUNTIME, ScoreArgs};
+use super::args::ScoreArgs;
+use super::common::{EXIT_OK, EXIT_RUNTIME};
 use crate::data;
 use crate::eval::bertscore::BertScoreConfig;
 use crate::eval::rouge::RougeTarget;

@@ -3,7 +3,8 @@
 
 use std::path::PathBuf;
 
-use super::{EXIT_BUSY, EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME, PipelineArgs, SnapshotCommand, SnapshotsArg};
+use super::args::{PipelineArgs, SnapshotCommand, SnapshotsArg};
+use super::common::{EXIT_BUSY, EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME};
 use crate::regen::config::RegenConfig;
 use crate::regen::snapshot::{self, Snapshots};
 
@@ -13,7 +14,7 @@ fn locate(at: &SnapshotsArg) -> Result<(Snapshots, Option<PathBuf>), i32> {
     if t.is_file() {
         let args =
             PipelineArgs { pipeline: t.clone(), profile: at.profile.clone(), offline: at.offline, sets: Vec::new() };
-        let p = super::load_or_report(&args)?;
+        let p = super::common::load_or_report(&args)?;
         let cfg = RegenConfig::of(&p).map_err(|e| {
             eprintln!("error: {e:#}");
             EXIT_CONFIG

@@ -1,7 +1,8 @@
 //! `synth stats`: per-stage figures (rows in/out/failed, wall time, requests,
 //! tokens, cost) from an output directory's manifest.
 
-use super::{EXIT_OK, EXIT_RUNTIME, StatsArgs};
+use super::args::StatsArgs;
+use super::common::{EXIT_OK, EXIT_RUNTIME};
 use crate::store::state::{Manifest, StageStatus};
 
 pub fn run(args: &StatsArgs) -> i32 {

@@ -3,7 +3,8 @@
 //! done and missing, whether it was merged, and the retry set of the missing shards as
 //! Kubernetes indices and a Slurm `--array` expression.
 
-use super::{EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME, StatusArgs};
+use super::args::StatusArgs;
+use super::common::{EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME};
 use crate::dag::status::{Report, report};
 use crate::store::object::StateStore;
 

@@ -4,7 +4,8 @@
 
 use std::collections::BTreeSet;
 
-use super::{EXIT_CONFIG, EXIT_OK, ValidateArgs};
+use super::args::ValidateArgs;
+use super::common::{EXIT_CONFIG, EXIT_OK};
 use crate::config;
 use crate::config::diag::Diagnostics;
 use crate::pipeline;
@@ -37,7 +38,7 @@ pub fn run(args: &ValidateArgs) -> i32 {
     if args.deny_warnings {
         diags.deny_warnings();
     }
-    super::report_diagnostics(&diags);
+    super::common::report_diagnostics(&diags);
     let file = args.pipeline.pipeline.display();
     if diags.has_errors() {
         eprintln!("{file}: {} error(s), {} warning(s)", diags.n_errors(), diags.n_warnings());

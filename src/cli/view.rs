@@ -3,7 +3,8 @@
 
 use std::net::SocketAddr;
 
-use super::{EXIT_CONFIG, EXIT_RUNTIME, PipelineArgs, ViewArgs};
+use super::args::{PipelineArgs, ViewArgs};
+use super::common::{EXIT_CONFIG, EXIT_RUNTIME};
 use crate::view::Viewed;
 
 pub fn run(args: &ViewArgs) -> i32 {
@@ -14,7 +15,7 @@ pub fn run(args: &ViewArgs) -> i32 {
             offline: args.offline,
             sets: Vec::new(),
         };
-        let p = match super::load_or_report(&pa) {
+        let p = match super::common::load_or_report(&pa) {
             Ok(p) => p,
             Err(code) => return code,
         };

@@ -15,9 +15,10 @@ use fastembed::{
 };
 use serde::Deserialize;
 
-use super::{Embedder, l2_normalize};
+use super::embedder::Embedder;
 use crate::llm::CallCtx;
 use crate::onnx::{find_onnxruntime, ort_environment};
+use crate::retrieval::l2_normalize;
 
 #[derive(Debug, Clone, Deserialize)]
 struct Options {

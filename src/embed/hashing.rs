@@ -13,8 +13,9 @@ use anyhow::Result;
 use async_trait::async_trait;
 use serde::Deserialize;
 
-use super::{Embedder, Fitter, l2_normalize};
+use super::embedder::{Embedder, Fitter};
 use crate::llm::CallCtx;
+use crate::retrieval::l2_normalize;
 
 #[derive(Debug, Clone, Deserialize)]
 struct Options {

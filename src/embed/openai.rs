@@ -9,12 +9,13 @@ use anyhow::{Result, anyhow};
 use async_trait::async_trait;
 use serde::Deserialize;
 
-use super::{Embedder, l2_normalize};
+use super::embedder::Embedder;
 use crate::llm::endpoint::resolve_endpoint;
 use crate::llm::openai::{Endpoint, OpenAiEmbed};
 use crate::llm::pricing::{Price, default_price};
 use crate::llm::rate::{RateConfig, RateControl, RateRegistry};
 use crate::llm::{CallCtx, ChatResponse, LlmError, Usage};
+use crate::retrieval::l2_normalize;
 
 #[derive(Debug, Clone, Deserialize)]
 pub struct Options {

@@ -12,7 +12,7 @@ use axum::response::Response;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{App, Fail, blocking, read_json};
+use super::app::{App, Fail, blocking, read_json};
 use crate::regen::diff::{RowIndex, diff};
 use crate::store::state::MANIFEST;
 
@@ -59,7 +59,7 @@ fn tables(manifest: &Value) -> BTreeSet<String> {
 }
 
 fn index(dir: &Path, rel: &str) -> Option<RowIndex> {
-    let path = super::inside(dir, rel)?;
+    let path = super::app::inside(dir, rel)?;
     RowIndex::of_parquet(&path, None).ok().flatten()
 }
 

@@ -11,7 +11,7 @@ use axum::response::Response;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{App, Fail, Viewed, blocking, fail, open_table};
+use super::app::{App, Fail, Viewed, blocking, fail, open_table};
 use crate::quality::review::{self, Decision, Review, Verdict};
 
 /// The header the page sends its token in.

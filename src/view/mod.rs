@@ -6,17 +6,18 @@
 //! (appended to `review.jsonl`); it never takes the run's lock, serves nothing outside the
 //! directory, and scrubs secrets from every answer.
 
+mod app;
 mod compare;
 mod desk;
 pub mod table;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use axum::Router;
 use axum::extract::{Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -26,6 +27,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::store::state::{INTERNAL_DIR, MANIFEST};
+use app::{App, Fail, answer, blocking, fail, not_found, open_table, parquet_path, read_json};
+pub use app::{Viewed, future_canonical, inside};
 use table::Table;
 
 /// The page: one file, no build step, no network (embedded in the binary).
@@ -37,99 +40,9 @@ const MAX_PAGE: usize = 500;
 /// Bytes of a report file served at most.
 const MAX_FILE: u64 = 8 << 20;
 
-/// What is viewed: an output directory and where its snapshots are.
-#[derive(Debug, Clone)]
-pub struct Viewed {
-    pub dir: PathBuf,
-    pub snapshots: PathBuf,
-    /// Another output directory shown beside this one (`--compare`).
-    pub compare: Option<PathBuf>,
-}
-
-impl Viewed {
-    /// An output directory (its snapshots under `snapshots/`). A directory that does not
-    /// exist yet, or is empty, is one a run is about to write: the page shows its stages as
-    /// they appear. A directory with files but no run state is refused.
-    pub fn dir(dir: &Path, snapshots: Option<PathBuf>) -> Result<Viewed> {
-        let canon = future_canonical(dir).with_context(|| format!("{}: cannot resolve this path", dir.display()))?;
-        if canon.exists() {
-            if !canon.is_dir() {
-                bail!("{}: not a directory", dir.display());
-            }
-            let empty = std::fs::read_dir(&canon).map(|mut r| r.next().is_none()).unwrap_or(false);
-            if !empty && !canon.join(MANIFEST).is_file() && !canon.join(INTERNAL_DIR).join("state").is_dir() {
-                bail!(
-                    "{}: not a synth output directory (no {MANIFEST} and no {INTERNAL_DIR}/state/): give the \
-                     pipeline's output_dir or the pipeline file",
-                    dir.display()
-                );
-            }
-        }
-        let snapshots = snapshots.unwrap_or_else(|| canon.join("snapshots"));
-        Ok(Viewed { dir: canon, snapshots, compare: None })
-    }
-
-    /// Show `other` (an output directory) beside this one.
-    pub fn compared_with(mut self, other: &Path) -> Result<Viewed> {
-        let o = Viewed::dir(other, None)?;
-        if !o.dir.join(MANIFEST).is_file() {
-            bail!("{}: no {MANIFEST} to compare with (a run has not finished there)", other.display());
-        }
-        self.compare = Some(o.dir);
-        Ok(self)
-    }
-
-    /// Whether a run has written here yet.
-    pub fn exists(&self) -> bool {
-        self.dir.is_dir()
-    }
-}
-
-/// The canonical form `path` has, or will have once it is created: its deepest existing
-/// ancestor resolved (symlinks and all), the rest appended as written (`..` refused).
-pub fn future_canonical(path: &Path) -> std::io::Result<PathBuf> {
-    let abs = if path.is_absolute() { path.to_path_buf() } else { std::env::current_dir()?.join(path) };
-    let mut rest = Vec::new();
-    let mut at = abs.as_path();
-    loop {
-        match at.canonicalize() {
-            Ok(c) => {
-                let mut out = c;
-                for part in rest.iter().rev() {
-                    out.push(part);
-                }
-                return Ok(out);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let (Some(parent), Some(name)) = (at.parent(), at.file_name()) else { return Err(e) };
-                rest.push(name.to_os_string());
-                at = parent;
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// Cached orders of big tables, by (file, its mtime and size, what).
-type Cache = Mutex<HashMap<(PathBuf, SystemTime, u64, String), Arc<Vec<u32>>>>;
-
-/// Text filters of tables, running or done, by (file, its mtime and size, needle).
-type Searches = Mutex<HashMap<(PathBuf, SystemTime, u64, String), Arc<table::Search>>>;
-
 /// How long the first answer to a new filter of a big table waits for its page: what has
 /// been found by then is sent, and the page asks again until the search is complete.
 const FIRST_PATIENCE: std::time::Duration = std::time::Duration::from_millis(150);
-
-struct App {
-    viewed: Viewed,
-    positions: Cache,
-    searches: Searches,
-    /// The review desk's token: in the page this server sends, asked of every decision
-    /// posted (a page of another origin cannot read it).
-    token: String,
-    /// Who decides at this desk ($SYNTH_REVIEWER, else $USER).
-    reviewer: Option<String>,
-}
 
 /// Serve until the process is stopped; `ready` gets the bound address.
 pub async fn serve(viewed: Viewed, addr: SocketAddr, ready: impl FnOnce(SocketAddr)) -> Result<()> {
@@ -231,64 +144,7 @@ async fn page(State(app): State<Arc<App>>) -> Response {
     r
 }
 
-fn not_found() -> Response {
-    (StatusCode::NOT_FOUND, "not found").into_response()
-}
-
-/// An error of one view: its status and message (the rest of the page keeps working).
-struct Fail(StatusCode, String);
-
-impl Fail {
-    fn not_found() -> Fail {
-        Fail(StatusCode::NOT_FOUND, "not found".into())
-    }
-}
-
-impl IntoResponse for Fail {
-    fn into_response(self) -> Response {
-        if self.0 == StatusCode::NOT_FOUND && self.1 == "not found" {
-            return not_found();
-        }
-        fail(self.0, self.1)
-    }
-}
-
-/// A JSON answer, secrets scrubbed.
-fn answer(v: &Value) -> Response {
-    let body = crate::secrets::scrub(&serde_json::to_string(&crate::secrets::redact(v)).expect("json"));
-    let mut r = body.into_response();
-    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    r
-}
-
-/// An error of one view (the rest of the page keeps working).
-fn fail(status: StatusCode, msg: impl std::fmt::Display) -> Response {
-    let body = json!({"error": crate::secrets::scrub(&msg.to_string())});
-    let mut r = (status, serde_json::to_string(&body).expect("json")).into_response();
-    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    r
-}
-
-/// A path a request names, if it is a plain relative path that stays inside `dir`
-/// once symlinks are resolved (`..`, absolute paths and links out are refused).
-pub fn inside(dir: &Path, rel: &str) -> Option<PathBuf> {
-    if rel.is_empty() || rel.contains('\\') || rel.contains('\0') {
-        return None;
-    }
-    let p = Path::new(rel);
-    if p.is_absolute() || !p.components().all(|c| matches!(c, Component::Normal(_))) {
-        return None;
-    }
-    let canon = dir.join(p).canonicalize().ok()?;
-    canon.starts_with(dir).then_some(canon)
-}
-
 // ---- the run ----------------------------------------------------------------------
-
-fn read_json(path: &Path) -> Option<Value> {
-    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
-}
 
 /// The run as the page shows it: the manifest's stages (or, before the first manifest,
 /// the committed stage states), each with its live counters while a run goes on.
@@ -441,46 +297,6 @@ struct TableQuery {
     facet: Option<String>,
 }
 
-fn parquet_path(v: &Viewed, rel: &str) -> Result<PathBuf, Fail> {
-    if !rel.ends_with(".parquet") || rel.starts_with(INTERNAL_DIR) {
-        return Err(Fail::not_found());
-    }
-    inside(&v.dir, rel).filter(|p| p.is_file()).ok_or_else(Fail::not_found)
-}
-
-impl App {
-    /// Positions of a table's rows for an order or a filter, computed once per file version.
-    fn positions(&self, t: &Table, what: String, f: impl FnOnce() -> Result<Vec<u32>>) -> Result<Arc<Vec<u32>>> {
-        let meta = std::fs::metadata(&t.path)?;
-        let key = (t.path.clone(), meta.modified()?, meta.len(), what);
-        if let Some(hit) = self.positions.lock().expect("cache").get(&key) {
-            return Ok(hit.clone());
-        }
-        let computed = Arc::new(f()?);
-        let mut cache = self.positions.lock().expect("cache");
-        if cache.len() >= 16 {
-            cache.clear();
-        }
-        cache.insert(key, computed.clone());
-        Ok(computed)
-    }
-
-    /// The search of a table for a text: the one started earlier for this file version, or
-    /// a new one.
-    fn search(&self, t: &Table, needle: &str) -> Result<Arc<table::Search>> {
-        let meta = std::fs::metadata(&t.path)?;
-        let key = (t.path.clone(), meta.modified()?, meta.len(), needle.to_string());
-        let mut searches = self.searches.lock().expect("searches");
-        if let Some(s) = searches.get(&key) {
-            return Ok(s.clone());
-        }
-        if searches.len() >= 16 {
-            searches.clear();
-        }
-        Ok(searches.entry(key).or_insert_with(|| table::Search::start(t, needle)).clone())
-    }
-}
-
 /// The rows a table view selects: in file order or by one column, narrowed by a text
 /// filter and a facet filter. `positions` is one page of them.
 struct Selection {
@@ -578,11 +394,6 @@ fn select(app: &App, t: &Table, q: &TableQuery, limit: Option<usize>) -> Result<
             Selection { positions, matched: keep.len() as u64, complete: true, scanned: t.rows() }
         }
     })
-}
-
-fn open_table(app: &App, file: &str) -> Result<Table, Fail> {
-    let path = parquet_path(&app.viewed, file)?;
-    Table::open(&path).map_err(|e| Fail(StatusCode::UNPROCESSABLE_ENTITY, format!("{:#}", e)))
 }
 
 fn table_json(app: &App, q: &TableQuery) -> Result<Value, Fail> {
@@ -686,14 +497,6 @@ async fn export(State(app): State<Arc<App>>, Query(q): Query<TableQuery>) -> Res
 }
 
 /// Run a view's file reading off the async threads; its answer or its error.
-async fn blocking(f: impl FnOnce() -> Result<Value, Fail> + Send + 'static) -> Response {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(Ok(v)) => answer(&v),
-        Ok(Err(f)) => f.into_response(),
-        Err(e) => fail(StatusCode::INTERNAL_SERVER_ERROR, e),
-    }
-}
-
 async fn table_page(State(app): State<Arc<App>>, Query(q): Query<TableQuery>) -> Response {
     blocking(move || table_json(&app, &q)).await
 }
