@@ -2,49 +2,33 @@
 //! stages; stages form a DAG through their `inputs`; every stage output is
 //! materialized as Parquet, fingerprinted and reused when nothing changed.
 //!
-//! Layers, lowest first (ARCHITECTURE.md, "Layers"; `tests/tidy.rs` enforces them: a
-//! module uses only modules of its own layer or below):
-//! - L0 leaves: [`data`] (records as Arrow batches, their JSON view), [`rng`],
-//!   [`secrets`] (keys kept out of every artifact, redaction), [`template`] (minijinja),
-//!   [`progress`], [`config`] (spanned TOML, diagnostics, option schemas, declarations),
-//!   [`store`] (crash-safe files, Parquet, failures, state, the summary protocol, the
-//!   response cache), [`eval`] (reference metric ports), [`retrieval`] (exact and HNSW
-//!   max/min inner-product search), [`onnx`] (ONNX Runtime), [`hub`] (hf-hub, Hub
-//!   commits), [`fetch`] (files from http(s) URLs), [`quality`] (content checks,
-//!   near-duplicate removal, review decisions).
-//! - L1 capabilities: [`llm`] (providers, rate control, retries, parsers, the offline
-//!   stand-in), [`embed`] (hashing, fastembed, OpenAI-compatible embedders).
-//! - L2 run services: [`services`] (what a run shares: providers, embedders, cache,
-//!   network runtime, the cached call path).
-//! - L3 stage API and L4 kinds: [`stages`] (the `Stage` trait, contexts, `exec`; one file
-//!   per engine kind), [`methods`] (one folder per benchmark method).
-//! - L5 compile and run: [`pipeline`] (TOML → checked pipeline), [`dag`] (graph,
-//!   fingerprints, the runner), [`registry`] (engine kinds + every method's),
-//!   [`regen`] (locks, scheduled regeneration, snapshots, Hub releases).
-//! - L6 front ends: [`cli`], [`bench`].
+//! synth is a Cargo workspace along its layer map (ARCHITECTURE.md, "Crates"); Cargo's
+//! dependency graph keeps each crate to the ones below it. This crate is the top: the
+//! front ends ([`cli`], [`bench`]), the built-in [`registry`] (the only place that knows
+//! every method) and, for the library's users and the tests, every lower crate's modules
+//! under their one-crate names (`synth::config`, `synth::llm`, `synth::dag`, ...).
+//! - L0 `synth-core`: [`data`], [`rng`], [`secrets`], [`template`], [`progress`],
+//!   [`config`], [`store`], [`onnx`], [`hub`], [`fetch`]; beside it `synth-eval`
+//!   ([`eval`]), `synth-retrieval` ([`retrieval`]), `synth-quality` ([`quality`]).
+//! - L1 `synth-llm` ([`llm`]), `synth-embed` ([`embed`]).
+//! - L2-L3 `synth-engine`: [`services`], [`stages`] (the stage API), the registry type.
+//! - L4 `synth-kinds` ([`kinds`]), the method crates ([`methods`]).
+//! - L5 `synth-runner`: [`pipeline`], [`dag`], [`regen`].
+//! - L6 `synth-view` ([`view`]), then this crate: [`bench`], [`cli`].
 
 pub mod bench;
 pub mod cli;
-pub mod config;
-pub mod dag;
-pub mod data;
-pub mod embed;
-pub mod eval;
-pub mod fetch;
-pub mod hub;
-pub mod llm;
 pub mod methods;
-pub mod onnx;
 pub mod pipeline;
-pub mod progress;
-pub mod quality;
-pub mod regen;
 pub mod registry;
-pub mod retrieval;
-pub mod rng;
-pub mod secrets;
-pub mod services;
-pub mod stages;
-pub mod store;
-pub mod template;
-pub mod view;
+
+pub use synth_core::{config, data, fetch, hub, onnx, progress, rng, secrets, store, template};
+pub use synth_embed as embed;
+pub use synth_engine::{services, stages};
+pub use synth_eval as eval;
+pub use synth_kinds as kinds;
+pub use synth_llm as llm;
+pub use synth_quality as quality;
+pub use synth_retrieval as retrieval;
+pub use synth_runner::{dag, regen};
+pub use synth_view as view;

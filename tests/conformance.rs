@@ -8,7 +8,6 @@
 //! only stages that write a summary).
 
 use synth::pipeline::{LoadOptions, load};
-use synth::registry::Registry;
 use synth::stages::{Arity, KindInfo};
 
 fn pipeline_for(kind: &KindInfo) -> String {
@@ -38,7 +37,7 @@ fn every_registered_kind_validates_its_example() {
     let repo = env!("CARGO_MANIFEST_DIR");
     let dir = tempfile::tempdir().unwrap();
     let mut failures = Vec::new();
-    let registry = Registry::builtin();
+    let registry = synth::registry::builtin();
     assert!(registry.kinds.len() >= 23, "{} kinds", registry.kinds.len());
     for kind in &registry.kinds {
         let path = dir.path().join(format!("{}.toml", kind.name));
@@ -56,7 +55,7 @@ fn a_kind_whose_example_is_wrong_is_caught() {
     // The check can fail: a kind with a required option and an empty example does not validate.
     let repo = env!("CARGO_MANIFEST_DIR");
     let dir = tempfile::tempdir().unwrap();
-    let filter = Registry::builtin().kind("filter").unwrap();
+    let filter = synth::registry::builtin().kind("filter").unwrap();
     let broken = KindInfo { example: "", ..*filter };
     let path = dir.path().join("broken.toml");
     std::fs::write(&path, pipeline_for(&broken).replace("REPO", repo)).unwrap();
@@ -67,14 +66,14 @@ fn a_kind_whose_example_is_wrong_is_caught() {
 
 #[test]
 fn registry_names_are_unique_and_grouped_by_method() {
-    let r = Registry::builtin();
+    let r = synth::registry::builtin();
     assert_eq!(r.duplicates(), Vec::<String>::new());
     for m in &r.methods {
         for k in m.kinds {
             assert_eq!(r.method_of(k.name).map(|x| x.name), Some(m.name), "{}", k.name);
         }
     }
-    for k in synth::stages::kinds::KINDS {
+    for k in synth::kinds::KINDS {
         assert!(r.method_of(k.name).is_none(), "engine kind {} claimed by a method", k.name);
     }
 }

@@ -1,257 +1,231 @@
 //! Architecture invariants checked by `cargo test` (rust-analyzer's tidy tests): the
-//! layer map of ARCHITECTURE.md, "the engine never names a method", kind names, and
-//! who commits files. Each walks `src/` anew, so a new file that breaks a rule fails
-//! here without anyone listing it.
+//! crates' layer map of ARCHITECTURE.md (read from the manifests), "the engine never names
+//! a method", kind names, who commits files, no circles of files, and ARCHITECTURE.md's
+//! names. Each walks `src/` anew, so a new file or crate that breaks a rule fails here
+//! without anyone listing it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// The layers, lowest first: a unit may use units of its own layer or below, and
-/// only those listed in [`ALLOWED`]. A unit is a top-level module of `src/`, except
-/// that `stages/` (the stage API, L3) is apart from the engine's kinds in
-/// `stages/kinds/` (L4).
+/// The crates' layers, lowest first (ARCHITECTURE.md, "Crates"). A crate may depend only
+/// on the crates its [`ALLOWED`] list names, each in its own layer or below; Cargo refuses
+/// a circle and an import of a crate not depended on, so these lists are the layer map.
+/// A method crate (any folder of `src/methods/` with a manifest) is in L4 and gets
+/// [`METHOD_ALLOWED`]: never another method.
 const LAYERS: &[(&str, &[&str])] = &[
-    (
-        "L0 leaves",
-        &[
-            "data",
-            "rng",
-            "secrets",
-            "template",
-            "progress",
-            "config",
-            "store",
-            "eval",
-            "retrieval",
-            "onnx",
-            "hub",
-            "fetch",
-            "quality",
-        ],
-    ),
-    ("L1 capabilities", &["llm", "embed"]),
-    ("L2 run services", &["services"]),
-    ("L3 stage API", &["stages::api"]),
-    ("L4 kinds", &["stages::kinds", "methods"]),
-    ("L5 compile and run", &["pipeline", "dag", "registry", "regen"]),
-    ("L6 front ends", &["cli", "bench", "view", "lib", "main"]),
+    ("L0 leaves", &["synth-core", "synth-eval", "synth-retrieval", "synth-quality"]),
+    ("L1 capabilities", &["synth-llm", "synth-embed"]),
+    ("L2-L3 run services and stage API", &["synth-engine"]),
+    ("L4 kinds and methods", &["synth-kinds", "<method>"]),
+    ("L5 compile and run", &["synth-runner"]),
+    ("L6 front ends", &["synth-view", "synth"]),
 ];
 
-/// The front ends (L6), lowest first: one may use those before it, never one after it
-/// (`view` shows what `dag` and `store` read, it does not call the command line).
-const FRONT_ENDS: &[&str] = &["view", "bench", "cli", "lib", "main"];
-
-/// What each unit may import (`crate::<unit>`), besides itself.
 const ALLOWED: &[(&str, &[&str])] = &[
-    ("data", &[]),
-    ("rng", &[]),
-    ("secrets", &[]),
-    ("template", &["data"]),
-    ("progress", &[]),
-    ("config", &[]),
-    ("store", &["data", "secrets"]),
-    ("eval", &["onnx"]),
-    ("retrieval", &[]),
-    ("onnx", &[]),
-    ("hub", &[]),
-    ("fetch", &["store"]),
-    ("quality", &["data", "config", "template"]),
-    ("llm", &["config", "data", "progress", "secrets", "store", "hub"]),
-    ("embed", &["llm", "config", "store", "secrets", "onnx", "retrieval"]),
-    ("services", &["llm", "embed", "store", "config", "progress", "secrets"]),
+    ("synth-core", &[]),
+    ("synth-eval", &["synth-core"]),
+    ("synth-retrieval", &[]),
+    ("synth-quality", &["synth-core"]),
+    ("synth-llm", &["synth-core"]),
+    ("synth-embed", &["synth-core", "synth-retrieval", "synth-llm"]),
+    ("synth-engine", &["synth-core", "synth-quality", "synth-llm", "synth-embed"]),
     (
-        "stages::api",
-        &[
-            "services", "llm", "config", "data", "progress", "secrets", "store", "rng", "template", "hub", "fetch",
-            "quality",
-        ],
+        "synth-kinds",
+        &["synth-core", "synth-eval", "synth-retrieval", "synth-quality", "synth-llm", "synth-embed", "synth-engine"],
     ),
-    (
-        "stages::kinds",
-        &[
-            "stages::api",
-            "services",
-            "llm",
-            "embed",
-            "eval",
-            "retrieval",
-            "store",
-            "data",
-            "template",
-            "config",
-            "hub",
-            "rng",
-            "progress",
-            "secrets",
-            "onnx",
-            "quality",
-        ],
-    ),
-    (
-        "methods",
-        &[
-            "stages::api",
-            "stages::kinds",
-            "services",
-            "llm",
-            "eval",
-            "store",
-            "data",
-            "template",
-            "config",
-            "rng",
-            "secrets",
-            "hub",
-            "quality",
-        ],
-    ),
-    ("pipeline", &["config", "registry", "stages::api", "llm", "embed", "data", "template"]),
-    (
-        "dag",
-        &["pipeline", "stages::api", "services", "store", "config", "progress", "secrets", "llm", "data", "quality"],
-    ),
-    ("registry", &["stages::api", "stages::kinds", "methods", "llm"]),
-    ("regen", &["dag", "pipeline", "stages::api", "progress", "store", "config", "secrets", "hub", "data", "llm"]),
+    ("synth-runner", &["synth-core", "synth-quality", "synth-llm", "synth-embed", "synth-engine"]),
+    ("synth-view", &["synth-core", "synth-quality", "synth-runner"]),
 ];
+
+const METHOD_ALLOWED: &[&str] = &[
+    "synth-core",
+    "synth-eval",
+    "synth-retrieval",
+    "synth-quality",
+    "synth-llm",
+    "synth-embed",
+    "synth-engine",
+    "synth-kinds",
+];
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
 
 fn src() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+    repo().join("src")
 }
 
-/// The unit a file belongs to (its path relative to `src/`).
-fn unit_of(rel: &str) -> String {
-    let first = rel.split('/').next().unwrap().trim_end_matches(".rs").to_string();
-    if first == "stages" {
-        return if rel.starts_with("stages/kinds/") { "stages::kinds" } else { "stages::api" }.into();
-    }
-    first
+fn manifest(path: &Path) -> toml::Table {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.parse().unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// The unit a `crate::` path names (`crate::stages::kinds::llm` → the kinds; any other
-/// `crate::stages` path → the API).
-fn unit_of_path(path: &str) -> String {
-    let mut parts = path.split("::");
-    let first = parts.next().unwrap_or_default();
-    if first == "stages" {
-        return if parts.next() == Some("kinds") { "stages::kinds" } else { "stages::api" }.into();
+/// Every crate of the workspace under `root` (a repository): name → (its folder relative
+/// to `root`, the names of the workspace crates it depends on, normal dependencies only).
+fn workspace(root: &Path) -> BTreeMap<String, (String, Vec<String>)> {
+    let top = manifest(&root.join("Cargo.toml"));
+    let members: Vec<String> = top["workspace"]["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m.as_str().unwrap().to_string())
+        .chain(std::iter::once(".".to_string()))
+        .collect();
+    let mut out = BTreeMap::new();
+    for dir in members {
+        let m = manifest(&root.join(&dir).join("Cargo.toml"));
+        let name = m["package"]["name"].as_str().unwrap().to_string();
+        let deps = m.get("dependencies").and_then(|d| d.as_table()).cloned().unwrap_or_default();
+        let local: Vec<String> = deps
+            .iter()
+            .filter(|(_, v)| v.get("path").is_some())
+            .map(|(k, v)| v.get("package").and_then(|p| p.as_str()).unwrap_or(k).to_string())
+            .collect();
+        out.insert(name, (dir, local));
     }
-    first.to_string()
+    out
+}
+
+fn is_method(dir: &str) -> bool {
+    dir.starts_with("src/methods/")
+}
+
+fn layer(name: &str, dir: &str) -> usize {
+    let key = if is_method(dir) { "<method>" } else { name };
+    LAYERS
+        .iter()
+        .position(|(_, crates)| crates.contains(&key))
+        .unwrap_or_else(|| panic!("crate \"{name}\" ({dir}) is in no layer: add it to LAYERS (and ARCHITECTURE.md)"))
+}
+
+/// Dependencies against the layer map, and folders under `src/` with a manifest that are
+/// not in the workspace.
+fn layer_violations(root: &Path) -> Vec<String> {
+    let ws = workspace(root);
+    let mut bad = Vec::new();
+    for (name, (dir, deps)) in &ws {
+        let allowed: Vec<&str> = if is_method(dir) {
+            METHOD_ALLOWED.to_vec()
+        } else if name == "synth" {
+            ws.keys().filter(|k| *k != "synth").map(String::as_str).collect()
+        } else {
+            ALLOWED.iter().find(|(c, _)| c == name).map(|(_, a)| a.to_vec()).unwrap_or_default()
+        };
+        for d in deps {
+            let Some((ddir, _)) = ws.get(d) else {
+                bad.push(format!("{dir}/Cargo.toml ({name}) depends on {d}, not a workspace crate"));
+                continue;
+            };
+            if layer(d, ddir) > layer(name, dir) {
+                bad.push(format!(
+                    "{dir}/Cargo.toml ({name}, {}) depends on {d} ({}): a layer above",
+                    LAYERS[layer(name, dir)].0,
+                    LAYERS[layer(d, ddir)].0
+                ));
+            } else if !allowed.contains(&d.as_str()) {
+                bad.push(format!("{dir}/Cargo.toml ({name}) depends on {d}, which is not in its ALLOWED list"));
+            }
+        }
+    }
+    let dirs: BTreeSet<&str> = ws.values().map(|(d, _)| d.as_str()).collect();
+    let mut manifests = Vec::new();
+    cargo_files(&root.join("src"), &mut manifests);
+    for m in manifests {
+        let dir = m.parent().unwrap().strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
+        if !dirs.contains(dir.as_str()) {
+            bad.push(format!("{dir}/Cargo.toml is not a workspace member"));
+        }
+    }
+    bad
+}
+
+fn cargo_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            cargo_files(&p, out);
+        } else if p.file_name().is_some_and(|n| n == "Cargo.toml") {
+            out.push(p);
+        }
+    }
+}
+
+#[test]
+fn allowed_lists_respect_the_layers() {
+    let dir_of = |c: &str| if c == "<method>" { "src/methods/x".to_string() } else { String::new() };
+    for (name, deps) in ALLOWED {
+        for d in *deps {
+            assert!(layer(d, "") <= layer(name, ""), "ALLOWED lets {name} use {d}, a layer above");
+        }
+    }
+    for d in METHOD_ALLOWED {
+        assert!(layer(d, "") <= layer("<method>", &dir_of("<method>")), "METHOD_ALLOWED names {d}, a layer above");
+    }
+}
+
+#[test]
+fn crates_depend_only_on_the_layers_below() {
+    let ws = workspace(&repo());
+    assert!(ws.len() >= 10 && ws.contains_key("synth-core") && ws.contains_key("synth-rolemrc"), "{ws:?}");
+    let bad = layer_violations(&repo());
+    assert!(bad.is_empty(), "dependencies against the layer map (ARCHITECTURE.md, \"Crates\"):\n{}", bad.join("\n"));
+}
+
+/// A copy of the repository's manifests (Cargo.toml and every one under `src/`).
+fn copy_manifests(to: &Path) {
+    std::fs::copy(repo().join("Cargo.toml"), to.join("Cargo.toml")).unwrap();
+    let mut manifests = Vec::new();
+    cargo_files(&src(), &mut manifests);
+    for m in manifests {
+        let dest = to.join(m.strip_prefix(repo()).unwrap());
+        std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+        std::fs::copy(&m, &dest).unwrap();
+    }
+}
+
+#[test]
+fn a_dependency_against_the_layers_is_caught() {
+    let tmp = tempfile::tempdir().unwrap();
+    copy_manifests(tmp.path());
+    let add = |dir: &str, dep: &str| {
+        let path = tmp.path().join(dir).join("Cargo.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, text.replacen("[dependencies]\n", &format!("[dependencies]\n{dep}\n"), 1)).unwrap();
+    };
+    // The providers' crate reaching up to the runner, a method reaching another method,
+    // and a crate folder nobody added to the workspace.
+    add("src/llm", "synth-runner = { path = \"../runner\" }");
+    add("src/methods/rolemrc", "synth-sharp = { path = \"../sharp\" }");
+    std::fs::create_dir_all(tmp.path().join("src/stray")).unwrap();
+    std::fs::write(tmp.path().join("src/stray/Cargo.toml"), "[package]\nname = \"stray\"\n").unwrap();
+    let bad = layer_violations(tmp.path());
+    assert!(
+        bad.iter().any(|b| b.contains("synth-llm") && b.contains("synth-runner") && b.contains("a layer above")),
+        "{bad:?}"
+    );
+    assert!(bad.iter().any(|b| b.contains("synth-rolemrc") && b.contains("synth-sharp")), "{bad:?}");
+    assert!(bad.iter().any(|b| b.contains("src/stray/Cargo.toml is not a workspace member")), "{bad:?}");
+    assert!(layer_violations(&repo()).is_empty());
+}
+
+#[test]
+fn a_file_that_names_a_method_outside_it_is_caught() {
+    let tmp = tempfile::tempdir().unwrap();
+    copy_dir(&src(), tmp.path());
+    std::fs::write(
+        tmp.path().join("llm/shortcut.rs"),
+        "//! A shortcut.\npub fn n() -> &'static str { synth_rolemrc::METHOD.name }\n",
+    )
+    .unwrap();
+    let bad = method_mentions(tmp.path());
+    assert!(bad.iter().any(|b| b.contains("src/llm/shortcut.rs")), "{bad:?}");
 }
 
 /// Code before `#[cfg(test)]` with comments removed (tests may reach anywhere).
 fn code(text: &str) -> String {
     let text = text.split("#[cfg(test)]").next().unwrap_or_default();
     text.lines().map(|l| l.split("//").next().unwrap_or_default()).collect::<Vec<_>>().join("\n")
-}
-
-/// Every `crate::a::b` path in the code, as `a::b` (nested `use crate::{a, b}` groups too).
-fn crate_paths(code: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let bytes = code.as_bytes();
-    let mut i = 0;
-    while let Some(pos) = code[i..].find("crate::") {
-        let start = i + pos + "crate::".len();
-        // `super::crate` does not exist; skip identifiers that merely end in "crate".
-        let before = code[..i + pos].chars().next_back();
-        i = start;
-        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
-            continue;
-        }
-        if bytes.get(start) == Some(&b'{') {
-            let end = code[start..].find('}').map(|e| start + e).unwrap_or(code.len());
-            for item in code[start + 1..end].split(',') {
-                let item = item.trim();
-                if !item.is_empty() {
-                    out.push(item.split(['{', ' ']).next().unwrap_or_default().trim_end_matches("::").to_string());
-                }
-            }
-            continue;
-        }
-        let end = code[start..]
-            .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
-            .map(|e| start + e)
-            .unwrap_or(code.len());
-        out.push(code[start..end].trim_end_matches(':').to_string());
-    }
-    out
-}
-
-fn layer(unit: &str) -> usize {
-    LAYERS
-        .iter()
-        .position(|(_, units)| units.contains(&unit))
-        .unwrap_or_else(|| panic!("unit \"{unit}\" is in no layer: add it to LAYERS (and ARCHITECTURE.md)"))
-}
-
-/// Violations of the layer map in `src/`: `file: uses crate::x (unit) ...`.
-fn layer_violations(root: &Path) -> Vec<String> {
-    let mut files = Vec::new();
-    crate::support::rust_files(root, &mut files);
-    let mut bad = Vec::new();
-    for f in files {
-        let rel = f.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
-        let unit = unit_of(&rel);
-        let from = layer(&unit);
-        let allowed: &[&str] = ALLOWED.iter().find(|(u, _)| *u == unit).map(|(_, a)| *a).unwrap_or(&[]);
-        let front_end = from == LAYERS.len() - 1;
-        let text = std::fs::read_to_string(&f).unwrap();
-        let mut seen = BTreeSet::new();
-        for path in crate_paths(&code(&text)) {
-            let target = unit_of_path(&path);
-            if target == unit || !seen.insert(target.clone()) {
-                continue;
-            }
-            let to = layer(&target);
-            let rank = |u: &str| FRONT_ENDS.iter().position(|f| *f == u);
-            if front_end && to == from && rank(&target) > rank(&unit) {
-                bad.push(format!(
-                    "src/{rel} ({unit}) uses crate::{path} ({target}): a front end after it (FRONT_ENDS)"
-                ));
-            } else if to > from {
-                bad.push(format!(
-                    "src/{rel} ({unit}, {}) uses crate::{path} ({target}, {}): a layer above",
-                    LAYERS[from].0, LAYERS[to].0
-                ));
-            } else if !front_end && !allowed.contains(&target.as_str()) {
-                bad.push(format!("src/{rel} ({unit}) uses crate::{path} ({target}), which is not in its ALLOWED list"));
-            }
-        }
-    }
-    bad
-}
-
-#[test]
-fn allowed_lists_respect_the_layers() {
-    for (unit, deps) in ALLOWED {
-        for d in *deps {
-            assert!(layer(d) <= layer(unit), "ALLOWED lets {unit} ({}) use {d} ({})", layer(unit), layer(d));
-        }
-    }
-}
-
-#[test]
-fn layers() {
-    let bad = layer_violations(&src());
-    assert!(bad.is_empty(), "imports against the layer map (ARCHITECTURE.md, \"Layers\"):\n{}", bad.join("\n"));
-}
-
-#[test]
-fn a_new_file_that_breaks_the_layers_is_caught() {
-    // A copy of src/ with one more file in llm/ that imports a method must fail.
-    let tmp = tempfile::tempdir().unwrap();
-    copy_dir(&src(), tmp.path());
-    std::fs::write(
-        tmp.path().join("llm/shortcut.rs"),
-        "//! A shortcut.\nuse crate::methods::METHODS;\npub fn n() -> usize { METHODS.len() }\n",
-    )
-    .unwrap();
-    // And a viewer that calls the command line, a front end after it.
-    std::fs::write(tmp.path().join("view/shortcut.rs"), "//! A shortcut.\npub fn n() -> i32 { crate::cli::EXIT_OK }\n")
-        .unwrap();
-    let bad = layer_violations(tmp.path());
-    assert!(bad.iter().any(|b| b.contains("src/llm/shortcut.rs")), "{bad:?}");
-    assert!(bad.iter().any(|b| b.contains("src/view/shortcut.rs") && b.contains("FRONT_ENDS")), "{bad:?}");
-    assert!(!method_mentions(tmp.path()).is_empty(), "the engine-names-no-method rule missed llm/shortcut.rs");
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -294,9 +268,9 @@ fn method_mentions(root: &Path) -> Vec<String> {
         let text = std::fs::read_to_string(&f).unwrap();
         // The registry reads the method list; lib.rs declares the module.
         let may_import = rel == "registry.rs" || rel == "lib.rs";
-        let via_super = code(&text).contains("super::methods") || code(&text).contains("methods::METHODS");
+        let c = code(&text);
         if !may_import
-            && (via_super || crate_paths(&code(&text)).iter().any(|p| p == "methods" || p.starts_with("methods::")))
+            && (c.contains("super::methods") || c.contains("methods::METHODS") || c.contains("crate::methods"))
         {
             bad.push(format!("src/{rel} imports crate::methods (only the registry may)"));
         }
@@ -362,16 +336,16 @@ fn kind_names_follow_their_files() {
 fn only_the_runner_commits() {
     // Stages hand temporary files to the engine; a stage that runs an external program
     // (`train`, `neurons`) commits that program's input files into the stage working
-    // directory through `stages/kinds/external.rs` (ARCHITECTURE.md).
+    // directory through `src/kinds/external.rs` (ARCHITECTURE.md).
     let mut files = Vec::new();
     crate::support::rust_files(&src(), &mut files);
     // `regen/` commits its own files (snapshots, row indexes), never a stage's.
     let allowed = |rel: &str| {
-        rel.starts_with("dag/")
-            || rel.starts_with("store/")
+        rel.starts_with("runner/dag/")
+            || rel.starts_with("core/store/")
             || rel.starts_with("cli/")
-            || rel.starts_with("regen/")
-            || rel == "stages/kinds/external.rs"
+            || rel.starts_with("runner/regen/")
+            || rel == "kinds/external.rs"
     };
     let bad: Vec<String> = files
         .iter()
@@ -586,16 +560,45 @@ fn imported_files(root: &Path, rel: &str, code: &str) -> BTreeSet<String> {
     out
 }
 
-/// Circles of files that import each other (each as `a.rs <-> b.rs`).
-fn import_circles(root: &Path) -> Vec<String> {
-    let mut files = Vec::new();
-    crate::support::rust_files(root, &mut files);
+/// The crates' folders under a `src/` folder: each folder with a manifest, and `src/`
+/// itself (the `synth` crate: the files in no other crate's folder).
+fn crate_dirs(src: &Path) -> Vec<PathBuf> {
+    let mut manifests = Vec::new();
+    cargo_files(src, &mut manifests);
+    let mut dirs: Vec<PathBuf> = manifests.iter().map(|m| m.parent().unwrap().to_path_buf()).collect();
+    dirs.push(src.to_path_buf());
+    dirs
+}
+
+/// Circles of files that import each other inside one crate (each as `a.rs <-> b.rs`);
+/// between crates Cargo refuses them.
+fn import_circles(src: &Path) -> Vec<String> {
+    let dirs = crate_dirs(src);
+    let mut out = Vec::new();
+    for root in &dirs {
+        let mut files = Vec::new();
+        crate::support::rust_files(root, &mut files);
+        // A file is its deepest crate folder's.
+        files.retain(|f| dirs.iter().filter(|d| f.starts_with(d)).max_by_key(|d| d.components().count()) == Some(root));
+        let prefix = root.strip_prefix(src).unwrap().to_string_lossy().replace('\\', "/");
+        let prefix = if prefix.is_empty() { "src/".to_string() } else { format!("src/{prefix}/") };
+        out.extend(
+            crate_circles(root, &files)
+                .into_iter()
+                .map(|c| c.split(" <-> ").map(|f| format!("{prefix}{f}")).collect::<Vec<_>>().join(" <-> ")),
+        );
+    }
+    out
+}
+
+/// Circles among `files` of the crate whose folder is `root`.
+fn crate_circles(root: &Path, files: &[PathBuf]) -> Vec<String> {
     let rels: Vec<String> =
         files.iter().map(|f| f.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/")).collect();
     let index = |r: &str| rels.iter().position(|x| x == r);
     let edges: Vec<Vec<usize>> = rels
         .iter()
-        .zip(&files)
+        .zip(files)
         .map(|(rel, f)| {
             let text = std::fs::read_to_string(f).unwrap();
             imported_files(root, rel, &code(&text)).iter().filter_map(|t| index(t)).collect()
@@ -659,7 +662,7 @@ fn import_circles(root: &Path) -> Vec<String> {
             t.visit(v);
         }
     }
-    t.out.iter().map(|scc| scc.iter().map(|&v| format!("src/{}", rels[v])).collect::<Vec<_>>().join(" <-> ")).collect()
+    t.out.iter().map(|scc| scc.iter().map(|&v| rels[v].clone()).collect::<Vec<_>>().join(" <-> ")).collect()
 }
 
 #[test]
@@ -668,7 +671,7 @@ fn no_files_import_each_other() {
     assert!(
         circles.is_empty(),
         "files that import each other (a circle; move what both need below them, as `stages/` did with \
-         `kinds/` and `view/` with `app.rs`):\n{}",
+         `src/kinds/` and `view/` with `app.rs`):\n{}",
         circles.join("\n")
     );
 }
@@ -689,12 +692,195 @@ fn a_circle_of_files_is_caught() {
     assert!(circles.iter().any(|c| c.contains("src/llm/batch.rs") && c.contains("src/llm/openai.rs")), "{circles:?}");
     // Nested groups and `super::super::` resolve to files too.
     let set = imported_files(
-        tmp.path(),
-        "llm/local/engine.rs",
-        "use super::super::{batch::{A, B}, rate};\nuse crate::dag::shard::X;",
+        &tmp.path().join("llm"),
+        "local/engine.rs",
+        "use super::super::{batch::{A, B}, rate};\nuse crate::local::template::X;",
     );
     assert_eq!(
         set.into_iter().collect::<Vec<_>>(),
-        ["dag/shard.rs", "llm/batch.rs", "llm/rate.rs"].map(String::from).to_vec()
+        ["batch.rs", "local/template.rs", "rate.rs"].map(String::from).to_vec()
     );
+}
+
+/// The text of ARCHITECTURE.md between single backticks (code fences left out).
+fn architecture_names() -> Vec<String> {
+    let text = std::fs::read_to_string(repo().join("ARCHITECTURE.md")).unwrap();
+    let mut out = Vec::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        out.extend(line.split('`').skip(1).step_by(2).map(str::to_string));
+    }
+    out
+}
+
+/// The repository's files and folders (relative, `/`-separated; build outputs, tools and
+/// runs left out).
+fn repo_paths() -> BTreeSet<String> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeSet<String>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            let rel = p.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
+            if ["target", ".git", ".tools", "outputs", "node_modules"].contains(&rel.as_str()) {
+                continue;
+            }
+            if p.is_dir() {
+                out.insert(format!("{rel}/"));
+                walk(root, &p, out);
+            } else {
+                out.insert(rel);
+            }
+        }
+    }
+    let mut out = BTreeSet::new();
+    walk(&repo(), &repo(), &mut out);
+    out
+}
+
+/// Where a Rust path of ARCHITECTURE.md starts: the folder or file of its first segment
+/// (the `synth` crate's module names, or a crate's).
+fn rust_root(first: &str) -> Option<&'static str> {
+    Some(match first {
+        "config" | "data" | "store" | "hub" | "rng" | "secrets" | "template" | "progress" | "onnx" | "fetch" => {
+            return ["config", "data", "store", "hub", "rng", "secrets", "template", "progress", "onnx", "fetch"]
+                .iter()
+                .position(|m| *m == first)
+                .map(|i| {
+                    [
+                        "src/core/config",
+                        "src/core/data",
+                        "src/core/store",
+                        "src/core/hub",
+                        "src/core/rng",
+                        "src/core/secrets",
+                        "src/core/template",
+                        "src/core/progress",
+                        "src/core/onnx",
+                        "src/core/fetch",
+                    ][i]
+                });
+        }
+        "services" => "src/engine/services",
+        "stages" => "src/engine/stages",
+        "pipeline" => "src/runner/pipeline",
+        "dag" => "src/runner/dag",
+        "regen" => "src/runner/regen",
+        "llm" | "synth_llm" => "src/llm",
+        "embed" | "synth_embed" => "src/embed",
+        "eval" | "synth_eval" => "src/eval",
+        "retrieval" | "synth_retrieval" => "src/retrieval",
+        "quality" | "synth_quality" => "src/quality",
+        "view" | "synth_view" => "src/view",
+        "kinds" | "synth_kinds" => "src/kinds",
+        "methods" => "src/methods",
+        "cli" => "src/cli",
+        "bench" => "src/bench",
+        "registry" => "src/registry",
+        "synth_core" => "src/core",
+        "synth_engine" => "src/engine",
+        "synth_runner" => "src/runner",
+        "synth" => "src",
+        _ => return None,
+    })
+}
+
+/// The file of module `base` (`a` → `a.rs`, `a/mod.rs` or `a/lib.rs`).
+fn module_file(base: &Path) -> Option<PathBuf> {
+    let dir = base.to_path_buf();
+    [base.with_extension("rs"), dir.join("mod.rs"), dir.join("lib.rs")].into_iter().find(|f| f.is_file())
+}
+
+/// Why a Rust path of ARCHITECTURE.md (`dag::runner::run`, `synth_engine::registry::Registry`)
+/// names nothing, if it does not: its modules must be files and its first item must be in
+/// the last module's file.
+fn stale_rust_path(name: &str) -> Option<String> {
+    let segs: Vec<&str> = name.trim_end_matches("()").split("::").collect();
+    let mut base = repo().join(rust_root(segs[0])?);
+    let mut file = module_file(&base)?;
+    for seg in &segs[1..] {
+        if seg.is_empty() || !seg.chars().all(|c| c.is_alphanumeric() || c == '_') {
+            return None;
+        }
+        let next = base.join(seg);
+        if let Some(f) = module_file(&next) {
+            base = next;
+            file = f;
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).unwrap();
+        let found = text.match_indices(seg).any(|(i, _)| {
+            let before = text[..i].chars().next_back();
+            let after = text[i + seg.len()..].chars().next();
+            !before.is_some_and(|c| c.is_alphanumeric() || c == '_')
+                && !after.is_some_and(|c| c.is_alphanumeric() || c == '_')
+        });
+        return (!found).then(|| format!("`{name}`: no `{seg}` in {}", file.strip_prefix(repo()).unwrap().display()));
+    }
+    None
+}
+
+#[test]
+fn architecture_names_what_exists() {
+    let paths = repo_paths();
+    let ws = workspace(&repo());
+    let names = architecture_names();
+    let mut bad = Vec::new();
+    let file_like = |n: &str| {
+        // Paths of this repository (`../shared/...` and other projects' sources are not).
+        let exts = [".rs", ".md", ".sh", ".html", ".j2"];
+        let tracked_dirs = ["src/", "tests/", "benches/", "docs/", "pipelines/", "seeds/", "rules/", ".ci/"];
+        !n.starts_with("../")
+            && !n.contains([' ', '<', '*', '{', '$'])
+            && (exts.iter().any(|e| n.ends_with(e))
+                || (n.ends_with('/') && tracked_dirs.iter().any(|d| n.starts_with(d))))
+    };
+    let mut checked = 0;
+    for n in &names {
+        // `file.rs:123` and `file.rs::item` name the file.
+        let n = n.split("::").next().unwrap();
+        let n = n.split(':').next().unwrap();
+        if !file_like(n) {
+            continue;
+        }
+        checked += 1;
+        let found = paths.contains(n) || paths.iter().any(|p| p.ends_with(&format!("/{n}")));
+        if !found {
+            bad.push(format!("`{n}`: no such file or folder"));
+        }
+    }
+    for n in &names {
+        // `synth-net` names the network runtime's threads.
+        if n.starts_with("synth-") && n != "synth-net" && n.chars().all(|c| c.is_ascii_lowercase() || c == '-') {
+            checked += 1;
+            if !ws.contains_key(n.as_str()) {
+                bad.push(format!("`{n}`: no such crate"));
+            }
+        }
+        if n.contains("::") && !n.contains([' ', '<', '(', '"']) || n.ends_with("()") && n.contains("::") {
+            checked += 1;
+            bad.extend(stale_rust_path(n));
+        }
+    }
+    let text = std::fs::read_to_string(repo().join("ARCHITECTURE.md")).unwrap();
+    for name in ws.keys() {
+        if !text.contains(name.as_str()) {
+            bad.push(format!("the crate {name} is not in ARCHITECTURE.md"));
+        }
+    }
+    assert!(checked > 200, "only {checked} names checked: is the parsing broken?");
+    assert!(bad.is_empty(), "ARCHITECTURE.md names what is not there:\n{}", bad.join("\n"));
+}
+
+#[test]
+fn a_stale_architecture_name_is_caught() {
+    assert!(stale_rust_path("dag::runner::run").is_none());
+    assert!(stale_rust_path("synth_engine::registry::Registry").is_none());
+    assert!(stale_rust_path("llm::provider::no_such_function").is_some());
+    assert!(stale_rust_path("pipeline::graph::Graph").is_none());
 }

@@ -206,7 +206,7 @@ pub fn llm(args: &LlmBench) -> Result<serde_json::Value> {
         &dir,
         [("bench".to_string(), decl)].into(),
         Default::default(),
-        crate::registry::Registry::builtin().shapes.clone(),
+        crate::registry::builtin().shapes.clone(),
     );
     // The same runtimes `synth run` uses: the engine's, and the network runtime that
     // network-bound stages (an `llm` stage on an `openai` provider) run on.

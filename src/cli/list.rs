@@ -5,7 +5,6 @@
 
 use super::common::EXIT_OK;
 use crate::config::options::describe_specs;
-use crate::registry::Registry;
 use crate::stages::{Arity, COMMON_OPTIONS, KindInfo, Role};
 
 pub fn run(markdown: bool) -> i32 {
@@ -54,7 +53,7 @@ pub fn render() -> String {
     describe_specs(crate::pipeline::pipeline_options(), "    ", &mut out);
     out.push_str("\noptions of every stage:\n");
     describe_specs(COMMON_OPTIONS, "    ", &mut out);
-    let registry = Registry::builtin();
+    let registry = crate::registry::builtin();
     out.push_str("\nengine stage kinds:\n");
     for k in registry.kinds.iter().filter(|k| registry.method_of(k.name).is_none()) {
         describe_kind(k, &mut out);

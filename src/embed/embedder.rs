@@ -6,7 +6,7 @@ use std::sync::Arc;
 use anyhow::Result;
 use async_trait::async_trait;
 
-use crate::llm::CallCtx;
+use synth_llm::CallCtx;
 
 /// Turns texts into vectors.
 #[async_trait]

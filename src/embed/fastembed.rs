@@ -16,9 +16,9 @@ use fastembed::{
 use serde::Deserialize;
 
 use super::embedder::Embedder;
-use crate::llm::CallCtx;
-use crate::onnx::{find_onnxruntime, ort_environment};
-use crate::retrieval::l2_normalize;
+use synth_core::onnx::{find_onnxruntime, ort_environment};
+use synth_llm::CallCtx;
+use synth_retrieval::l2_normalize;
 
 #[derive(Debug, Clone, Deserialize)]
 struct Options {
@@ -102,7 +102,7 @@ impl FastEmbed {
                     bail!("embedder \"{name}\": {} has no model.onnx", path.display());
                 }
                 // The model's identity is its content, not its path.
-                let digest = crate::store::filehash::hash_file(&path.join("model.onnx"))?;
+                let digest = synth_core::store::filehash::hash_file(&path.join("model.onnx"))?;
                 (Source::Dir(path, pooling), dim, format!("dir:{}", &digest[..16]))
             }
             _ => bail!("embedder \"{name}\": give exactly one of `model` and `model_dir`"),

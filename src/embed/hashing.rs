@@ -14,8 +14,8 @@ use async_trait::async_trait;
 use serde::Deserialize;
 
 use super::embedder::{Embedder, Fitter};
-use crate::llm::CallCtx;
-use crate::retrieval::l2_normalize;
+use synth_llm::CallCtx;
+use synth_retrieval::l2_normalize;
 
 #[derive(Debug, Clone, Deserialize)]
 struct Options {

@@ -10,12 +10,12 @@ use async_trait::async_trait;
 use serde::Deserialize;
 
 use super::embedder::Embedder;
-use crate::llm::endpoint::resolve_endpoint;
-use crate::llm::openai::{Endpoint, OpenAiEmbed};
-use crate::llm::pricing::{Price, default_price};
-use crate::llm::rate::{RateConfig, RateControl, RateRegistry};
-use crate::llm::{CallCtx, ChatResponse, LlmError, Usage};
-use crate::retrieval::l2_normalize;
+use synth_llm::endpoint::resolve_endpoint;
+use synth_llm::openai::{Endpoint, OpenAiEmbed};
+use synth_llm::pricing::{Price, default_price};
+use synth_llm::rate::{RateConfig, RateControl, RateRegistry};
+use synth_llm::{CallCtx, ChatResponse, LlmError, Usage};
+use synth_retrieval::l2_normalize;
 
 #[derive(Debug, Clone, Deserialize)]
 pub struct Options {
@@ -49,7 +49,7 @@ impl OpenAiEmbedder {
     pub fn from_options(name: &str, v: &serde_json::Value, rates: &RateRegistry) -> Result<OpenAiEmbedder> {
         let o: Options = serde_json::from_value(v.clone())?;
         let r = resolve_endpoint(name, &o.base_url, &o.base_url_env, &o.model, &o.model_env, &o.api_key_env)?;
-        let api_key = crate::secrets::key_from_env(&o.api_key_env);
+        let api_key = synth_core::secrets::key_from_env(&o.api_key_env);
         let client = OpenAiEmbed::new(Endpoint {
             base_url: r.base_url.clone(),
             model: r.model.clone(),
@@ -69,7 +69,7 @@ impl OpenAiEmbedder {
         Ok(OpenAiEmbedder {
             id: match &o.cache_identity {
                 Some(identity) => format!("openai:{identity}:{}:dim={}", r.model, o.dim),
-                None => format!("openai:{}:{}:dim={}", crate::secrets::scrub(&r.base_url), r.model, o.dim),
+                None => format!("openai:{}:{}:dim={}", synth_core::secrets::scrub(&r.base_url), r.model, o.dim),
             },
             dim: o.dim,
             send_dimensions: o.send_dimensions,
@@ -94,7 +94,7 @@ impl Embedder for OpenAiEmbedder {
     }
     async fn embed(&self, texts: &[String], ctx: &CallCtx) -> Result<Vec<Vec<f32>>> {
         let dims = self.send_dimensions.then_some(self.dim);
-        let estimate: u64 = texts.iter().map(|t| crate::llm::estimate_tokens(t)).sum();
+        let estimate: u64 = texts.iter().map(|t| synth_llm::estimate_tokens(t)).sum();
         // The rate layer speaks chat responses; carry the vectors alongside.
         let slot: std::sync::Mutex<Option<Vec<Vec<f32>>>> = std::sync::Mutex::new(None);
         let (resp, _) = self

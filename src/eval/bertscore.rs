@@ -192,8 +192,8 @@ impl BertScorer {
         let dylib = cfg
             .ort_dylib
             .clone()
-            .or_else(|| crate::onnx::find_onnxruntime(None, &std::env::current_dir().unwrap_or_default()));
-        let env = crate::onnx::ort_environment(&dylib)?;
+            .or_else(|| synth_core::onnx::find_onnxruntime(None, &std::env::current_dir().unwrap_or_default()));
+        let env = synth_core::onnx::ort_environment(&dylib)?;
         let threads = cfg.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
         let sessions = cfg.sessions.unwrap_or(if threads >= 2 { 2 } else { 1 }).clamp(1, threads);
         let sessions: Vec<Session> = (0..sessions)

@@ -194,7 +194,7 @@ fn error_message(status: u16, body: &str) -> String {
         .ok()
         .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
         .unwrap_or_else(|| body.chars().take(200).collect());
-    crate::secrets::scrub(&format!("HTTP {status}: {}", message.chars().take(500).collect::<String>()))
+    synth_core::secrets::scrub(&format!("HTTP {status}: {}", message.chars().take(500).collect::<String>()))
 }
 
 /// Send a request; a 2xx answer's body, else a classified error (with the server's wait).
@@ -221,14 +221,14 @@ fn transport(e: reqwest::Error) -> LlmError {
     } else {
         ErrorKind::Connection
     };
-    LlmError::new(kind, crate::secrets::scrub(&format!("HTTP error: {e}")))
+    LlmError::new(kind, synth_core::secrets::scrub(&format!("HTTP error: {e}")))
 }
 
 fn json<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<T, LlmError> {
     serde_json::from_slice(body).map_err(|e| {
         LlmError::new(
             ErrorKind::Malformed,
-            crate::secrets::scrub(&format!(
+            synth_core::secrets::scrub(&format!(
                 "{what}: not a valid answer: {e}: {}",
                 String::from_utf8_lossy(body).chars().take(200).collect::<String>()
             )),
@@ -489,7 +489,7 @@ impl BatchApi for AnthropicBatches {
                 let message = err["message"].as_str().map(str::to_string).unwrap_or_else(|| r["error"].to_string());
                 LineOutcome::Error {
                     kind,
-                    message: crate::secrets::scrub(&message.chars().take(500).collect::<String>()),
+                    message: synth_core::secrets::scrub(&message.chars().take(500).collect::<String>()),
                 }
             }
             "canceled" => {
@@ -509,7 +509,7 @@ impl BatchApi for AnthropicBatches {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llm::Message;
+    use crate::Message;
 
     #[test]
     fn system_messages_go_to_the_top_and_stop_reasons_read_as_openai() {

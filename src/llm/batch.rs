@@ -3,7 +3,7 @@
 //! async-openai in `openai_batch.rs`, Anthropic Message Batches in `anthropic.rs`, a
 //! local `vllm run-batch` in `local_batch.rs`), how a result line becomes the same
 //! [`ChatResponse`] an online call returns, and [`BatchRoute`]: where the call path
-//! (`crate::services`) sends a request that is not cached when a stage runs in batch
+//! (`synth_engine::services`) sends a request that is not cached when a stage runs in batch
 //! mode. Every line's `custom_id` is the request's cache key, so results land in the
 //! cache under the key an online call would have used.
 //!
@@ -328,7 +328,7 @@ pub fn parse_openai_line(line: &str) -> Result<(String, LineOutcome), String> {
 }
 
 fn clip(s: &str) -> String {
-    crate::secrets::scrub(&s.chars().take(500).collect::<String>())
+    synth_core::secrets::scrub(&s.chars().take(500).collect::<String>())
 }
 
 /// The result files of an ended batch, as downloaded.

@@ -4,7 +4,7 @@
 
 use anyhow::{Result, anyhow, bail};
 
-use crate::config::options::{OptionSpec, Ty};
+use synth_core::config::options::{OptionSpec, Ty};
 
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 

@@ -107,7 +107,7 @@ impl LocalBatch {
     fn log_tail(&self, part: &str) -> String {
         let text = std::fs::read_to_string(self.dir.join(format!("synth-{part}.log"))).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
-        crate::secrets::scrub(&lines[lines.len().saturating_sub(5)..].join(" | "))
+        synth_core::secrets::scrub(&lines[lines.len().saturating_sub(5)..].join(" | "))
     }
 }
 

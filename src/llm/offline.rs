@@ -389,9 +389,9 @@ fn json_object<R: Rng>(prompt: &str, fields: &str, rng: &mut R) -> String {
     serde_json::Value::Object(obj).to_string()
 }
 
-/// One user message expecting `expect` (tests of offline shapes, here and in methods).
-#[cfg(test)]
-pub(crate) fn request(expect: &str, prompt: &str) -> ChatRequest {
+/// One user message expecting `expect`: what the tests of offline shapes ask, here and in
+/// the methods' crates (so not `cfg(test)`, which is per crate).
+pub fn request(expect: &str, prompt: &str) -> ChatRequest {
     ChatRequest {
         messages: vec![super::Message::new(super::Role::User, prompt)],
         params: Default::default(),

@@ -34,9 +34,7 @@ tokio::task_local! {
 
 /// Run one async-openai call, classifying its error with the status and wait hint the
 /// HTTP service saw.
-pub(crate) async fn observed<T>(
-    call: impl std::future::Future<Output = Result<T, OpenAIError>>,
-) -> Result<T, LlmError> {
+pub async fn observed<T>(call: impl std::future::Future<Output = Result<T, OpenAIError>>) -> Result<T, LlmError> {
     let seen = Arc::new(Mutex::new(Seen::default()));
     let result = SEEN.scope(seen.clone(), call).await;
     let (retry_after, status) = {
@@ -89,7 +87,7 @@ pub struct Endpoint {
 }
 
 /// Build an async-openai client that never retries on its own.
-pub(crate) fn client(endpoint: &Endpoint) -> Result<Client<OpenAIConfig>, String> {
+pub fn client(endpoint: &Endpoint) -> Result<Client<OpenAIConfig>, String> {
     let http = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(15))
         .pool_idle_timeout(Duration::from_secs(90))
@@ -201,8 +199,8 @@ fn refused_form(req: &ChatRequest, mut err: LlmError) -> LlmError {
 }
 
 /// Map an async-openai error to our classification (with the server's wait hint).
-pub(crate) fn classify(e: OpenAIError, retry_after: Option<Duration>, status: Option<u16>) -> LlmError {
-    let scrub = crate::secrets::scrub;
+pub fn classify(e: OpenAIError, retry_after: Option<Duration>, status: Option<u16>) -> LlmError {
+    let scrub = synth_core::secrets::scrub;
     let mut err = match e {
         // An error status whose body async-openai could not read (a proxy's HTML page, an
         // empty 404 from a wrong base URL): the status decides, not the body.
@@ -295,20 +293,22 @@ impl ChatBackend for OpenAiChat {
 /// A chat completion body (a batch result line's, as JSON text) as a [`ChatResponse`];
 /// `estimate` gives the usage when the server reports none (the completion tokens are
 /// then estimated from the text).
-pub(crate) fn chat_response(
-    body: &str,
-    model: &str,
-    estimate: impl FnOnce() -> Usage,
-) -> Result<ChatResponse, LlmError> {
+pub fn chat_response(body: &str, model: &str, estimate: impl FnOnce() -> Usage) -> Result<ChatResponse, LlmError> {
     let body = serde_json::from_str(body).map_err(|e| {
-        LlmError::new(ErrorKind::Malformed, crate::secrets::scrub(&format!("response is not a valid completion: {e}")))
+        LlmError::new(
+            ErrorKind::Malformed,
+            synth_core::secrets::scrub(&format!("response is not a valid completion: {e}")),
+        )
     })?;
     completion(body, model, estimate)
 }
 
 fn from_value<T: serde::de::DeserializeOwned>(body: serde_json::Value) -> Result<T, LlmError> {
     serde_json::from_value(body).map_err(|e| {
-        LlmError::new(ErrorKind::Malformed, crate::secrets::scrub(&format!("response is not a valid completion: {e}")))
+        LlmError::new(
+            ErrorKind::Malformed,
+            synth_core::secrets::scrub(&format!("response is not a valid completion: {e}")),
+        )
     })
 }
 
@@ -339,11 +339,7 @@ fn completion(body: CompletionBody, model: &str, estimate: impl FnOnce() -> Usag
 
 /// A completions body with echoed log-probabilities as the [`ChatResponse`] of a
 /// log-likelihood request (its text is the [`Loglik`] as JSON).
-pub(crate) fn loglik_response(
-    body: serde_json::Value,
-    req: &LoglikRequest,
-    model: &str,
-) -> Result<ChatResponse, LlmError> {
+pub fn loglik_response(body: serde_json::Value, req: &LoglikRequest, model: &str) -> Result<ChatResponse, LlmError> {
     text_completion(from_value(body)?, req, model)
 }
 

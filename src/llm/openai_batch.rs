@@ -133,7 +133,7 @@ impl BatchObject {
         let failure = self
             .errors
             .and_then(|e| e.data.into_iter().next())
-            .map(|e| (e.code.unwrap_or_default(), crate::secrets::scrub(&e.message.unwrap_or_default())));
+            .map(|e| (e.code.unwrap_or_default(), synth_core::secrets::scrub(&e.message.unwrap_or_default())));
         Ok(BatchInfo {
             id: self.id,
             state,

@@ -5,13 +5,13 @@
 
 use std::collections::BTreeMap;
 
-use crate::data::arrow::datatypes::{DataType, Field};
 use serde::Deserialize;
 use serde_json::{Map, Value};
+use synth_core::data::arrow::datatypes::{DataType, Field};
 
-use crate::config::options::{OptionSpec, Ty};
-use crate::data::{self, Row};
-use crate::store::failures::FailureKind;
+use synth_core::config::options::{OptionSpec, Ty};
+use synth_core::data::{self, Row};
+use synth_core::store::failures::FailureKind;
 
 /// Parses one answer.
 pub trait Parser: Send + Sync {
@@ -133,7 +133,7 @@ pub static TEXT: ParserKind = ParserKind {
     name: "text",
     about: "the answer as text (trimmed unless trim = false), in column `text` (or `column`)",
     options: &[
-        OptionSpec::default("min_chars", crate::config::options::UINT, "1", "shorter answers are rejected"),
+        OptionSpec::default("min_chars", synth_core::config::options::UINT, "1", "shorter answers are rejected"),
         OptionSpec::default("column", Ty::Str, "\"text\"", "name of the output column"),
         OptionSpec::default("trim", Ty::Bool, "true", "trim surrounding whitespace"),
         OptionSpec::default(
@@ -306,7 +306,7 @@ impl Parser for JsonParser {
 pub static SCORE: ParserKind = ParserKind {
     name: "score",
     about: "a judge score such as `Score: 1` (the \"Score:\" prefix is optional), column `score`",
-    options: &[OptionSpec::default("values", Ty::List(&crate::config::options::INT), "[0, 1]", "accepted scores")],
+    options: &[OptionSpec::default("values", Ty::List(&synth_core::config::options::INT), "[0, 1]", "accepted scores")],
     build: |v| {
         #[derive(Deserialize, Default)]
         struct O {
@@ -383,11 +383,11 @@ pub static NUMBER: ParserKind = ParserKind {
         ),
         OptionSpec::optional(
             "fallback",
-            crate::config::options::NUMBER,
+            synth_core::config::options::NUMBER,
             "score of an unreadable answer (else it is re-asked, then fails)",
         ),
-        OptionSpec::optional("min", crate::config::options::NUMBER, "clamp below"),
-        OptionSpec::optional("max", crate::config::options::NUMBER, "clamp above"),
+        OptionSpec::optional("min", synth_core::config::options::NUMBER, "clamp below"),
+        OptionSpec::optional("max", synth_core::config::options::NUMBER, "clamp above"),
         OptionSpec::optional("min_column", Ty::Str, "clamp below at this column's value of the record"),
         OptionSpec::optional("max_column", Ty::Str, "clamp above at this column's value of the record"),
         OptionSpec::default("shape", Ty::Str, "\"number\"", "the answer shape the offline provider imitates"),

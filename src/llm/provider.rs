@@ -21,8 +21,8 @@ use super::schema::{Form, Negotiation};
 use super::{
     ChatBackend, ChatRequest, ChatResponse, ErrorKind, GenParams, LlmError, LoglikRequest, Usage, estimate_tokens,
 };
-use crate::config::decl::{Decl, ProviderKind};
-use crate::config::options::{NUMBER, OptionSpec, POSITIVE, RATIO, Ty, UINT};
+use synth_core::config::decl::{Decl, ProviderKind};
+use synth_core::config::options::{NUMBER, OptionSpec, POSITIVE, RATIO, Ty, UINT};
 
 /// Options of the batch API, shared by the `openai` and `anthropic` kinds (none
 /// changes an answer: batch and online calls share cache keys).
@@ -424,16 +424,16 @@ pub struct Provider {
     pub base_url: String,
     pub model: String,
     pub params: GenParams,
-    pub(crate) backend: Arc<dyn ChatBackend>,
+    pub backend: Arc<dyn ChatBackend>,
     /// The `local` provider's backend (its engine's counters), besides `backend`.
     pub local: Option<Arc<super::local::LocalChat>>,
     pub rate: Arc<RateControl>,
-    pub(crate) price: Option<Price>,
+    pub price: Option<Price>,
     /// What else an offline provider's answers depend on (its seed and `score_one`): part of
     /// every cache key, so two offline providers never share answers.
-    pub(crate) offline_identity: Option<serde_json::Value>,
+    pub offline_identity: Option<serde_json::Value>,
     /// `cache_identity`: replaces the base URL in cache keys and fingerprints.
-    pub(crate) cache_identity: Option<String>,
+    pub cache_identity: Option<String>,
     /// The environment variable its key is read from (recorded with its batches, never the key).
     pub api_key_env: String,
     /// Its structured-output forms, and which one it is at.
@@ -602,7 +602,7 @@ impl Provider {
             "openai" => {
                 let o: OpenAiOptions = serde_json::from_value(decl.options.clone()).context("provider options")?;
                 let r = resolve_endpoint(name, &o.base_url, &o.base_url_env, &o.model, &o.model_env, &o.api_key_env)?;
-                let api_key = crate::secrets::key_from_env(&o.api_key_env);
+                let api_key = synth_core::secrets::key_from_env(&o.api_key_env);
                 if api_key.is_none() && r.base_url == DEFAULT_BASE_URL && !keyless {
                     bail!(
                         "provider \"{name}\": the environment variable {} is not set (the OpenAI API needs a key)",
@@ -664,7 +664,7 @@ impl Provider {
             "anthropic" => {
                 let o: AnthropicOptions = serde_json::from_value(decl.options.clone()).context("provider options")?;
                 let (base_url, model) = o.resolve(name)?;
-                let api_key = crate::secrets::key_from_env(&o.api_key_env);
+                let api_key = synth_core::secrets::key_from_env(&o.api_key_env);
                 if api_key.is_none() && base_url == super::anthropic::DEFAULT_BASE_URL && !keyless {
                     bail!(
                         "provider \"{name}\": the environment variable {} is not set (the Anthropic API needs a key)",

@@ -20,7 +20,7 @@ use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::{ChatResponse, ErrorKind, LlmError};
-use crate::progress::StageProgress;
+use synth_core::progress::StageProgress;
 
 /// Limits and retry settings of one provider.
 #[derive(Debug, Clone, PartialEq)]

@@ -276,7 +276,7 @@ impl SchemaFile {
         if !schema.is_object() {
             return Err(format!(
                 "schema {shown}: a JSON Schema must be an object, found {}",
-                crate::data::json_type(&schema)
+                synth_core::data::json_type(&schema)
             ));
         }
         let validator = jsonschema::validator_for(&schema)
@@ -318,7 +318,7 @@ impl SchemaFile {
         self.validate(&value)?;
         match value {
             Value::Object(m) => Ok(m),
-            other => Err(format!("the answer must be a JSON object, found {}", crate::data::json_type(&other))),
+            other => Err(format!("the answer must be a JSON object, found {}", synth_core::data::json_type(&other))),
         }
     }
 

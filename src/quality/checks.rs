@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 
 use super::select::{Found, Selector};
 use super::text;
-use crate::config::options::{OptionSpec, RATIO, Ty, UINT};
+use synth_core::config::options::{OptionSpec, RATIO, Ty, UINT};
 
 /// What a check sees of one record.
 pub struct Subject<'a> {

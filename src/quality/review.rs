@@ -133,7 +133,7 @@ impl Review {
 pub fn parse_line(s: &str) -> Result<Decision, String> {
     let value: serde_json::Value = serde_json::from_str(s).map_err(|e| format!("not a JSON object: {e}"))?;
     if !value.is_object() {
-        return Err(format!("not a JSON object: {}", crate::quality::text::quoted(s)));
+        return Err(format!("not a JSON object: {}", crate::text::quoted(s)));
     }
     let d: Decision = serde_json::from_value(value).map_err(|e| {
         let e = e.to_string();

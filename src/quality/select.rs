@@ -105,7 +105,7 @@ impl Selector {
     pub fn find<'a>(&self, row: &'a Map<String, Value>) -> Vec<Found<'a>> {
         let mut out = Vec::new();
         if self.steps.is_empty() {
-            for (k, v) in row.iter().filter(|(k, _)| k.as_str() != crate::data::ID) {
+            for (k, v) in row.iter().filter(|(k, _)| k.as_str() != synth_core::data::ID) {
                 leaves(v, k.clone(), &mut out);
             }
             return out;

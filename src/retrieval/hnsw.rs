@@ -128,8 +128,8 @@ pub fn recall(approx: &[Extremes], exact: &[Extremes]) -> (f64, f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::retrieval::gemm::{RowCorpus, exact_max_min};
-    use crate::retrieval::random_unit_vectors;
+    use crate::gemm::{RowCorpus, exact_max_min};
+    use crate::random_unit_vectors;
 
     #[test]
     fn hnsw_finds_extremes_on_small_data() {

@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::table::{self, Table};
-use crate::store::state::{INTERNAL_DIR, MANIFEST};
+use synth_core::store::state::{INTERNAL_DIR, MANIFEST};
 
 /// What is viewed: an output directory and where its snapshots are.
 #[derive(Debug, Clone)]
@@ -129,7 +129,7 @@ impl IntoResponse for Fail {
 
 /// A JSON answer, secrets scrubbed.
 pub(super) fn answer(v: &Value) -> Response {
-    let body = crate::secrets::scrub(&serde_json::to_string(&crate::secrets::redact(v)).expect("json"));
+    let body = synth_core::secrets::scrub(&serde_json::to_string(&synth_core::secrets::redact(v)).expect("json"));
     let mut r = body.into_response();
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
@@ -138,7 +138,7 @@ pub(super) fn answer(v: &Value) -> Response {
 
 /// An error of one view (the rest of the page keeps working).
 pub(super) fn fail(status: StatusCode, msg: impl std::fmt::Display) -> Response {
-    let body = json!({"error": crate::secrets::scrub(&msg.to_string())});
+    let body = json!({"error": synth_core::secrets::scrub(&msg.to_string())});
     let mut r = (status, serde_json::to_string(&body).expect("json")).into_response();
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     r

@@ -13,8 +13,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::app::{App, Fail, blocking, read_json};
-use crate::regen::diff::{RowIndex, diff};
-use crate::store::state::MANIFEST;
+use synth_core::store::state::MANIFEST;
+use synth_runner::regen::diff::{RowIndex, diff};
 
 /// Ids listed per kind of change at most.
 const MAX_IDS: usize = 1000;

@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::app::{App, Fail, Viewed, blocking, fail, open_table};
-use crate::quality::review::{self, Decision, Review, Verdict};
+use synth_quality::review::{self, Decision, Review, Verdict};
 
 /// The header the page sends its token in.
 pub const TOKEN_HEADER: &str = "x-synth-desk";

@@ -9,11 +9,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::data::arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
-use crate::data::arrow::datatypes::{DataType, SchemaRef};
 use anyhow::{Context, Result};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ParquetRecordBatchReaderBuilder, RowSelection};
+use synth_core::data::arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
+use synth_core::data::arrow::datatypes::{DataType, SchemaRef};
 
 /// Bytes of a text value that take part in sorting.
 const SORT_PREFIX: usize = 96;
@@ -168,7 +168,7 @@ impl Table {
         let mut out = Vec::new();
         for batch in reader {
             let batch = batch?;
-            let col = crate::data::arrow::compute::cast(batch.column(0), &DataType::Utf8)?;
+            let col = synth_core::data::arrow::compute::cast(batch.column(0), &DataType::Utf8)?;
             let s = col.as_string::<i32>();
             for r in 0..s.len() {
                 if s.is_valid(r) && s.value(r) == value {
@@ -360,7 +360,7 @@ fn matches(array: &dyn Array, needle: &str) -> Result<Vec<bool>> {
             (0..n).map(|r| out[r] && st.is_valid(r)).collect()
         }
         _ => {
-            let fmt = crate::data::arrow::util::display::ArrayFormatter::try_new(array, &Default::default())?;
+            let fmt = synth_core::data::arrow::util::display::ArrayFormatter::try_new(array, &Default::default())?;
             (0..n).map(|r| array.is_valid(r) && contains_lower(&fmt.value(r).to_string(), needle)).collect()
         }
     })
@@ -391,8 +391,8 @@ impl Key {
 }
 
 /// For each list of `l`, whether any of its items' texts contains `needle`.
-fn list_matches<O: crate::data::arrow::array::OffsetSizeTrait>(
-    l: &crate::data::arrow::array::GenericListArray<O>,
+fn list_matches<O: synth_core::data::arrow::array::OffsetSizeTrait>(
+    l: &synth_core::data::arrow::array::GenericListArray<O>,
     needle: &str,
 ) -> Result<Vec<bool>> {
     let inner = matches(l.values().as_ref(), needle)?;
@@ -407,8 +407,8 @@ fn keys_of(col: &ArrayRef) -> Result<Vec<Key>> {
     let n = col.len();
     let dt = col.data_type();
     if dt.is_numeric() {
-        let f = crate::data::arrow::compute::cast(col, &DataType::Float64)?;
-        let f = f.as_primitive::<crate::data::arrow::datatypes::Float64Type>();
+        let f = synth_core::data::arrow::compute::cast(col, &DataType::Float64)?;
+        let f = f.as_primitive::<synth_core::data::arrow::datatypes::Float64Type>();
         return Ok((0..n).map(|r| if f.is_null(r) { Key::Null } else { Key::Num(f.value(r)) }).collect());
     }
     if let DataType::Boolean = dt {
@@ -425,11 +425,11 @@ fn keys_of(col: &ArrayRef) -> Result<Vec<Key>> {
         Key::Text(s[..cut].to_string())
     };
     if let DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View = dt {
-        let s = crate::data::arrow::compute::cast(col, &DataType::Utf8)?;
+        let s = synth_core::data::arrow::compute::cast(col, &DataType::Utf8)?;
         let s = s.as_string::<i32>();
         return Ok((0..n).map(|r| if s.is_null(r) { Key::Null } else { prefix(s.value(r)) }).collect());
     }
-    let fmt = crate::data::arrow::util::display::ArrayFormatter::try_new(col.as_ref(), &Default::default())?;
+    let fmt = synth_core::data::arrow::util::display::ArrayFormatter::try_new(col.as_ref(), &Default::default())?;
     Ok((0..n).map(|r| if col.is_null(r) { Key::Null } else { prefix(&fmt.value(r).to_string()) }).collect())
 }
 
@@ -437,9 +437,9 @@ fn keys_of(col: &ArrayRef) -> Result<Vec<Key>> {
 pub fn batch_to_json(batch: &RecordBatch) -> Result<Vec<serde_json::Value>> {
     let mut buf = Vec::new();
     {
-        let mut w = crate::data::arrow::json::WriterBuilder::new()
+        let mut w = synth_core::data::arrow::json::WriterBuilder::new()
             .with_explicit_nulls(true)
-            .build::<_, crate::data::arrow::json::writer::JsonArray>(&mut buf);
+            .build::<_, synth_core::data::arrow::json::writer::JsonArray>(&mut buf);
         w.write(batch)?;
         w.finish()?;
     }
@@ -522,7 +522,7 @@ fn cells(col: &ArrayRef, mut f: impl FnMut(Cell)) -> Result<()> {
     let n = col.len();
     match col.data_type() {
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
-            let s = crate::data::arrow::compute::cast(col, &DataType::Utf8)?;
+            let s = synth_core::data::arrow::compute::cast(col, &DataType::Utf8)?;
             let s = s.as_string::<i32>();
             for r in 0..n {
                 if s.is_null(r) {
@@ -540,8 +540,8 @@ fn cells(col: &ArrayRef, mut f: impl FnMut(Cell)) -> Result<()> {
             }
         }
         dt if dt.is_numeric() => {
-            let x = crate::data::arrow::compute::cast(col, &DataType::Float64)?;
-            let x = x.as_primitive::<crate::data::arrow::datatypes::Float64Type>();
+            let x = synth_core::data::arrow::compute::cast(col, &DataType::Float64)?;
+            let x = x.as_primitive::<synth_core::data::arrow::datatypes::Float64Type>();
             for r in 0..n {
                 f(if x.is_null(r) { Cell::Null } else { Cell::Num(x.value(r)) })
             }

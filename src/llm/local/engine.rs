@@ -124,7 +124,7 @@ use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::LlamaToken;
 
-use crate::llm::{ErrorKind, LlmError};
+use crate::{ErrorKind, LlmError};
 
 /// How the engine runs (from the provider's options).
 #[derive(Debug, Clone)]
@@ -166,7 +166,7 @@ pub enum Work {
 #[derive(Debug, Clone)]
 pub struct Generate {
     /// The conversation, rendered with the model's chat template.
-    pub messages: Vec<crate::llm::Message>,
+    pub messages: Vec<crate::Message>,
     pub max_tokens: u32,
     pub sampling: Sampling,
     pub stop: Vec<String>,
@@ -592,7 +592,7 @@ impl Loop<'_> {
     /// changes no number: see the module's invariant.)
     fn admit(&mut self) {
         while self.slots.iter().any(Option::is_none) {
-            let goes_on = |j: &Job| matches!(&j.work, Work::Generate(g) if g.messages.iter().any(|m| m.role == crate::llm::Role::Assistant));
+            let goes_on = |j: &Job| matches!(&j.work, Work::Generate(g) if g.messages.iter().any(|m| m.role == crate::Role::Assistant));
             let next = self.queue.iter().position(goes_on).unwrap_or(0);
             let Some(job) = self.queue.remove(next) else { return };
             match self.start(&job.work) {

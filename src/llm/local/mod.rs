@@ -3,7 +3,7 @@
 //! one engine thread ([`engine`]): continuous batching over sequences, decoding constrained
 //! by the stage's JSON Schema (llguidance), the model's own chat template ([`template`]),
 //! seeded sampling, and log-likelihoods of a continuation for the `loglik` kind. The model
-//! is a local file or a file of a Hugging Face repository (through `crate::hub`), checked
+//! is a local file or a file of a Hugging Face repository (through `synth_core::hub`), checked
 //! at plan time (it exists and is a GGUF file) and identified by its content hash in cache
 //! keys and fingerprints.
 
@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use super::schema::Form;
 use super::{ChatBackend, ChatRequest, ChatResponse, ErrorKind, GenParams, LlmError, Loglik, LoglikRequest, Usage};
-use crate::config::options::{OptionSpec, POSITIVE, Ty};
+use synth_core::config::options::{OptionSpec, POSITIVE, Ty};
 
 /// Options of the `local` provider kind.
 pub const OPTIONS: &[OptionSpec] = &[
@@ -75,7 +75,7 @@ pub const OPTIONS: &[OptionSpec] = &[
     ),
     OptionSpec::optional("threads", POSITIVE, "CPU threads of llama.cpp (default: $SYNTH_LOCAL_THREADS, else the machine's cores). On a machine busy with other work, set the cores left free: llama.cpp's threads spin at every barrier, so one that waits for a thread the OS has put aside loses its time slice (beside two compilers on 2 cores, 2 threads decoded 4.5 tokens/s and 1 thread 35; BENCHMARKS.md)").runtime_only(),
     OptionSpec::optional("temperature", Ty::Float(0.0, 2.0), "sampling temperature (default 0.8; 0: greedy)"),
-    OptionSpec::optional("top_p", crate::config::options::RATIO, "nucleus sampling"),
+    OptionSpec::optional("top_p", synth_core::config::options::RATIO, "nucleus sampling"),
     OptionSpec::optional("max_tokens", POSITIVE, "most tokens per answer (default 1024)"),
     OptionSpec::optional(
         "seed",
@@ -160,8 +160,8 @@ fn auto() -> String {
 
 impl HubModel {
     /// The model repository as the hub code resolves it (one file, `repo_type = "model"`).
-    pub fn spec(&self) -> crate::hub::HubSpec {
-        crate::hub::HubSpec {
+    pub fn spec(&self) -> synth_core::hub::HubSpec {
+        synth_core::hub::HubSpec {
             repo: self.repo.clone(),
             revision: self.revision.clone(),
             files: Some(vec![self.file.clone()]),
@@ -239,7 +239,7 @@ pub fn model_file(o: &LocalOptions, root: &Path, offline: bool) -> Result<(PathB
     let root = root.to_path_buf();
     // hf-hub is async: resolve on a thread of its own with a small runtime (once per run).
     let files = std::thread::scope(|s| {
-        s.spawn(|| -> Result<crate::hub::HubFiles> {
+        s.spawn(|| -> Result<synth_core::hub::HubFiles> {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             rt.block_on(spec.resolve(&root, offline))
         })
@@ -258,7 +258,7 @@ pub fn model_file(o: &LocalOptions, root: &Path, offline: bool) -> Result<(PathB
 /// it is on this machine, else the hub file and revision), its context and generation.
 pub fn identity(o: &LocalOptions, root: &Path) -> Value {
     let model = match model_file(o, root, true) {
-        Ok((path, _)) => match crate::store::filehash::hash_file(&path) {
+        Ok((path, _)) => match synth_core::store::filehash::hash_file(&path) {
             Ok(h) => format!("gguf:{h}"),
             Err(_) => format!("gguf:{}", path.display()),
         },
@@ -468,7 +468,7 @@ pub fn build(o: &LocalOptions, root: &Path, provider: &str) -> Result<Built> {
             bail!("provider \"{provider}\": {} has SHA-256 {got}, not the configured {want}", path.display());
         }
     }
-    let hash = crate::store::filehash::hash_file(&path).with_context(|| format!("hashing {}", path.display()))?;
+    let hash = synth_core::store::filehash::hash_file(&path).with_context(|| format!("hashing {}", path.display()))?;
     let backend = Arc::new(LocalChat::new(o, path.clone(), provider));
     Ok(Built { backend, path, cache_identity: format!("gguf:{hash}"), hub_commit })
 }

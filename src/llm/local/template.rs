@@ -5,7 +5,7 @@
 
 use llama_cpp_2::model::{LlamaChatMessage, LlamaModel};
 
-use crate::llm::Message;
+use crate::Message;
 
 pub struct ChatTemplate {
     /// The Jinja source from the GGUF, when there is one.

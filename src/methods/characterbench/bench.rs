@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::data::python;
+use synth_core::data::python;
 
 /// The default definition file.
 pub const DEFAULT_FILE: &str = "pipelines/prompts/characterbench/dimensions.json";

@@ -118,11 +118,12 @@ pub fn parse_dialogue(text: &str, name: &str, user: &str, min_turns: usize) -> R
             })
             .collect()
     };
-    let json_turns = crate::llm::parse::extract_json_object(text).ok().and_then(|m| from_json(&Value::Object(m))).or_else(|| {
-        let t = text.trim();
-        let (s, e) = (t.find('[')?, t.rfind(']')?);
-        serde_json::from_str::<Value>(&t[s..=e]).ok().and_then(|v| from_json(&v))
-    });
+    let json_turns =
+        synth_llm::parse::extract_json_object(text).ok().and_then(|m| from_json(&Value::Object(m))).or_else(|| {
+            let t = text.trim();
+            let (s, e) = (t.find('[')?, t.rfind(']')?);
+            serde_json::from_str::<Value>(&t[s..=e]).ok().and_then(|v| from_json(&v))
+        });
     let turns = match json_turns {
         Some(t) => t,
         None => {
@@ -165,10 +166,7 @@ pub fn parse_dialogue(text: &str, name: &str, user: &str, min_turns: usize) -> R
 
 /// The context as the prompts show it: `<user>：...` / `<name>：...` lines.
 pub fn transcript(turns: &[Turn], name: &str, user: &str) -> String {
-    turns
-        .iter()
-        .map(|t| format!("{}：{}\n", if t.speaker == "user" { user } else { name }, t.utterance))
-        .collect()
+    turns.iter().map(|t| format!("{}：{}\n", if t.speaker == "user" { user } else { name }, t.utterance)).collect()
 }
 
 /// What a finished script holds.
@@ -248,7 +246,9 @@ mod tests {
         assert!(parse_dialogue(json, "Ann", "User", 4).unwrap_err().contains("at least 4"));
         let lines = "用户：你好\n小雨：你好呀\n用户：在忙吗\n小雨：刚忙完";
         assert_eq!(parse_dialogue(lines, "小雨", "用户", 4).unwrap().len(), 4);
-        assert!(parse_dialogue("用户：你好\n小雨：嗯\n用户：好", "小雨", "用户", 2).unwrap_err().contains("speak last"));
+        assert!(
+            parse_dialogue("用户：你好\n小雨：嗯\n用户：好", "小雨", "用户", 2).unwrap_err().contains("speak last")
+        );
         assert!(parse_dialogue("小雨：嗯\n用户：好", "小雨", "用户", 2).unwrap_err().contains("speaks first"));
         assert!(parse_dialogue("路人：嗯\n用户：好", "小雨", "用户", 2).unwrap_err().contains("unknown speaker"));
         assert_eq!(transcript(&t, "Ann", "User"), "User：hi\nAnn：hello\n");

@@ -14,7 +14,7 @@ use rand_chacha::ChaCha8Rng;
 use regex::Regex;
 
 use super::parsers::{DIALOGUE_SHAPE, JUDGE_SHAPE, RESPONSE_SHAPE};
-use crate::llm::offline::{OfflineShape, ShapeInput};
+use synth_llm::offline::{OfflineShape, ShapeInput};
 
 pub static SHAPES: &[&OfflineShape] = &[&RESPONSE, &JUDGE, &DIALOGUE];
 
@@ -22,8 +22,15 @@ pub static RESPONSE: OfflineShape = OfflineShape { name: RESPONSE_SHAPE, generat
 pub static JUDGE: OfflineShape = OfflineShape { name: JUDGE_SHAPE, generate: judge };
 pub static DIALOGUE: OfflineShape = OfflineShape { name: DIALOGUE_SHAPE, generate: dialogue };
 
-const ZH_ASK: &[&str] = &["最近在忙什么呀？", "你平时喜欢做什么？", "还记得你上次说的事吗？", "今天心情怎么样？", "能讲讲你以前的经历吗？"];
-const EN_ASK: &[&str] = &["What have you been up to?", "What do you like to do?", "Remember what you told me last time?", "How are you feeling today?", "Can you tell me about your past?"];
+const ZH_ASK: &[&str] =
+    &["最近在忙什么呀？", "你平时喜欢做什么？", "还记得你上次说的事吗？", "今天心情怎么样？", "能讲讲你以前的经历吗？"];
+const EN_ASK: &[&str] = &[
+    "What have you been up to?",
+    "What do you like to do?",
+    "Remember what you told me last time?",
+    "How are you feeling today?",
+    "Can you tell me about your past?",
+];
 
 /// A context dialogue: 8 or 10 alternating turns, user first, the character last; no
 /// line said twice (each speaker's lines are drawn without replacement), as the stage's
@@ -40,15 +47,28 @@ fn dialogue(input: &ShapeInput<'_>, rng: &mut ChaCha8Rng) -> String {
     let (asks, replies) = (order(ask.len()), order(reply.len()));
     let list: Vec<serde_json::Value> = (0..turns)
         .map(|i| {
-            let (speaker, line) = if i % 2 == 0 { ("user", ask[asks[i / 2]]) } else { ("character", reply[replies[i / 2]]) };
+            let (speaker, line) =
+                if i % 2 == 0 { ("user", ask[asks[i / 2]]) } else { ("character", reply[replies[i / 2]]) };
             serde_json::json!({"speaker": speaker, "utterance": line})
         })
         .collect();
     serde_json::json!({ "dialogue": list }).to_string()
 }
 
-const ZH: &[&str] = &["（笑）这个嘛，你猜猜看。", "我记得很清楚，就是那天的事。", "（皱眉）别这么说，我会生气的。", "好啊，我们一起去吧！", "（叹气）唉，说来话长。"];
-const EN: &[&str] = &["(smiles) Guess for yourself.", "I remember that day well.", "(frowns) Don't say that.", "Sure, let's go together!", "(sighs) It's a long story."];
+const ZH: &[&str] = &[
+    "（笑）这个嘛，你猜猜看。",
+    "我记得很清楚，就是那天的事。",
+    "（皱眉）别这么说，我会生气的。",
+    "好啊，我们一起去吧！",
+    "（叹气）唉，说来话长。",
+];
+const EN: &[&str] = &[
+    "(smiles) Guess for yourself.",
+    "I remember that day well.",
+    "(frowns) Don't say that.",
+    "Sure, let's go together!",
+    "(sighs) It's a long story.",
+];
 
 fn response(input: &ShapeInput<'_>, rng: &mut ChaCha8Rng) -> String {
     let zh = input.prompt.contains("现在需要你来扮演");
@@ -101,7 +121,7 @@ mod tests {
         let (mut fallback, mut lines) = (0, 0);
         for seed in 0..400u64 {
             let a = judge(&ShapeInput { prompt: zh, args: "", score_one: 0.5 }, &mut ChaCha8Rng::seed_from_u64(seed));
-            match crate::llm::parse::python_float(a.split('\n').next().unwrap()) {
+            match synth_llm::parse::python_float(a.split('\n').next().unwrap()) {
                 Some(v) => assert!((1.0..=3.0).contains(&v), "{a}"),
                 None => fallback += 1,
             }
@@ -116,7 +136,10 @@ mod tests {
         let parser = (super::super::parsers::RESPONSE.build)(&serde_json::Value::Null).unwrap();
         let mut plain = 0;
         for seed in 0..200u64 {
-            let a = response(&ShapeInput { prompt: "现在需要你来扮演角色", args: "", score_one: 0.5 }, &mut ChaCha8Rng::seed_from_u64(seed));
+            let a = response(
+                &ShapeInput { prompt: "现在需要你来扮演角色", args: "", score_one: 0.5 },
+                &mut ChaCha8Rng::seed_from_u64(seed),
+            );
             let r = parser.parse(&a, &Default::default()).unwrap();
             assert!(ZH.contains(&r["reply"].as_str().unwrap()), "{a}");
             plain += usize::from(r["reply_fallback"] == true);

@@ -9,14 +9,14 @@
 //! `<column>_object` (the parsed object as JSON, for `parity_dict_repr`),
 //! `<column>_fallback`.
 
-use crate::data::arrow::datatypes::{DataType, Field};
 use serde::Deserialize;
 use serde_json::{Map, Value};
+use synth_core::data::arrow::datatypes::{DataType, Field};
 
-use crate::config::options::{OptionSpec, Ty};
-use crate::data::Row;
-use crate::data::python::py_str;
-use crate::llm::parse::{Parser, ParserKind, extract_json_object};
+use synth_core::config::options::{OptionSpec, Ty};
+use synth_core::data::Row;
+use synth_core::data::python::py_str;
+use synth_llm::parse::{Parser, ParserKind, extract_json_object};
 
 pub static KINDS: &[&ParserKind] = &[&RESPONSE, &DIALOGUE];
 
@@ -31,7 +31,12 @@ pub static RESPONSE: ParserKind = ParserKind {
     options: &[
         OptionSpec::default("column", Ty::Str, "\"reply\"", "output column of the reply text"),
         OptionSpec::default("key", Ty::Str, "\"response\"", "the key holding the reply"),
-        OptionSpec::default("plain_text", Ty::Bool, "true", "an answer with no object is the reply itself (flagged), instead of re-asked"),
+        OptionSpec::default(
+            "plain_text",
+            Ty::Bool,
+            "true",
+            "an answer with no object is the reply itself (flagged), instead of re-asked",
+        ),
         OptionSpec::default(
             "parity_cleanup",
             Ty::Bool,
@@ -269,9 +274,24 @@ pub static DIALOGUE: ParserKind = ParserKind {
     name: "characterbench_dialogue",
     about: "a generated dialogue context (construction): JSON {\"dialogue\": [{speaker, utterance}]} or speaker：utterance lines; at least min_turns, user first, alternating, the character last; column `context` (JSON list of {speaker, utterance})",
     options: &[
-        OptionSpec::default("min_turns", crate::config::options::POSITIVE, "8", "fewest turns (the paper's scripts have n >= 5 exchanges)"),
-        OptionSpec::default("name_column", Ty::Str, "\"character_name\"", "the record's column with the character's name"),
-        OptionSpec::default("lang_column", Ty::Str, "\"lang\"", "the record's column with the language (the user's label: 用户 / User)"),
+        OptionSpec::default(
+            "min_turns",
+            synth_core::config::options::POSITIVE,
+            "8",
+            "fewest turns (the paper's scripts have n >= 5 exchanges)",
+        ),
+        OptionSpec::default(
+            "name_column",
+            Ty::Str,
+            "\"character_name\"",
+            "the record's column with the character's name",
+        ),
+        OptionSpec::default(
+            "lang_column",
+            Ty::Str,
+            "\"lang\"",
+            "the record's column with the language (the user's label: 用户 / User)",
+        ),
     ],
     build: |v| {
         #[derive(Deserialize)]
@@ -348,8 +368,12 @@ mod tests {
         assert!(parse(Value::Null, "{\"reply\": \"x\"}").unwrap_err().contains("no \"response\""));
         assert!(parse(Value::Null, "   ").is_err());
         // The official rewrite changes the reply's punctuation (P7).
-        let r = parse(serde_json::json!({"parity_cleanup": true}), "```json\n{\"response\": \"好，走吧。\"}\n```").unwrap();
+        let r =
+            parse(serde_json::json!({"parity_cleanup": true}), "```json\n{\"response\": \"好，走吧。\"}\n```").unwrap();
         assert_eq!(r["reply"], "好,走吧.");
-        assert_eq!(python_literal("{'a': [1, 2.5, True, None], \"b\": 'x\\'y'}").unwrap(), serde_json::json!({"a": [1, 2.5, true, null], "b": "x'y"}));
+        assert_eq!(
+            python_literal("{'a': [1, 2.5, True, None], \"b\": 'x\\'y'}").unwrap(),
+            serde_json::json!({"a": [1, 2.5, true, null], "b": "x'y"})
+        );
     }
 }

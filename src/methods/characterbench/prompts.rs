@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use super::bench::{Bench, Dimension};
-use crate::data::python;
+use synth_core::data::python;
 
 /// The role-play prompt of a normalized session.
 pub fn roleplay(

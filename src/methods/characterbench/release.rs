@@ -22,7 +22,7 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use super::bench::{Bench, Dimension};
-use crate::data::python::py_str;
+use synth_core::data::python::py_str;
 
 /// The judge-prediction fields shipped with each record, per language
 /// (`pred_<lang><suffix>`), exposed as `pred<suffix>` for the row's language.
@@ -146,7 +146,9 @@ pub fn read_file(
             problems.push(Problem {
                 id: format!("{}/{record_id}#{index}", dim.id),
                 field: "id".into(),
-                message: format!("{file}: record {record_id} (#{index}): field \"id\": the id is used by an earlier record"),
+                message: format!(
+                    "{file}: record {record_id} (#{index}): field \"id\": the id is used by an earlier record"
+                ),
                 record: record_text(),
             });
             continue;
@@ -170,7 +172,14 @@ pub fn read_file(
 pub type Bad = (String, String);
 
 /// One record in one language, or the field at fault and why.
-pub fn item(rec: &Map<String, Value>, dim: &Dimension, bench: &Bench, lang: &str, record_id: &str, index: usize) -> Result<Item, Bad> {
+pub fn item(
+    rec: &Map<String, Value>,
+    dim: &Dimension,
+    bench: &Bench,
+    lang: &str,
+    record_id: &str,
+    index: usize,
+) -> Result<Item, Bad> {
     let language = &bench.languages[lang];
     let (src, prefix): (&Map<String, Value>, String) = match &language.record {
         None => (rec, String::new()),
@@ -194,7 +203,8 @@ pub fn item(rec: &Map<String, Value>, dim: &Dimension, bench: &Bench, lang: &str
         Some(v) => py_str(v),
         None => return Err((field("character_name"), "missing".into())),
     };
-    let profile_value = src.get("character_profile").ok_or_else(|| (field("character_profile"), "missing".to_string()))?;
+    let profile_value =
+        src.get("character_profile").ok_or_else(|| (field("character_profile"), "missing".to_string()))?;
     let character_profile = py_str(profile_value);
     let turns = match src.get("dialogue") {
         Some(Value::Array(t)) if !t.is_empty() => t,
@@ -261,7 +271,9 @@ pub fn item(rec: &Map<String, Value>, dim: &Dimension, bench: &Bench, lang: &str
             match v {
                 Some(Value::String(s)) => Ok(if en_rules { s.trim_start().to_string() } else { s.clone() }),
                 Some(_) => Err((field(f), "not text".into())),
-                None => Err((field(f), "missing (needed to place a speaker that is neither user nor character)".into())),
+                None => {
+                    Err((field(f), "missing (needed to place a speaker that is neither user nor character)".into()))
+                }
             }
         };
         let role = if sp_norm == "user" || (en_rules && sp_norm == "User") {
@@ -322,7 +334,9 @@ pub fn item(rec: &Map<String, Value>, dim: &Dimension, bench: &Bench, lang: &str
     let gold = match gold_value {
         None | Some(Value::Null) => None,
         Some(Value::Number(n)) => n.as_f64(),
-        Some(Value::String(s)) => Some(s.trim().parse::<f64>().map_err(|_| ("gold".to_string(), format!("not a number: {s:?}")))?),
+        Some(Value::String(s)) => {
+            Some(s.trim().parse::<f64>().map_err(|_| ("gold".to_string(), format!("not a number: {s:?}")))?)
+        }
         Some(_) => return Err(("gold".into(), "not a number".into())),
     };
     if let Some(g) = gold
@@ -333,8 +347,7 @@ pub fn item(rec: &Map<String, Value>, dim: &Dimension, bench: &Bench, lang: &str
     let preds = PRED_SUFFIXES.iter().map(|s| number(rec.get(&format!("pred_{lang}{s}")))).collect();
     let response_messages = src.get("response_messages");
     let response = response_messages.and_then(|r| r.get("response")).map(py_str);
-    let response_model =
-        rec.get("response_messages").and_then(|r| r.get("model")).filter(|m| !m.is_null()).map(py_str);
+    let response_model = rec.get("response_messages").and_then(|r| r.get("model")).filter(|m| !m.is_null()).map(py_str);
 
     Ok(Item {
         key: format!("{}/{record_id}/{lang}", dim.id),

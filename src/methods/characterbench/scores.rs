@@ -26,8 +26,7 @@ pub fn aspects(bench: &Bench, by_dimension: &BTreeMap<String, f64>) -> Vec<(Stri
         .aspects
         .iter()
         .map(|a| {
-            let dims: Vec<&str> =
-                bench.dimensions.iter().filter(|d| d.aspect == a.id).map(|d| d.id.as_str()).collect();
+            let dims: Vec<&str> = bench.dimensions.iter().filter(|d| d.aspect == a.id).map(|d| d.id.as_str()).collect();
             let got: Vec<f64> = dims.iter().filter_map(|d| by_dimension.get(*d).copied()).collect();
             (a.id.clone(), mean(&got), dims.len(), got.len())
         })

@@ -113,7 +113,8 @@ pub fn check_question(question: &str, options: &[String], answer: &str, letters:
 mod tests {
     use super::*;
 
-    const PAPER: QcBounds = QcBounds { strong_min: 0.3, strong_max: 0.9, weak_max: 0.8, min_gap: 0.15, tolerance: 1e-9 };
+    const PAPER: QcBounds =
+        QcBounds { strong_min: 0.3, strong_max: 0.9, weak_max: 0.8, min_gap: 0.15, tolerance: 1e-9 };
 
     #[test]
     fn seventeen_plus_three_slots() {
@@ -140,7 +141,10 @@ mod tests {
         assert_eq!(qc_reasons(acc(5), acc(0), &PAPER), vec!["strong accuracy 0.25 < 0.3"]);
         assert!(qc_reasons(acc(6), acc(3), &PAPER).is_empty(), "0.3 and a gap of 0.15 are inside");
         assert!(qc_reasons(acc(18), acc(15), &PAPER).is_empty(), "0.9 and 0.75");
-        assert_eq!(qc_reasons(acc(20), acc(17), &PAPER), vec!["strong accuracy 1.00 > 0.9", "weak accuracy 0.85 > 0.8"]);
+        assert_eq!(
+            qc_reasons(acc(20), acc(17), &PAPER),
+            vec!["strong accuracy 1.00 > 0.9", "weak accuracy 0.85 > 0.8"]
+        );
     }
 
     #[test]
@@ -149,7 +153,10 @@ mod tests {
         let l = ["A", "B", "C", "D"];
         assert_eq!(check_question("q", &o(["a", "b", "c", "d"]), "B", &l), None);
         assert_eq!(check_question("q", &o(["a", "", "c", "d"]), "B", &l).unwrap(), "option B is empty");
-        assert_eq!(check_question("q", &o(["a", "b", "c", "d"]), "E", &l).unwrap(), "answer \"E\" is not one of A/B/C/D");
+        assert_eq!(
+            check_question("q", &o(["a", "b", "c", "d"]), "E", &l).unwrap(),
+            "answer \"E\" is not one of A/B/C/D"
+        );
         assert_eq!(check_question("q", &o(["a", "b", " a", "d"]), "A", &l).unwrap(), "two options are the same");
         assert_eq!(check_question(" ", &o(["a", "b", "c", "d"]), "A", &l).unwrap(), "the question is empty");
     }

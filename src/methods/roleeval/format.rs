@@ -8,8 +8,8 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::data::chat::Role;
-use crate::llm::Message;
+use synth_core::data::chat::Role;
+use synth_llm::Message;
 
 #[derive(Debug, Clone, Deserialize)]
 pub struct Category {
@@ -129,8 +129,8 @@ impl Format {
 mod tests {
     use super::*;
 
-    pub(crate) fn zh() -> Format {
-        let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    pub fn zh() -> Format {
+        let root = std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../.."));
         Format::read(&root.join("pipelines/prompts/roleeval/zh.json")).unwrap()
     }
 

@@ -6,7 +6,7 @@
 use rand::RngExt;
 use rand_chacha::ChaCha8Rng;
 
-use crate::llm::offline::{OfflineShape, ShapeInput};
+use synth_llm::offline::{OfflineShape, ShapeInput};
 
 pub static SHAPES: &[&OfflineShape] = &[&MCQ, &QUESTION];
 
@@ -18,13 +18,13 @@ pub static MCQ: OfflineShape = OfflineShape { name: super::parsers::SHAPE, gener
 pub static QUESTION: OfflineShape = OfflineShape { name: super::parsers::QUESTION_SHAPE, generate: question };
 
 fn question(input: &ShapeInput<'_>, rng: &mut ChaCha8Rng) -> String {
-    let words = crate::llm::offline::content_words(input.prompt);
+    let words = synth_llm::offline::content_words(input.prompt);
     let mut options: Vec<String> = Vec::new();
     while options.len() < 4 {
         let w = if words.is_empty() {
             format!("选项{}", options.len() + 1)
         } else {
-            format!("{}{}", crate::llm::offline::pick_word(rng, &words), options.len() + 1)
+            format!("{}{}", synth_llm::offline::pick_word(rng, &words), options.len() + 1)
         };
         options.push(w);
     }
@@ -32,8 +32,8 @@ fn question(input: &ShapeInput<'_>, rng: &mut ChaCha8Rng) -> String {
     let topic = if words.is_empty() {
         "这个角色".to_string()
     } else {
-        let a = crate::llm::offline::pick_word(rng, &words);
-        let b = crate::llm::offline::pick_word(rng, &words);
+        let a = synth_llm::offline::pick_word(rng, &words);
+        let b = synth_llm::offline::pick_word(rng, &words);
         if a == b { a } else { format!("{a}与{b}") }
     };
     // A rewrite of a question given as JSON in the prompt (a translation) keeps its letter.
@@ -76,7 +76,7 @@ mod tests {
         for seed in 0..200u64 {
             let a = answer(&input, &mut ChaCha8Rng::seed_from_u64(seed));
             assert_eq!(a, answer(&input, &mut ChaCha8Rng::seed_from_u64(seed)));
-            let got = parser.parse(&a, &crate::data::Row::new()).unwrap();
+            let got = parser.parse(&a, &synth_core::data::Row::new()).unwrap();
             nulls += usize::from(got["pred"].is_null());
         }
         assert!(nulls > 0 && nulls < 50, "some refusals, mostly letters: {nulls}");

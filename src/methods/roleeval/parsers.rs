@@ -4,14 +4,14 @@
 //! columns are `pred` (the letter, or null) and `extract_rule` (the rule that fired,
 //! or null).
 
-use crate::data::arrow::datatypes::{DataType, Field};
 use serde::Deserialize;
 use serde_json::{Map, Value};
+use synth_core::data::arrow::datatypes::{DataType, Field};
 
 use super::extract::{self, List};
-use crate::config::options::{OptionSpec, Ty};
-use crate::data::{self, Row};
-use crate::llm::parse::{Parser, ParserKind};
+use synth_core::config::options::{OptionSpec, Ty};
+use synth_core::data::{self, Row};
+use synth_llm::parse::{Parser, ParserKind};
 
 pub static KINDS: &[&ParserKind] = &[&MCQ, &QUESTION];
 
@@ -41,7 +41,7 @@ impl Parser for QuestionParser {
     }
 
     fn parse(&self, text: &str, record: &Row) -> Result<Row, String> {
-        let obj = crate::llm::parse::extract_json_object(text)?;
+        let obj = synth_llm::parse::extract_json_object(text)?;
         let get = |k: &str| -> Result<String, String> {
             match obj.get(k) {
                 Some(Value::String(s)) => Ok(s.clone()),
@@ -61,9 +61,7 @@ impl Parser for QuestionParser {
             && LETTERS.contains(&was.as_str())
             && *was != answer
         {
-            return Err(format!(
-                "the answer must stay \"{was}\" (the options keep their order), got \"{answer}\""
-            ));
+            return Err(format!("the answer must stay \"{was}\" (the options keep their order), got \"{answer}\""));
         }
         let mut row = Row::new();
         row.insert("question".into(), Value::String(question));
@@ -148,9 +146,10 @@ impl Parser for Mcq {
 
     fn parse(&self, text: &str, record: &Row) -> Result<Row, String> {
         let seed = self.random_fallback.then(|| {
-            let key = record.get(&self.key_column).and_then(Value::as_str).or_else(|| {
-                record.get(data::ID).and_then(Value::as_str)
-            });
+            let key = record
+                .get(&self.key_column)
+                .and_then(Value::as_str)
+                .or_else(|| record.get(data::ID).and_then(Value::as_str));
             fallback_seed(key.unwrap_or_default())
         });
         let (pred, rule) = match extract::extract(text, &self.lists, seed) {
@@ -170,7 +169,7 @@ impl Parser for Mcq {
 
     /// `{"answer": "B"}`: the answer's text, read by the same extraction cascade.
     fn parse_json(&self, answer: &Map<String, Value>, record: &Row) -> Result<Row, String> {
-        self.parse(&crate::llm::parse::json_text(answer, "answer")?, record)
+        self.parse(&synth_llm::parse::json_text(answer, "answer")?, record)
     }
 }
 
@@ -214,7 +213,13 @@ mod tests {
             .unwrap();
         assert_eq!((ok["C"].as_str(), ok["answer"].as_str()), (Some("1985"), Some("B")));
         let bad = |t: &str| p.parse(t, &Row::new()).unwrap_err();
-        assert!(bad("{\"question\": \"q\", \"A\": \"a\", \"B\": \"b\", \"C\": \"c\", \"answer\": \"A\"}").contains("no \"D\""));
-        assert!(bad("{\"question\": \"q\", \"A\": \"a\", \"B\": \"b\", \"C\": \"c\", \"D\": \"d\", \"answer\": \"E\"}").contains("not one of"));
+        assert!(
+            bad("{\"question\": \"q\", \"A\": \"a\", \"B\": \"b\", \"C\": \"c\", \"answer\": \"A\"}")
+                .contains("no \"D\"")
+        );
+        assert!(
+            bad("{\"question\": \"q\", \"A\": \"a\", \"B\": \"b\", \"C\": \"c\", \"D\": \"d\", \"answer\": \"E\"}")
+                .contains("not one of")
+        );
     }
 }

@@ -69,13 +69,16 @@ pub fn files(root: &Path, format: &Format, sel: &Selection) -> Vec<(String, Stri
 }
 
 /// Read the selected files: the questions in file order and the rows left out.
-pub fn read(files: &[(String, String, PathBuf)], format: &Format, split: &str) -> Result<(Vec<Item>, Vec<Problem>), String> {
+pub fn read(
+    files: &[(String, String, PathBuf)],
+    format: &Format,
+    split: &str,
+) -> Result<(Vec<Item>, Vec<Problem>), String> {
     let mut items = Vec::new();
     let mut problems = Vec::new();
     let mut seen: HashMap<String, String> = HashMap::new();
     for (subset, stem, path) in files {
-        let category =
-            format.category(stem).ok_or_else(|| format!("category \"{stem}\" is not in the format file"))?;
+        let category = format.category(stem).ok_or_else(|| format!("category \"{stem}\" is not in the format file"))?;
         let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
         read_one(file, path, subset, category, format, split, &mut seen, &mut items, &mut problems)?;
     }
@@ -116,7 +119,11 @@ fn read_one(
             Ok(r) => (r.position().map(|p| p.line()).unwrap_or(0), r),
             Err(e) => {
                 let line = e.position().map(|p| p.line()).unwrap_or(0);
-                problems.push(Problem { id: format!("{name}:{line}"), message: format!("{name}:{line}: {e}"), record: None });
+                problems.push(Problem {
+                    id: format!("{name}:{line}"),
+                    message: format!("{name}:{line}: {e}"),
+                    record: None,
+                });
                 continue;
             }
         };
@@ -200,18 +207,19 @@ pub fn read_text(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::methods::roleeval::format::{Question, Render};
-    use crate::methods::roleeval::sha256;
+    use crate::format::{Question, Render};
+    use crate::sha256;
 
     fn zh() -> Format {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let root = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../.."));
         Format::read(&root.join("pipelines/prompts/roleeval/zh.json")).unwrap()
     }
 
     #[test]
     fn cells_stay_text_and_bad_rows_are_named() {
         let f = zh();
-        let text = "id,question,A,B,C,D\n0,Q0,4,\" 约翰\",\"a,b\",1985\n1,Q1,a,,c,d\n0,Q2,a,b,c,d\n2,Q3,a,b\n3,,a,b,c,d\n";
+        let text =
+            "id,question,A,B,C,D\n0,Q0,4,\" 约翰\",\"a,b\",1985\n1,Q1,a,,c,d\n0,Q2,a,b,c,d\n2,Q3,a,b\n3,,a,b,c,d\n";
         let (items, problems) = read_text(text, "x.csv", "global", "celebrities", &f, "test").unwrap();
         assert_eq!(items.len(), 1);
         assert_eq!(items[0].qkey, "global/celebrities/0");
@@ -230,15 +238,18 @@ mod tests {
         assert_eq!(problems[0].id, "global/celebrities/1");
         let err = read_text("id,question,A,B,C\n0,q,a,b,c\n", "y.csv", "global", "games", &f, "test").unwrap_err();
         assert_eq!(err, "y.csv:1: no column \"D\" (header: id,question,A,B,C)");
-        let (_, p) = read_text("id,question,A,B,C,D,answer\n0,q,a,b,c,d,E\n", "d.csv", "global", "games", &f, "dev").unwrap();
+        let (_, p) =
+            read_text("id,question,A,B,C,D,answer\n0,q,a,b,c,d,E\n", "d.csv", "global", "games", &f, "dev").unwrap();
         assert_eq!(p[0].message, "d.csv:2: answer \"E\" is not one of A/B/C/D");
-        assert!(read_text("id,question,A,B,C,D\n", "d.csv", "global", "games", &f, "dev").unwrap_err().contains("answer"));
+        assert!(
+            read_text("id,question,A,B,C,D\n", "d.csv", "global", "games", &f, "dev").unwrap_err().contains("answer")
+        );
     }
 
     /// The four reference renderings of spec §3.1, from the real release when present.
     #[test]
     fn reference_renderings_of_the_real_release() {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/data/roleeval");
+        let root = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../..")).join("../shared/data/roleeval");
         if !root.join("zh").exists() {
             eprintln!("SKIPPED: {} is absent (the shared data folder is not on this machine)", root.display());
             return;
@@ -255,7 +266,8 @@ mod tests {
         let (dev, p) = read(&files(&root, &f, &all("dev")), &f, "dev").unwrap();
         assert!(p.is_empty(), "{p:?}");
         assert_eq!(dev.len(), 50);
-        let q = |i: &Item| Question { question: i.question.clone(), options: i.options.clone(), answer: i.answer.clone() };
+        let q =
+            |i: &Item| Question { question: i.question.clone(), options: i.options.clone(), answer: i.answer.clone() };
         let cases = [
             ("global/celebrities/48", 0, 113, 298, "97647daee5bf6a1554acb1c48a5a988c3991bf7cdde2196f6961dbeff3f71d77"),
             ("global/celebrities/48", 5, 425, 1000, "df694dd0f1b79086709f6e9a9e48b5271a531e42f3f9755123aeb505a28cf44c"),

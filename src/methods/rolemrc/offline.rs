@@ -8,7 +8,7 @@
 use rand::seq::SliceRandom;
 use rand::{Rng, RngExt};
 
-use crate::llm::offline::{OfflineShape, between, block_after, content_words, paragraph, pick, pick_word, title};
+use synth_llm::offline::{OfflineShape, between, block_after, content_words, paragraph, pick, pick_word, title};
 
 /// The shapes of [`super::parsers`], registered through the method.
 pub static SHAPES: &[&OfflineShape] = &[&PROFILE, &DIALOGUE, &STYLIZED];
@@ -311,7 +311,8 @@ const SIGN_OFFS: &[&str] = &[
 ];
 
 /// Bullets a stand-in list adds when the answer has fewer sentences than bullets.
-const BULLETS: &[&str] = &["Keep the main point in mind", "Check the details twice", "Ask again if anything is unclear"];
+const BULLETS: &[&str] =
+    &["Keep the main point in mind", "Check the details twice", "Ask again if anything is unclear"];
 
 /// Sentences a stand-in answer adds to pass 50 words, each once.
 const PADDING: &[&str] = &[
@@ -409,11 +410,11 @@ fn apply_rule<R: Rng>(rule: &str, body: &str, prompt: &str, rng: &mut R) -> Stri
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llm::offline::Offline;
-    use crate::llm::ChatRequest;
+    use synth_llm::ChatRequest;
+    use synth_llm::offline::Offline;
 
     fn req(expect: &str, prompt: &str) -> ChatRequest {
-        crate::llm::offline::request(expect, prompt)
+        synth_llm::offline::request(expect, prompt)
     }
 
     #[test]

@@ -37,9 +37,7 @@ pub fn degenerate(chosen: &str, rejected: &str, max_similarity: Option<f64>) -> 
     }
     let s = similarity(chosen, rejected);
     (s >= threshold).then(|| {
-        format!(
-            "it is nearly the same text as the answer it was asked to edit (word similarity {s:.3} ≥ {threshold})"
-        )
+        format!("it is nearly the same text as the answer it was asked to edit (word similarity {s:.3} ≥ {threshold})")
     })
 }
 

@@ -9,14 +9,14 @@
 //! `first` / `narration` option for that record; a null or missing value falls
 //! back to the static option, any other value is a parse error naming the column.
 
-use crate::data::arrow::datatypes::{DataType, Field, Fields};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
+use synth_core::data::arrow::datatypes::{DataType, Field, Fields};
 
-use crate::config::options::{OptionSpec, POSITIVE, Ty};
-use crate::data::Row;
-use crate::llm::parse::{Parser, ParserKind, Rejection, json_text};
-use crate::store::failures::FailureKind;
+use synth_core::config::options::{OptionSpec, POSITIVE, Ty};
+use synth_core::data::Row;
+use synth_core::store::failures::FailureKind;
+use synth_llm::parse::{Parser, ParserKind, Rejection, json_text};
 
 pub static KINDS: &[&ParserKind] = &[&PROFILE, &DIALOGUE, &STYLIZED];
 
@@ -850,11 +850,13 @@ impl Parser for StylizedParser {
             Some(v) => return Err(Rejection::invalid(format!("column \"{column}\" must be text, found {v}"))),
         };
         let reply = fields.get("reply").and_then(Value::as_str).unwrap_or_default();
-        match crate::methods::rolemrc::pairs::degenerate(reply, edited, self.max_similarity) {
+        match crate::pairs::degenerate(reply, edited, self.max_similarity) {
             None => Ok(fields),
             Some(why) => Err(Rejection {
                 kind: FailureKind::DegeneratePair,
-                reason: format!("the edited answer must not repeat the given answer, but {why}; edit it as the requirements say"),
+                reason: format!(
+                    "the edited answer must not repeat the given answer, but {why}; edit it as the requirements say"
+                ),
             }),
         }
     }

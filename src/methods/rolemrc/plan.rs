@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use rand::RngExt;
 use serde::{Deserialize, Serialize};
 
-use crate::rng::record_rng;
+use synth_core::rng::record_rng;
 
 /// Train counts per category (each split evenly over its types), as Table 2.
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -104,7 +104,8 @@ pub fn split(line: &str) -> Result<Line<'_>, String> {
     let line = line.strip_suffix('\r').unwrap_or(line);
     let mut it = line.splitn(6, '\t');
     let cols: [Option<&str>; 6] = std::array::from_fn(|_| it.next());
-    let (Some(uri), Some(rel), Some(start), Some(end), Some(info), None) = (cols[0], cols[1], cols[2], cols[3], cols[4], cols[5])
+    let (Some(uri), Some(rel), Some(start), Some(end), Some(info), None) =
+        (cols[0], cols[1], cols[2], cols[3], cols[4], cols[5])
     else {
         let n = line.split('\t').count();
         return Err(format!("expected 5 tab-separated columns (uri, relation, start, end, JSON), got {n}"));
@@ -296,7 +297,7 @@ mod tests {
     const WHEAT: &str = "/a/[/r/AtLocation/,/c/en/wheat/,/c/en/field/]\t/r/AtLocation\t/c/en/wheat\t/c/en/field\t{\"dataset\": \"/d/conceptnet/4/en\", \"license\": \"cc:by/4.0\", \"sources\": [], \"surfaceText\": \"You are likely to find [[wheat]] in [[a field]]\", \"weight\": 2.0}";
 
     fn rules() -> Rules {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rules/sharp");
+        let dir = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../..")).join("rules/sharp");
         Rules::load(&dir, "rules/sharp", "en").unwrap()
     }
 
@@ -309,7 +310,9 @@ mod tests {
         assert_eq!(Filter::default().claim(&e, &rules()).unwrap(), "You are likely to find wheat in a field");
         let url = parse_line("/a/x\t/r/ExternalURL\t/c/en/test\thttp://dbpedia.org/x\t{\"weight\": 1.0}").unwrap();
         assert_eq!((url.lang_end, url.term_end), (None, None));
-        let escaped = parse_line("/a/x\t/r/IsA\t/c/en/a\t/c/en/b\t{\"surfaceText\": \"[[a]] is \\\"b\\\"\", \"weight\": 1}").unwrap();
+        let escaped =
+            parse_line("/a/x\t/r/IsA\t/c/en/a\t/c/en/b\t{\"surfaceText\": \"[[a]] is \\\"b\\\"\", \"weight\": 1}")
+                .unwrap();
         assert_eq!(escaped.surface_text.as_deref(), Some("[[a]] is \"b\""));
     }
 
@@ -321,10 +324,14 @@ mod tests {
         assert!(parse_line(&bad).unwrap_err().contains("column 5 is not valid JSON"));
         assert!(check_info(&split(&bad).unwrap()).unwrap_err().contains("column 5 is not valid JSON"));
         assert!(parse_line("/a/x\t/r/IsA\t/c/en/a\t/c/en/b\t[1]").unwrap_err().contains("not an object"));
-        assert!(check_info(&split("/a/x\t/r/IsA\t/c/en/a\t/c/en/b\t[1]").unwrap()).unwrap_err().contains("not an object"));
+        assert!(
+            check_info(&split("/a/x\t/r/IsA\t/c/en/a\t/c/en/b\t[1]").unwrap()).unwrap_err().contains("not an object")
+        );
         assert!(parse_line("/a/x\t/r/IsA\t/c/en/a\t/c/en/b\tnope").unwrap_err().contains("not valid JSON"));
         assert!(parse_line("/a/x\t/r/IsA\t/c/en/a\t/c/en/b\t{}").unwrap_err().contains("no \"weight\""));
-        assert!(parse_line("/a/x\t/r/IsA\t/c/en/a\t/c/en/b\t{\"weight\": \"1\"}").unwrap_err().contains("not a number"));
+        assert!(
+            parse_line("/a/x\t/r/IsA\t/c/en/a\t/c/en/b\t{\"weight\": \"1\"}").unwrap_err().contains("not a number")
+        );
         assert!(parse_line("/a/x\tIsA\t/c/en/a\t/c/en/b\t{}").unwrap_err().contains("relation URI"));
     }
 

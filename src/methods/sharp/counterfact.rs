@@ -178,16 +178,18 @@ impl Rewriter<'_> {
             .min_by_key(|(at, w)| (*at, std::cmp::Reverse(w.len())))?;
         let original = &text[at..at + word.len()];
         let antonym = &self.rules.antonyms[word];
-        let with = if original.chars().next().is_some_and(char::is_uppercase) { capitalize(antonym) } else { antonym.clone() };
-        Some(Counterfactual { claim: replace_at(text, at, word.len(), &with), detail: format!("lexicon: \"{original}\" → \"{with}\"") })
+        let with =
+            if original.chars().next().is_some_and(char::is_uppercase) { capitalize(antonym) } else { antonym.clone() };
+        Some(Counterfactual {
+            claim: replace_at(text, at, word.len(), &with),
+            detail: format!("lexicon: \"{original}\" → \"{with}\""),
+        })
     }
 
     /// The two `[[…]]` concepts of a surface text swapped, rendered as a claim.
     fn swap(&self, surface: &str) -> Option<Counterfactual> {
-        let spans: Vec<(usize, usize)> = surface
-            .match_indices("[[")
-            .filter_map(|(s, _)| surface[s..].find("]]").map(|e| (s, s + e + 2)))
-            .collect();
+        let spans: Vec<(usize, usize)> =
+            surface.match_indices("[[").filter_map(|(s, _)| surface[s..].find("]]").map(|e| (s, s + e + 2))).collect();
         let [(a0, a1), (b0, b1)] = spans.as_slice() else { return None };
         let (a, b) = (&surface[a0 + 2..a1 - 2], &surface[b0 + 2..b1 - 2]);
         if a.eq_ignore_ascii_case(b) || a1 > b0 {
@@ -206,7 +208,7 @@ mod tests {
     use super::*;
 
     fn rules(lang: &str) -> Rules {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rules/sharp");
+        let dir = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../..")).join("rules/sharp");
         Rules::load(&dir, "rules/sharp", lang).unwrap()
     }
 
@@ -218,7 +220,8 @@ mod tests {
     fn each_rule_on_fixture_claims() {
         let (en, graph) = (rules("en"), AntonymGraph::default());
         let sources = vec!["conceptnet".to_string(), "lexicon".to_string()];
-        let w = Rewriter { rules: &en, graph: &graph, antonym_sources: &sources, disruption: "swap", zh_convert: "t2s" };
+        let w =
+            Rewriter { rules: &en, graph: &graph, antonym_sources: &sources, disruption: "swap", zh_convert: "t2s" };
         let apply = |rule: &str, c: &Claim<'_>| w.apply(rule, c, 0, None).map(|c| c.claim);
         let wheat = "You are likely to find wheat in a field";
         let surface = "You are likely to find [[wheat]] in [[a field]]";
@@ -243,7 +246,11 @@ mod tests {
             "a balalaika is not used for making music",
             "the longest phrase at the earliest position"
         );
-        assert_eq!(apply("negation", &claim("This island is big", None)).unwrap(), "This island is not big", "whole words");
+        assert_eq!(
+            apply("negation", &claim("This island is big", None)).unwrap(),
+            "This island is not big",
+            "whole words"
+        );
     }
 
     #[test]
@@ -256,7 +263,13 @@ mod tests {
         graph.finish();
         assert_eq!(graph.neighbours("test"), ["breeze", "recess"]);
         let sources = vec!["conceptnet".to_string(), "lexicon".to_string()];
-        let w = Rewriter { rules: &en, graph: &graph, antonym_sources: &sources, disruption: "foreign_tail", zh_convert: "t2s" };
+        let w = Rewriter {
+            rules: &en,
+            graph: &graph,
+            antonym_sources: &sources,
+            disruption: "foreign_tail",
+            zh_convert: "t2s",
+        };
         let c = Claim {
             text: "assay is a type of test",
             end_span: Some("test"),
@@ -280,7 +293,8 @@ mod tests {
         let zh = rules("zh");
         let graph = AntonymGraph::default();
         let sources = vec!["conceptnet".to_string(), "lexicon".to_string()];
-        let w = Rewriter { rules: &zh, graph: &graph, antonym_sources: &sources, disruption: "swap", zh_convert: "t2s" };
+        let w =
+            Rewriter { rules: &zh, graph: &graph, antonym_sources: &sources, disruption: "swap", zh_convert: "t2s" };
         let apply = |rule: &str, c: &Claim<'_>| w.apply(rule, c, 0, None).map(|c| c.claim);
         let text = "经理来访可能代表检查。";
         assert_eq!(apply("negation", &claim(text, None)).unwrap(), "经理来访不可能代表检查。");

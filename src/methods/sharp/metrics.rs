@@ -246,7 +246,8 @@ pub fn vote(samples: &[Option<Stance>], tie: Tie) -> Option<Stance> {
     if top == 0 {
         return None;
     }
-    let tied: Vec<Stance> = [Stance::Favor, Stance::Against, Stance::Neutral].into_iter().filter(|s| count(*s) == top).collect();
+    let tied: Vec<Stance> =
+        [Stance::Favor, Stance::Against, Stance::Neutral].into_iter().filter(|s| count(*s) == top).collect();
     match (tied.as_slice(), tie) {
         ([one], _) => Some(*one),
         (_, Tie::Neutral) => Some(Stance::Neutral),

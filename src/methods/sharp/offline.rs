@@ -14,7 +14,7 @@ use rand::RngExt;
 use rand_chacha::ChaCha8Rng;
 
 use super::text::is_cjk;
-use crate::llm::offline::{OfflineShape, ShapeInput};
+use synth_llm::offline::{OfflineShape, ShapeInput};
 
 pub static SHAPES: &[&OfflineShape] = &[&STANCE, &CLAIM, &RELATIONS];
 
@@ -24,8 +24,9 @@ pub static RELATIONS: OfflineShape = OfflineShape { name: super::parsers::RELATI
 
 fn stance(input: &ShapeInput<'_>, rng: &mut ChaCha8Rng) -> String {
     let target = input.prompt.lines().next().unwrap_or_default().to_lowercase();
-    let counterfactual =
-        [" not ", "cannot", " only ", "never", "only ", " all ", "不", "只", "没有", "总是"].iter().any(|m| target.contains(m));
+    let counterfactual = [" not ", "cannot", " only ", "never", "only ", " all ", "不", "只", "没有", "总是"]
+        .iter()
+        .any(|m| target.contains(m));
     let draw = rng.random_range(0..100u32);
     let label = match (counterfactual, draw) {
         (true, 0..=54) | (false, 0..=14) => "AGAINST",
@@ -56,7 +57,8 @@ fn claim(input: &ShapeInput<'_>, rng: &mut ChaCha8Rng) -> String {
         // reads it as a real translation would be read): eight characters drawn by the
         // claim's hash, so each claim has its own.
         "zh" if !cjk => {
-            const HAN: &[char] = &['山', '水', '风', '云', '花', '鸟', '书', '茶', '火', '石', '林', '雨', '光', '海', '路', '门'];
+            const HAN: &[char] =
+                &['山', '水', '风', '云', '花', '鸟', '书', '茶', '火', '石', '林', '雨', '光', '海', '路', '门'];
             let hash = blake3::hash(text.as_bytes());
             let chars: String = hash.as_bytes()[..8].iter().map(|b| HAN[(*b as usize) % HAN.len()]).collect();
             format!("离线译文：{chars}")
@@ -71,7 +73,8 @@ fn claim(input: &ShapeInput<'_>, rng: &mut ChaCha8Rng) -> String {
 }
 
 fn relations(input: &ShapeInput<'_>, rng: &mut ChaCha8Rng) -> String {
-    const NAMES: &[&str] = &["Avery", "Blake", "Casey", "Devon", "Emery", "Finley", "Harper", "Jordan", "Morgan", "Quinn"];
+    const NAMES: &[&str] =
+        &["Avery", "Blake", "Casey", "Devon", "Emery", "Finley", "Harper", "Jordan", "Morgan", "Quinn"];
     const RELATIONS: &[(&str, i64)] =
         &[("friend", 7), ("sister", 8), ("mentor", 6), ("colleague", 0), ("rival", -5), ("enemy", -8)];
     let _ = input;
@@ -94,9 +97,10 @@ mod tests {
     #[test]
     fn replies_parse_and_are_deterministic() {
         let mut bad = 0;
-        for (i, prompt) in ["Analyze the stance toward wheat is not found in a field", "Analyze the stance toward assay is a test"]
-            .iter()
-            .enumerate()
+        for (i, prompt) in
+            ["Analyze the stance toward wheat is not found in a field", "Analyze the stance toward assay is a test"]
+                .iter()
+                .enumerate()
         {
             let input = ShapeInput { prompt, args: "", score_one: 0.5 };
             let mut against = 0;

@@ -17,16 +17,16 @@
 
 use std::sync::{Arc, LazyLock};
 
-use crate::data::arrow::datatypes::{DataType, Field, Fields};
 use regex::Regex;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
+use synth_core::data::arrow::datatypes::{DataType, Field, Fields};
 
 use super::metrics::Stance;
 use super::text::is_cjk;
-use crate::config::options::{OptionSpec, Ty};
-use crate::data::Row;
-use crate::llm::parse::{Parser, ParserKind, json_text};
+use synth_core::config::options::{OptionSpec, Ty};
+use synth_core::data::Row;
+use synth_llm::parse::{Parser, ParserKind, json_text};
 
 pub static KINDS: &[&ParserKind] = &[&STANCE, &CLAIM, &RELATIONS];
 
@@ -64,11 +64,12 @@ static BARE: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"\b(FAVOU?R|AGAINST|
 /// `(stance, reason)` from a reply, or why not.
 pub fn parse_stance(text: &str) -> Result<(Stance, Option<String>), String> {
     // 1. JSON (a fence or the outermost braces), keys in any case.
-    if let Ok(obj) = crate::llm::parse::extract_json_object(text) {
+    if let Ok(obj) = synth_llm::parse::extract_json_object(text) {
         let get = |k: &str| obj.iter().find(|(key, _)| key.eq_ignore_ascii_case(k)).map(|(_, v)| v);
         if let Some(v) = get("stance") {
             let label = v.as_str().map(|s| s.trim_matches(|c| c == '[' || c == ']' || c == ' ')).unwrap_or_default();
-            let stance = Stance::parse(label).ok_or_else(|| format!("\"Stance\" is not FAVOR, AGAINST or NEUTRAL: {v}"))?;
+            let stance =
+                Stance::parse(label).ok_or_else(|| format!("\"Stance\" is not FAVOR, AGAINST or NEUTRAL: {v}"))?;
             let reason = get("reason").and_then(Value::as_str).map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
             return Ok((stance, reason));
         }
@@ -240,7 +241,12 @@ pub static RELATIONS: ParserKind = ParserKind {
     about: "the people in a character profile and their relations to it: JSON list of {role, relation, affection (-10..10, optional)}; column relations",
     options: &[
         OptionSpec::default("max_roles", Ty::Int(1, 1000), "20", "more roles are rejected"),
-        OptionSpec::default("main_column", Ty::Str, "\"role_name\"", "the record's column naming the character (not a role of itself)"),
+        OptionSpec::default(
+            "main_column",
+            Ty::Str,
+            "\"role_name\"",
+            "the record's column naming the character (not a role of itself)",
+        ),
     ],
     build: |v| {
         #[derive(Deserialize)]
@@ -275,10 +281,13 @@ pub fn parse_relations(text: &str, main: Option<&str>, max_roles: usize) -> Resu
         _ => false,
     };
     let value = if list_first {
-        let (Some(a), Some(b)) = (text.find('['), text.rfind(']')) else { return Err("no JSON list of relations in the answer".into()) };
+        let (Some(a), Some(b)) = (text.find('['), text.rfind(']')) else {
+            return Err("no JSON list of relations in the answer".into());
+        };
         serde_json::from_str(&text[a..=b]).map_err(|e| format!("the list of relations is not valid JSON: {e}"))?
     } else {
-        let obj = crate::llm::parse::extract_json_object(text).map_err(|_| "no JSON list of relations in the answer".to_string())?;
+        let obj = synth_llm::parse::extract_json_object(text)
+            .map_err(|_| "no JSON list of relations in the answer".to_string())?;
         obj.get("relations").cloned().ok_or("the JSON object has no \"relations\" list")?
     };
     let Value::Array(items) = value else { return Err("\"relations\" is not a list".into()) };
@@ -407,6 +416,9 @@ mod tests {
         assert!(err(r#"[{"role": "A", "relation": "x"}, {"role": "a", "relation": "y"}]"#).contains("twice"));
         assert!(err(r#"[{"role": "A", "relation": "x", "affection": 11}]"#).contains("-10 to 10"));
         assert!(err(r#"[{"role": "A"}]"#).contains("non-empty"));
-        assert!(err(r#"[{"role": "A", "relation": "x"}, {"role": "B", "relation": "x"}, {"role": "C", "relation": "x"}]"#).contains("more than 2"));
+        assert!(
+            err(r#"[{"role": "A", "relation": "x"}, {"role": "B", "relation": "x"}, {"role": "C", "relation": "x"}]"#)
+                .contains("more than 2")
+        );
     }
 }

@@ -96,7 +96,11 @@ pub fn interactions<'a>(turns: impl IntoIterator<Item = (&'a str, &'a str, &'a s
             && pc == scene
             && pp != speaker
         {
-            let pair = if pp < speaker { (pp.to_string(), speaker.to_string()) } else { (speaker.to_string(), pp.to_string()) };
+            let pair = if pp < speaker {
+                (pp.to_string(), speaker.to_string())
+            } else {
+                (speaker.to_string(), pp.to_string())
+            };
             *out.entry(script.to_string()).or_default().entry(pair).or_default() += 1;
         }
         prev = Some((script, scene, speaker));
@@ -120,10 +124,7 @@ pub fn degrees(graph: &Graph) -> BTreeMap<&str, (u64, u64)> {
 /// The main character: the highest degree centrality; ties to more interactions, then the
 /// name's order.
 pub fn main_character(graph: &Graph) -> Option<String> {
-    degrees(graph)
-        .into_iter()
-        .max_by(|a, b| a.1.cmp(&b.1).then_with(|| b.0.cmp(a.0)))
-        .map(|(s, _)| s.to_string())
+    degrees(graph).into_iter().max_by(|a, b| a.1.cmp(&b.1).then_with(|| b.0.cmp(a.0))).map(|(s, _)| s.to_string())
 }
 
 /// The main character's partners with their interaction counts, most frequent first (ties
@@ -178,7 +179,9 @@ mod tests {
 
     #[test]
     fn roles_parse_or_name_the_line() {
-        let ok = parse_roles("# c\nscript\tmain\trole\taffection\nHP\tHarry\tRon\thigh\nHP\tHarry\tMalfoy\tLow\n", "r.tsv").unwrap();
+        let ok =
+            parse_roles("# c\nscript\tmain\trole\taffection\nHP\tHarry\tRon\thigh\nHP\tHarry\tMalfoy\tLow\n", "r.tsv")
+                .unwrap();
         assert_eq!((ok[1].affection, ok[1].affection_name.as_str()), (Affection::Low, "low"));
         let err = parse_roles("script\tmain\trole\taffection\nHP\tHarry\tRon\tfriend\n", "r.tsv").unwrap_err();
         assert_eq!(err, "r.tsv:2: unknown affection class \"friend\" (one of high, low, neutral)");
@@ -204,7 +207,10 @@ mod tests {
         assert_eq!(g[&("Harry".to_string(), "Ron".to_string())], 2, "adjacent turns in one scene, both orders");
         assert_eq!(g.get(&("Ron".to_string(), "Snape".to_string())), None);
         assert_eq!(main_character(g).as_deref(), Some("Harry"), "3 partners");
-        assert_eq!(partners(g, "Harry"), vec![("Ron".to_string(), 2), ("Hermione".to_string(), 1), ("Snape".to_string(), 1)]);
+        assert_eq!(
+            partners(g, "Harry"),
+            vec![("Ron".to_string(), 2), ("Hermione".to_string(), 1), ("Snape".to_string(), 1)]
+        );
         assert_eq!(speakers(g).len(), 4);
     }
 
@@ -212,9 +218,14 @@ mod tests {
     fn affection_rules_parse_or_name_the_line() {
         let r = parse_affection_rules("# x\nFriend\thigh\nrival\tlow\n", "a.tsv").unwrap();
         assert_eq!(r["friend"], Affection::High);
-        assert_eq!(parse_affection_rules("friend\tlove\n", "a.tsv").unwrap_err(), "a.tsv:1: unknown affection class \"love\" (one of high, low, neutral)");
+        assert_eq!(
+            parse_affection_rules("friend\tlove\n", "a.tsv").unwrap_err(),
+            "a.tsv:1: unknown affection class \"love\" (one of high, low, neutral)"
+        );
         assert!(parse_affection_rules("friend\n", "a.tsv").unwrap_err().starts_with("a.tsv:1: expected 2"));
-        let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/rules/sharp/affection.tsv")).unwrap();
+        let shipped =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../rules/sharp/affection.tsv"))
+                .unwrap();
         let shipped = parse_affection_rules(&shipped, "affection.tsv").unwrap();
         assert_eq!((shipped["enemy"], shipped["朋友"]), (Affection::Low, Affection::High));
         assert_eq!(Affection::from_score(-3.0), Affection::Low);

@@ -54,8 +54,9 @@ impl Rules {
         let mut texts = Vec::new();
         for f in FILES {
             let path = dir.join(lang).join(f);
-            let text = std::fs::read_to_string(&path)
-                .map_err(|e| format!("{shown}/{lang}/{f}: {e} (a rules folder holds {} per language)", FILES.join(", ")))?;
+            let text = std::fs::read_to_string(&path).map_err(|e| {
+                format!("{shown}/{lang}/{f}: {e} (a rules folder holds {} per language)", FILES.join(", "))
+            })?;
             texts.push((format!("{shown}/{lang}/{f}"), text));
         }
         Rules::parse(lang, [(&texts[0].0, &texts[0].1), (&texts[1].0, &texts[1].1), (&texts[2].0, &texts[2].1)])
@@ -83,7 +84,10 @@ impl Rules {
         }
         for (n, cols) in tsv(atext) {
             let [a, b] = cols.as_slice() else {
-                return Err(format!("{aname}:{n}: expected 2 tab-separated columns (word, antonym), got {}", cols.len()));
+                return Err(format!(
+                    "{aname}:{n}: expected 2 tab-separated columns (word, antonym), got {}",
+                    cols.len()
+                ));
             };
             if a.is_empty() || b.is_empty() || a == b {
                 return Err(format!("{aname}:{n}: a word and a different antonym are needed"));
@@ -98,7 +102,10 @@ impl Rules {
         r.antonym_words.sort_by_key(|w| std::cmp::Reverse(w.chars().count()));
         for (n, cols) in tsv(ttext) {
             let [rel, template] = cols.as_slice() else {
-                return Err(format!("{tname}:{n}: expected 2 tab-separated columns (relation, template), got {}", cols.len()));
+                return Err(format!(
+                    "{tname}:{n}: expected 2 tab-separated columns (relation, template), got {}",
+                    cols.len()
+                ));
             };
             if !template.contains("{start}") || !template.contains("{end}") {
                 return Err(format!("{tname}:{n}: the template of {rel} needs both {{start}} and {{end}}"));
@@ -116,7 +123,7 @@ mod tests {
     use super::*;
 
     fn repo_rules(lang: &str) -> Rules {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("rules/sharp");
+        let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../..")).join("rules/sharp");
         Rules::load(&dir, "rules/sharp", lang).unwrap()
     }
 

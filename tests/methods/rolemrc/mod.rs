@@ -41,6 +41,6 @@ pub(crate) fn demo_request(body: &Value) -> (Vec<Message>, Option<&'static str>)
 pub(crate) fn demo_answer(messages: Vec<Message>, expect: &str) -> String {
     let req =
         ChatRequest { messages, params: GenParams::default(), sample: 0, expect: expect.into(), structured: None };
-    Offline { seed: 11, score_one: 0.5, shapes: synth::registry::Registry::builtin().shapes.clone() }
+    Offline { seed: 11, score_one: 0.5, shapes: synth::registry::builtin().shapes.clone() }
         .generate(&req, &GenParams::default())
 }

@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 use synth::data::Row;
 use synth::methods::rolemrc::parsers::{parse_profile, split_narration};
-use synth::registry::Registry;
 
 /// (fixture folder, parser, default parser options).
 const SUITES: [(&str, &str, &str); 3] = [
@@ -65,7 +64,8 @@ fn run_case(parser: &str, default_options: &str, case: &Path) -> (Result<Row, St
         None => Row::new(),
         Some(other) => panic!("{}: the record must be an object, found {other}", case.display()),
     };
-    let p = Registry::builtin().build_parser(parser, &options).unwrap_or_else(|e| panic!("{}: {e}", case.display()));
+    let p =
+        synth::registry::builtin().build_parser(parser, &options).unwrap_or_else(|e| panic!("{}: {e}", case.display()));
     // What the llm stage calls: parse, then the parser's own checks (a rejection of
     // another kind than `validation` shows its kind).
     let result = p.accept(&read(case), &record).map_err(|r| match r.kind {
@@ -328,7 +328,7 @@ fn record_columns_override_static_options() {
     let text = read(&dir("dialogues").join("ok_user_first_12.txt"));
     let record = |v: Value| v.as_object().unwrap().clone();
     let opts = json!({"first": "role", "narration": "reject", "first_column": "who", "narration_column": "narr"});
-    let p = Registry::builtin().build_parser("dialogue", &opts).unwrap();
+    let p = synth::registry::builtin().build_parser("dialogue", &opts).unwrap();
     // The static options alone reject this user-first dialogue with narration...
     assert!(p.parse(&text, &record(json!({"role_name": "Thorin Ironfoot"}))).is_err());
     assert!(p.parse(&text, &record(json!({"role_name": "Thorin Ironfoot", "who": "user"}))).is_err());
@@ -338,10 +338,10 @@ fn record_columns_override_static_options() {
     let ok = p.parse(&text, &record(json!({"role_name": "Thorin Ironfoot", "who": "any", "narr": false}))).unwrap();
     assert!(assistant_turns(&ok).iter().all(|c| !c.starts_with('(')));
     // Without the column options, the record's columns are ignored.
-    let plain = Registry::builtin().build_parser("dialogue", &json!({"first": "role"})).unwrap();
+    let plain = synth::registry::builtin().build_parser("dialogue", &json!({"first": "role"})).unwrap();
     assert!(plain.parse(&text, &record(json!({"role_name": "Thorin Ironfoot", "first": "user"}))).is_err());
 
-    let s = Registry::builtin()
+    let s = synth::registry::builtin()
         .build_parser("stylized", &json!({"narration": "required", "narration_column": "n"}))
         .unwrap();
     assert!(s.parse("Paris.", &record(json!({"n": null}))).is_err());
@@ -371,12 +371,13 @@ fn stylized_cleanup() {
 
 #[test]
 fn synth_list_shows_the_column_options() {
-    let names = |k: &str| Registry::builtin().parser(k).unwrap().options.iter().map(|o| o.name).collect::<Vec<_>>();
+    let names =
+        |k: &str| synth::registry::builtin().parser(k).unwrap().options.iter().map(|o| o.name).collect::<Vec<_>>();
     let d = names("dialogue");
     assert!(d.contains(&"first_column") && d.contains(&"narration_column"), "{d:?}");
     assert!(names("stylized").contains(&"narration_column"));
     for k in ["dialogue", "stylized"] {
-        for o in Registry::builtin().parser(k).unwrap().options {
+        for o in synth::registry::builtin().parser(k).unwrap().options {
             assert!(!o.doc.is_empty(), "{k}.{}", o.name);
         }
     }
@@ -442,7 +443,7 @@ fn structured_answers_give_the_text_parsers_columns() {
                 Some(Value::Object(m)) => m,
                 _ => Row::new(),
             };
-            let p = Registry::builtin().build_parser(parser, &options).unwrap();
+            let p = synth::registry::builtin().build_parser(parser, &options).unwrap();
             let text_row = p.accept(&read(&case), &record).unwrap();
             let answer = structured_of(parser, &text_row);
             let json_row = p
@@ -469,7 +470,7 @@ fn structured_answers_give_the_text_parsers_columns() {
 /// A structured answer breaking a parser's rules is rejected like the text would be.
 #[test]
 fn structured_answers_are_checked_like_text() {
-    let p = Registry::builtin().build_parser("dialogue", &json!({"min_turns": 2, "max_turns": 4})).unwrap();
+    let p = synth::registry::builtin().build_parser("dialogue", &json!({"min_turns": 2, "max_turns": 4})).unwrap();
     let record = Row::from_iter([("role_name".to_string(), json!("Thorin"))]);
     let twice = json!({"turns": [{"speaker": "user", "content": "hi"}, {"speaker": "user", "content": "again"}]});
     let e = p.accept_json(twice.as_object().unwrap(), &record).unwrap_err();
@@ -479,13 +480,13 @@ fn structured_answers_are_checked_like_text() {
     let stranger = json!({"turns": [{"speaker": "user", "content": "hi"}, {"speaker": "Gimli", "content": "hello"}]});
     assert!(p.accept_json(stranger.as_object().unwrap(), &record).unwrap_err().reason.contains("Gimli"));
     // The degenerate-pair check holds for structured answers too (its own failure kind).
-    let s = Registry::builtin().build_parser("stylized", &json!({"differ_from": "answer"})).unwrap();
+    let s = synth::registry::builtin().build_parser("stylized", &json!({"differ_from": "answer"})).unwrap();
     let rec = Row::from_iter([("answer".to_string(), json!("The tower is  50 m tall."))]);
     let same = json!({"narration": "", "answer": "The tower is 50 m tall."});
     let e = s.accept_json(same.as_object().unwrap(), &rec).unwrap_err();
     assert_eq!(e.kind, synth::store::failures::FailureKind::DegeneratePair);
     // A profile section left empty is missing, as in text.
-    let prof = Registry::builtin().build_parser("profile", &Value::Null).unwrap();
+    let prof = synth::registry::builtin().build_parser("profile", &Value::Null).unwrap();
     let mut obj = structured_of(
         "profile",
         &prof.accept(&read(&dir("profiles").join(format!("{}.txt", first_ok("profiles")))), &Row::new()).unwrap(),

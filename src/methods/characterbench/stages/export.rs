@@ -14,19 +14,19 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use anyhow::{Result, anyhow, bail};
-use crate::data::arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
+use synth_core::data::arrow::datatypes::SchemaRef;
 
 use super::{DEFAULT_DIMENSIONS, read_bench};
-use crate::config::diag::Diagnostics;
-use crate::config::options::{OptionSpec, Ty};
-use crate::data;
-use crate::methods::characterbench::bench::Bench;
-use crate::stages::{BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
-use crate::store::atomic::{create_tmp, finish_file};
-use crate::store::failures::FailureKind;
+use crate::bench::Bench;
+use synth_core::config::diag::Diagnostics;
+use synth_core::config::options::{OptionSpec, Ty};
+use synth_core::data;
+use synth_core::store::atomic::{create_tmp, finish_file};
+use synth_core::store::failures::FailureKind;
+use synth_engine::stages::{BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default("dir", Ty::OutPath, "\"release\"", "folder of the release, relative to the output directory"),
@@ -91,7 +91,7 @@ fn read_annotations(path: &std::path::Path) -> Result<BTreeMap<(String, String),
     if jsonl {
         for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
             let v: Value = serde_json::from_str(line).map_err(|e| anyhow!("{}:{}: {e}", path.display(), i + 1))?;
-            let s = |k: &str| v.get(k).map(crate::data::python::py_str);
+            let s = |k: &str| v.get(k).map(synth_core::data::python::py_str);
             add(i + 1, s("dimension"), s("id"), v.get("score").and_then(Value::as_f64))?;
         }
     } else {
@@ -119,7 +119,8 @@ fn set_response(rec: &mut Map<String, Value>, model: &str, reply: &str) {
 
 fn pretty(v: &Value) -> Result<Vec<u8>> {
     let mut buf = Vec::new();
-    let mut ser = serde_json::Serializer::with_formatter(&mut buf, serde_json::ser::PrettyFormatter::with_indent(b"    "));
+    let mut ser =
+        serde_json::Serializer::with_formatter(&mut buf, serde_json::ser::PrettyFormatter::with_indent(b"    "));
     v.serialize(&mut ser)?;
     Ok(buf)
 }
@@ -130,7 +131,14 @@ impl Stage for Export {
         ctx.require_columns(
             "inputs",
             0,
-            ["record", "dimension", "lang", self.opts.reply_column.as_str(), self.opts.model_column.as_str(), self.opts.score_column.as_str()],
+            [
+                "record",
+                "dimension",
+                "lang",
+                self.opts.reply_column.as_str(),
+                self.opts.model_column.as_str(),
+                self.opts.score_column.as_str(),
+            ],
         );
         ctx.files.extend(self.bench.files.iter().cloned());
         if let Some(a) = &self.annotations {
@@ -144,7 +152,7 @@ impl Stage for Export {
             Some(p) => read_annotations(p)?,
             None => BTreeMap::new(),
         };
-        let (_, batches) = crate::store::parquet::read_all(&ctx.inputs[0].path)?;
+        let (_, batches) = synth_core::store::parquet::read_all(&ctx.inputs[0].path)?;
         let mut files: BTreeMap<String, Vec<Value>> = BTreeMap::new();
         let mut models: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
         let (mut n, mut annotated) = (0u64, 0usize);
@@ -162,7 +170,12 @@ impl Stage for Export {
                     text(&self.opts.reply_column),
                     text(&self.opts.model_column),
                 ) else {
-                    ctx.fail(&rid, FailureKind::Export, "a row without record, dimension, lang, reply or model", serde_json::to_string(&row).ok());
+                    ctx.fail(
+                        &rid,
+                        FailureKind::Export,
+                        "a row without record, dimension, lang, reply or model",
+                        serde_json::to_string(&row).ok(),
+                    );
                     continue;
                 };
                 let Some(d) = self.bench.dimension(dim) else {
@@ -194,7 +207,15 @@ impl Stage for Export {
                         annotated += 1;
                     }
                     Some(s) => {
-                        ctx.fail(&rid, FailureKind::Export, format!("imported human score {s} of {}/{id} is outside the scale {}..={}", d.id, d.scale.0, d.scale.1), None);
+                        ctx.fail(
+                            &rid,
+                            FailureKind::Export,
+                            format!(
+                                "imported human score {s} of {}/{id} is outside the scale {}..={}",
+                                d.id, d.scale.0, d.scale.1
+                            ),
+                            None,
+                        );
                     }
                     None => {
                         rec.insert("annotation_score".into(), Value::Null);
@@ -225,7 +246,9 @@ impl Stage for Export {
         writeln!(card, "| dimension | records | scripts × models |\n|---|---:|---|")?;
         for d in &self.bench.dimensions {
             if let Some(records) = files.get(&d.id) {
-                let m = models.get(&d.id).map(|m| m.iter().map(|(k, v)| format!("{k}: {v}")).collect::<Vec<_>>().join(", "));
+                let m = models
+                    .get(&d.id)
+                    .map(|m| m.iter().map(|(k, v)| format!("{k}: {v}")).collect::<Vec<_>>().join(", "));
                 writeln!(card, "| {} ({}) | {} | {} |", d.heading, d.abbr, records.len(), m.unwrap_or_default())?;
             }
         }

@@ -17,25 +17,35 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::{Result, anyhow};
-use crate::data::arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use synth_core::data::arrow::datatypes::{DataType, Field, SchemaRef};
 
 use super::roleplay::{messages_type, with_columns};
 use super::{DEFAULT_DIMENSIONS, read_bench};
-use crate::config::diag::Diagnostics;
-use crate::config::options::{OptionSpec, Ty};
-use crate::data::{self, Row, python};
-use crate::methods::characterbench::bench::Bench;
-use crate::methods::characterbench::prompts::{self, JudgeInput};
-use crate::stages::exec::{Ids, map_batches};
-use crate::stages::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
-use crate::store::failures::FailureKind;
+use crate::bench::Bench;
+use crate::prompts::{self, JudgeInput};
+use synth_core::config::diag::Diagnostics;
+use synth_core::config::options::{OptionSpec, Ty};
+use synth_core::data::{self, Row, python};
+use synth_core::store::failures::FailureKind;
+use synth_engine::stages::exec::{Ids, map_batches};
+use synth_engine::stages::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 
 const OPTIONS: &[OptionSpec] = &[
-    OptionSpec::default("dimensions", Ty::File, DEFAULT_DIMENSIONS, "the benchmark definition (judge template per dimension and language)"),
-    OptionSpec::default("response_column", Ty::Str, "\"response\"", "the reply judged (the shipped one, or a model's parsed reply)"),
+    OptionSpec::default(
+        "dimensions",
+        Ty::File,
+        DEFAULT_DIMENSIONS,
+        "the benchmark definition (judge template per dimension and language)",
+    ),
+    OptionSpec::default(
+        "response_column",
+        Ty::Str,
+        "\"response\"",
+        "the reply judged (the shipped one, or a model's parsed reply)",
+    ),
     OptionSpec::default(
         "parity_dict_repr",
         Ty::Bool,
@@ -121,7 +131,8 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
     Some(Box::new(Judge { opts, bench, system, append, files }))
 }
 
-const NEEDS: &[&str] = &["dimension", "lang", "judge_profile", "judge_dialogue", "user_query", "speaker", "target_slot", "target"];
+const NEEDS: &[&str] =
+    &["dimension", "lang", "judge_profile", "judge_dialogue", "user_query", "speaker", "target_slot", "target"];
 
 fn added() -> Vec<Field> {
     vec![
@@ -141,7 +152,10 @@ impl Judge {
         let response = match row.get(col) {
             Some(Value::String(s)) if !s.is_empty() => s.clone(),
             Some(Value::String(_)) => {
-                return Err((FailureKind::Input, format!("the reply (\"{col}\") is empty: the official builder does not judge it")));
+                return Err((
+                    FailureKind::Input,
+                    format!("the reply (\"{col}\") is empty: the official builder does not judge it"),
+                ));
             }
             _ => return Err((FailureKind::Input, format!("no reply in column \"{col}\""))),
         };
@@ -157,7 +171,10 @@ impl Judge {
         let dim_id = text("dimension")?;
         let lang = text("lang")?;
         let dim = self.bench.dimension(dim_id).ok_or_else(|| {
-            (FailureKind::Input, format!("dimension \"{dim_id}\" is not in the definition (it knows: {})", self.bench.ids()))
+            (
+                FailureKind::Input,
+                format!("dimension \"{dim_id}\" is not in the definition (it knows: {})", self.bench.ids()),
+            )
         })?;
         let input = JudgeInput {
             profile: text("judge_profile")?,

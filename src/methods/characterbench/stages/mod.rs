@@ -14,15 +14,15 @@ pub mod score;
 pub mod script;
 pub mod targets;
 
-use crate::config::diag::Diagnostics;
-use crate::methods::characterbench::bench::Bench;
-use crate::stages::BuildCtx;
+use crate::bench::Bench;
+use synth_core::config::diag::Diagnostics;
+use synth_engine::stages::BuildCtx;
 
 /// The default of every kind's `dimensions` option.
 pub const DEFAULT_DIMENSIONS: &str = "\"pipelines/prompts/characterbench/dimensions.json\"";
 
 /// The benchmark definition named by a kind's `dimensions` option, or a diagnostic there.
-pub(crate) fn read_bench(ctx: &BuildCtx<'_>, diags: &mut Diagnostics, path: &str) -> Option<Bench> {
+pub fn read_bench(ctx: &BuildCtx<'_>, diags: &mut Diagnostics, path: &str) -> Option<Bench> {
     match Bench::read(&ctx.root.join(path)) {
         Ok(b) => Some(b),
         Err(e) => {
@@ -33,7 +33,7 @@ pub(crate) fn read_bench(ctx: &BuildCtx<'_>, diags: &mut Diagnostics, path: &str
 }
 
 /// Languages named by an option, checked against the definition.
-pub(crate) fn check_langs(ctx: &BuildCtx<'_>, diags: &mut Diagnostics, bench: &Bench, langs: &[String]) -> bool {
+pub fn check_langs(ctx: &BuildCtx<'_>, diags: &mut Diagnostics, bench: &Bench, langs: &[String]) -> bool {
     for l in langs {
         if !bench.languages.contains_key(l) {
             let known: Vec<&str> = bench.languages.keys().map(String::as_str).collect();

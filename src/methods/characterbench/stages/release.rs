@@ -19,25 +19,43 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Result, anyhow, bail};
-use crate::data::arrow::datatypes::{DataType, Field, Fields, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use synth_core::data::arrow::datatypes::{DataType, Field, Fields, SchemaRef};
 
 use super::{DEFAULT_DIMENSIONS, check_langs, read_bench};
-use crate::config::diag::Diagnostics;
-use crate::config::options::{OptionSpec, Ty};
-use crate::data::{self, Row};
-use crate::methods::characterbench::bench::Bench;
-use crate::methods::characterbench::release::{self, Item, PRED_SUFFIXES};
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Stage};
-use crate::store::failures::FailureKind;
+use crate::bench::Bench;
+use crate::release::{self, Item, PRED_SUFFIXES};
+use synth_core::config::diag::Diagnostics;
+use synth_core::config::options::{OptionSpec, Ty};
+use synth_core::data::{self, Row};
+use synth_core::store::failures::FailureKind;
+use synth_engine::stages::{Arity, BuildCtx, KindInfo, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Stage};
 
 const OPTIONS: &[OptionSpec] = &[
-    OptionSpec::required("path", Ty::Str, "directory of the release's <dimension>_test.json files (relative to the pipeline root)"),
-    OptionSpec::optional("fallback_path", Ty::Str, "directory read instead when `path` does not exist (a warning says so)"),
-    OptionSpec::default("dimensions", Ty::File, DEFAULT_DIMENSIONS, "the benchmark definition: dimensions, scales, templates"),
-    OptionSpec::default("langs", Ty::StrList, "[\"zh\", \"en\"]", "languages to read (en: each record's translation_en)"),
+    OptionSpec::required(
+        "path",
+        Ty::Str,
+        "directory of the release's <dimension>_test.json files (relative to the pipeline root)",
+    ),
+    OptionSpec::optional(
+        "fallback_path",
+        Ty::Str,
+        "directory read instead when `path` does not exist (a warning says so)",
+    ),
+    OptionSpec::default(
+        "dimensions",
+        Ty::File,
+        DEFAULT_DIMENSIONS,
+        "the benchmark definition: dimensions, scales, templates",
+    ),
+    OptionSpec::default(
+        "langs",
+        Ty::StrList,
+        "[\"zh\", \"en\"]",
+        "languages to read (en: each record's translation_en)",
+    ),
     OptionSpec::optional("only", Ty::StrList, "read only these dimensions (default: every dimension file present)"),
     OptionSpec::default("suffix", Ty::Str, "\"_test\"", "file names are <dimension><suffix>.json"),
 ];
@@ -178,7 +196,9 @@ impl ReleaseStage {
         }
         match &self.opts.fallback_path {
             Some(f) if self.root.join(f).is_dir() => Ok(self.root.join(f)),
-            Some(f) => bail!("neither {} nor the fallback {} is a directory", main.display(), self.root.join(f).display()),
+            Some(f) => {
+                bail!("neither {} nor the fallback {} is a directory", main.display(), self.root.join(f).display())
+            }
             None => bail!("{} is not a directory (the release's eval_data/raw_data)", main.display()),
         }
     }
@@ -231,7 +251,8 @@ impl Stage for ReleaseStage {
     async fn prepare(&self, _ctx: &PrepareCtx<'_>) -> Result<Option<Prepared>> {
         let dir = self.directory()?;
         let files = self.files(&dir)?;
-        let mut p = Prepared { files: files.into_iter().map(|(_, p)| p).collect(), hash_files: true, ..Default::default() };
+        let mut p =
+            Prepared { files: files.into_iter().map(|(_, p)| p).collect(), hash_files: true, ..Default::default() };
         p.fingerprint.insert("directory".into(), self.display_path(&dir));
         Ok(Some(p))
     }

@@ -6,20 +6,20 @@
 //! `characterbench_response` parser.
 
 use anyhow::{Result, anyhow};
-use crate::data::arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use synth_core::data::arrow::datatypes::{DataType, Field, SchemaRef};
 
 use super::{DEFAULT_DIMENSIONS, read_bench};
-use crate::config::diag::Diagnostics;
-use crate::config::options::{OptionSpec, Ty};
-use crate::data::{self, Row};
-use crate::methods::characterbench::bench::Bench;
-use crate::methods::characterbench::prompts;
-use crate::stages::exec::{Ids, map_batches};
-use crate::stages::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
-use crate::store::failures::FailureKind;
+use crate::bench::Bench;
+use crate::prompts;
+use synth_core::config::diag::Diagnostics;
+use synth_core::config::options::{OptionSpec, Ty};
+use synth_core::data::{self, Row};
+use synth_core::store::failures::FailureKind;
+use synth_engine::stages::exec::{Ids, map_batches};
+use synth_engine::stages::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 
 const OPTIONS: &[OptionSpec] = &[OptionSpec::default(
     "dimensions",
@@ -55,7 +55,7 @@ const NEEDS: &[&str] = &["lang", "character_profile", "user_profile", "messages"
 
 pub(super) fn messages_type() -> DataType {
     let s = |n: &str| Field::new(n, DataType::Utf8, false);
-    let message = DataType::Struct(crate::data::arrow::datatypes::Fields::from(vec![s("role"), s("content")]));
+    let message = DataType::Struct(synth_core::data::arrow::datatypes::Fields::from(vec![s("role"), s("content")]));
     DataType::List(std::sync::Arc::new(Field::new("item", message, true)))
 }
 

@@ -18,20 +18,20 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use anyhow::{Result, anyhow};
-use crate::data::arrow::array::{Array, ArrayRef, AsArray, Float64Array, Int64Array, RecordBatch, StringArray};
-use crate::data::arrow::datatypes::{DataType, Field, Float64Type, Int64Type, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
+use synth_core::data::arrow::array::{Array, ArrayRef, AsArray, Float64Array, Int64Array, RecordBatch, StringArray};
+use synth_core::data::arrow::datatypes::{DataType, Field, Float64Type, Int64Type, SchemaRef};
 
 use super::{DEFAULT_DIMENSIONS, read_bench};
-use crate::config::diag::Diagnostics;
-use crate::config::options::{OptionSpec, Ty};
-use crate::data;
-use crate::methods::characterbench::bench::Bench;
-use crate::methods::characterbench::scores;
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
-use crate::store::parquet::read_all;
-use crate::store::summary::{self, OVERALL, SummaryRow};
+use crate::bench::Bench;
+use crate::scores;
+use synth_core::config::diag::Diagnostics;
+use synth_core::config::options::{OptionSpec, Ty};
+use synth_core::data;
+use synth_core::store::parquet::read_all;
+use synth_core::store::summary::{self, OVERALL, SummaryRow};
+use synth_engine::stages::{Arity, BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::optional("label", Ty::Str, "the model's name in the report (default: the input stage's name)"),
@@ -42,7 +42,12 @@ const OPTIONS: &[OptionSpec] = &[
         "\"score_fallback_count\"",
         "judge samples that fell back to the default score (counted when the column exists)",
     ),
-    OptionSpec::default("dimensions", Ty::File, DEFAULT_DIMENSIONS, "the benchmark definition (scales, aspects, order)"),
+    OptionSpec::default(
+        "dimensions",
+        Ty::File,
+        DEFAULT_DIMENSIONS,
+        "the benchmark definition (scales, aspects, order)",
+    ),
     OptionSpec::default(
         "avg_over",
         Ty::Enum(&["present", "all"]),
@@ -116,7 +121,7 @@ struct Acc {
 }
 
 fn texts(col: &ArrayRef) -> Result<Vec<String>> {
-    let t = crate::data::arrow::compute::cast(col, &DataType::Utf8)?;
+    let t = synth_core::data::arrow::compute::cast(col, &DataType::Utf8)?;
     let s = t.as_string::<i32>();
     Ok((0..s.len()).map(|i| s.value(i).to_string()).collect())
 }
@@ -147,14 +152,14 @@ impl Stage for Score {
             let col = |n: &str| b.column_by_name(n).cloned().ok_or_else(|| anyhow!("no column \"{n}\""));
             let dims = texts(&col("dimension")?)?;
             let lang = texts(&col("lang")?)?;
-            let score = crate::data::arrow::compute::cast(&col(&self.opts.score_column)?, &DataType::Float64)?;
+            let score = synth_core::data::arrow::compute::cast(&col(&self.opts.score_column)?, &DataType::Float64)?;
             let score = score.as_primitive::<Float64Type>();
             let fallback = match b.column_by_name(&self.opts.fallback_column) {
-                Some(c) => Some(crate::data::arrow::compute::cast(c, &DataType::Int64)?),
+                Some(c) => Some(synth_core::data::arrow::compute::cast(c, &DataType::Int64)?),
                 None => None,
             };
             let gold = match b.column_by_name("gold") {
-                Some(c) => Some(crate::data::arrow::compute::cast(c, &DataType::Float64)?),
+                Some(c) => Some(synth_core::data::arrow::compute::cast(c, &DataType::Float64)?),
                 None => None,
             };
             let ids = data::ids(b);
@@ -201,8 +206,7 @@ impl Stage for Score {
                 }
             }
         }
-        let unknown: Vec<&String> =
-            acc.keys().map(|(_, d)| d).filter(|d| self.bench.dimension(d).is_none()).collect();
+        let unknown: Vec<&String> = acc.keys().map(|(_, d)| d).filter(|d| self.bench.dimension(d).is_none()).collect();
         if let Some(d) = unknown.first() {
             return Err(anyhow!(
                 "dimension \"{d}\" is not in the definition {} (it knows: {})",
@@ -211,7 +215,8 @@ impl Stage for Score {
             ));
         }
 
-        let mut out_rows: Vec<(String, String, String, i64, i64, Option<f64>, i64, Option<f64>, i64, Option<f64>)> = Vec::new();
+        let mut out_rows: Vec<(String, String, String, i64, i64, Option<f64>, i64, Option<f64>, i64, Option<f64>)> =
+            Vec::new();
         let mut summary: Vec<SummaryRow> = Vec::new();
         let total = self.bench.dimensions.len();
         for lang in &langs {
@@ -232,7 +237,18 @@ impl Stage for Score {
                 }
                 invalid_total += missing as u64;
                 if a.is_some() {
-                    out_rows.push((lang.clone(), d.id.clone(), d.abbr.clone(), n, missing, mean, d.scale.1, s5, fallbacks, a.and_then(|a| a.gold_max)));
+                    out_rows.push((
+                        lang.clone(),
+                        d.id.clone(),
+                        d.abbr.clone(),
+                        n,
+                        missing,
+                        mean,
+                        d.scale.1,
+                        s5,
+                        fallbacks,
+                        a.and_then(|a| a.gold_max),
+                    ));
                 }
                 dim_rows.push(SummaryRow {
                     label: label.clone(),
@@ -264,7 +280,11 @@ impl Stage for Score {
                 "all" if present < total => f64::NAN,
                 _ => scores::mean(&values).unwrap_or(f64::NAN),
             };
-            let coverage = if present < total { format!(", AVG over {present} of {total} dimension files") } else { String::new() };
+            let coverage = if present < total {
+                format!(", AVG over {present} of {total} dimension files")
+            } else {
+                String::new()
+            };
             let title = format!("{} (Table 4 layout, 5-point scale): {lang}{coverage}", self.opts.title);
             summary.push(SummaryRow {
                 label: label.clone(),
@@ -280,7 +300,8 @@ impl Stage for Score {
             });
             summary.extend(dim_rows.into_iter().map(|r| SummaryRow { title: title.clone(), ..r }));
             for (aspect, value, dims, got) in scores::aspects(&self.bench, &by_dim) {
-                let heading = self.bench.aspects.iter().find(|a| a.id == aspect).map(|a| a.heading.clone()).unwrap_or_default();
+                let heading =
+                    self.bench.aspects.iter().find(|a| a.id == aspect).map(|a| a.heading.clone()).unwrap_or_default();
                 summary.push(SummaryRow {
                     label: label.clone(),
                     table: format!("{}_aspects_{lang}", self.opts.table),

@@ -10,27 +10,37 @@
 use std::collections::BTreeMap;
 
 use anyhow::{Result, anyhow};
-use crate::data::arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use synth_core::data::arrow::datatypes::{DataType, Field, SchemaRef};
 
 use super::release::{item_row, output_schema as release_schema};
 use super::{DEFAULT_DIMENSIONS, read_bench};
-use crate::config::diag::Diagnostics;
-use crate::config::options::{OptionSpec, Ty, UINT};
-use crate::data::{self, Row};
-use crate::methods::characterbench::bench::Bench;
-use crate::methods::characterbench::build::{self, Script, Turn};
-use crate::methods::characterbench::release;
-use crate::stages::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
-use crate::store::failures::FailureKind;
+use crate::bench::Bench;
+use crate::build::{self, Script, Turn};
+use crate::release;
+use synth_core::config::diag::Diagnostics;
+use synth_core::config::options::{OptionSpec, Ty, UINT};
+use synth_core::data::{self, Row};
+use synth_core::store::failures::FailureKind;
+use synth_engine::stages::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default("dimensions", Ty::File, DEFAULT_DIMENSIONS, "the benchmark definition (target paths)"),
     OptionSpec::default("query_column", Ty::Str, "\"query\"", "the user's query"),
-    OptionSpec::default("target_column", Ty::Str, "\"target\"", "the extracted target (null: the plan's given_target, or none)"),
-    OptionSpec::default("model_column", Ty::Str, "\"model\"", "the model that wrote the query (messages.model of the record)"),
+    OptionSpec::default(
+        "target_column",
+        Ty::Str,
+        "\"target\"",
+        "the extracted target (null: the plan's given_target, or none)",
+    ),
+    OptionSpec::default(
+        "model_column",
+        Ty::Str,
+        "\"model\"",
+        "the model that wrote the query (messages.model of the record)",
+    ),
     OptionSpec::default("first_id", UINT, "1", "the first record id of each dimension"),
 ];
 
@@ -92,7 +102,8 @@ impl ScriptStage {
             .collect();
         let query = text(&self.opts.query_column).map(str::trim).filter(|q| !q.is_empty());
         let query = query.ok_or_else(|| bad(&self.opts.query_column, "no query"))?;
-        let target = text(&self.opts.target_column).or_else(|| text("given_target")).map(str::trim).filter(|t| !t.is_empty());
+        let target =
+            text(&self.opts.target_column).or_else(|| text("given_target")).map(str::trim).filter(|t| !t.is_empty());
         if dim.target.is_some() && target.is_none() {
             return Err(bad(&self.opts.target_column, &format!("{} needs a target", dim.id)));
         }
@@ -121,13 +132,17 @@ impl ScriptStage {
 #[async_trait]
 impl Stage for ScriptStage {
     fn plan(&self, ctx: &mut PlanCtx<'_>) -> Option<SchemaRef> {
-        ctx.require_columns("inputs", 0, ["dimension", "lang", "context", "character_name", "character_profile", self.opts.query_column.as_str()]);
+        ctx.require_columns(
+            "inputs",
+            0,
+            ["dimension", "lang", "context", "character_name", "character_profile", self.opts.query_column.as_str()],
+        );
         ctx.files.extend(self.bench.files.iter().cloned());
         Some(output_schema())
     }
 
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
-        let (_, batches) = crate::store::parquet::read_all(&ctx.inputs[0].path)?;
+        let (_, batches) = synth_core::store::parquet::read_all(&ctx.inputs[0].path)?;
         let mut next: BTreeMap<String, i64> = BTreeMap::new();
         let mut rows = Vec::new();
         let mut n = 0u64;
@@ -144,7 +159,12 @@ impl Stage for ScriptStage {
                     }
                     Err((field, why)) => {
                         let rid = row.get(data::ID).and_then(Value::as_str).unwrap_or_default().to_string();
-                        ctx.fail(&rid, FailureKind::BadRecord, format!("script {rid}: field \"{field}\": {why}"), serde_json::to_string(&row).ok());
+                        ctx.fail(
+                            &rid,
+                            FailureKind::BadRecord,
+                            format!("script {rid}: field \"{field}\": {why}"),
+                            serde_json::to_string(&row).ok(),
+                        );
                     }
                 }
             }

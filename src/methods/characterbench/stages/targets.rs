@@ -11,19 +11,19 @@
 use std::path::PathBuf;
 
 use anyhow::{Result, anyhow};
-use crate::data::arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use synth_core::data::arrow::datatypes::{DataType, Field, SchemaRef};
 
 use super::{DEFAULT_DIMENSIONS, read_bench};
-use crate::config::diag::Diagnostics;
-use crate::config::options::{OptionSpec, POSITIVE, Ty};
-use crate::data::{self, Row};
-use crate::methods::characterbench::bench::Bench;
-use crate::methods::characterbench::build::{self, BuildPlan, Turn};
-use crate::stages::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
-use crate::store::failures::FailureKind;
+use crate::bench::Bench;
+use crate::build::{self, BuildPlan, Turn};
+use synth_core::config::diag::Diagnostics;
+use synth_core::config::options::{OptionSpec, POSITIVE, Ty};
+use synth_core::data::{self, Row};
+use synth_core::store::failures::FailureKind;
+use synth_engine::stages::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default(
@@ -34,7 +34,11 @@ const OPTIONS: &[OptionSpec] = &[
     ),
     OptionSpec::default("dimensions", Ty::File, DEFAULT_DIMENSIONS, "the benchmark definition"),
     OptionSpec::optional("only", Ty::StrList, "build these dimensions (default: every dimension of the plan)"),
-    OptionSpec::optional("characters_per_dimension", POSITIVE, "a seeded sample of this many characters per dimension (default: all)"),
+    OptionSpec::optional(
+        "characters_per_dimension",
+        POSITIVE,
+        "a seeded sample of this many characters per dimension (default: all)",
+    ),
     OptionSpec::default("lang", Ty::Enum(&["zh", "en"]), "\"zh\"", "the language of the scripts"),
     OptionSpec::default(
         "behaviors",
@@ -95,7 +99,11 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
     };
     for d in plan.dimensions.keys() {
         if bench.dimension(d).is_none() {
-            return fail(diags, "plan", format!("{}: unknown dimension \"{d}\" (the definition has: {})", plan_path.display(), bench.ids()));
+            return fail(
+                diags,
+                "plan",
+                format!("{}: unknown dimension \"{d}\" (the definition has: {})", plan_path.display(), bench.ids()),
+            );
         }
     }
     for d in opts.only.iter().flatten() {
@@ -109,7 +117,8 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
         return fail(diags, "plan", format!("{}: no morality_categories for {lang}", plan_path.display()));
     }
     let behaviors_path = ctx.root.join(&opts.behaviors);
-    let behaviors = match build::read_tsv(&behaviors_path).and_then(|rows| build::column(&behaviors_path, &rows, &lang)) {
+    let behaviors = match build::read_tsv(&behaviors_path).and_then(|rows| build::column(&behaviors_path, &rows, &lang))
+    {
         Ok(b) if !b.is_empty() => b,
         Ok(_) => return fail(diags, "behaviors", format!("{}: no description", behaviors_path.display())),
         Err(e) => return fail(diags, "behaviors", e),
@@ -131,7 +140,12 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
                         return fail(
                             diags,
                             "settings",
-                            format!("{}: row {}: unknown category {cat:?} (the plan's: {})", settings_path.display(), i + 1, zh_categories.join(", ")),
+                            format!(
+                                "{}: row {}: unknown category {cat:?} (the plan's: {})",
+                                settings_path.display(),
+                                i + 1,
+                                zh_categories.join(", ")
+                            ),
                         );
                     }
                 }
@@ -182,7 +196,7 @@ impl Stage for Targets {
     }
 
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
-        let (_, batches) = crate::store::parquet::read_all(&ctx.inputs[0].path)?;
+        let (_, batches) = synth_core::store::parquet::read_all(&ctx.inputs[0].path)?;
         let lang = self.opts.lang.as_str();
         let user = &self.bench.languages.get(lang).ok_or_else(|| anyhow!("no language {lang}"))?.user;
         // Characters with a usable context.
@@ -207,7 +221,12 @@ impl Stage for Targets {
                     });
                 match turns {
                     Some(t) if !t.is_empty() => characters.push((id, row, t)),
-                    _ => ctx.fail(&id, FailureKind::Input, "no dialogue context (column \"context\": a JSON list of turns)", serde_json::to_string(&row).ok()),
+                    _ => ctx.fail(
+                        &id,
+                        FailureKind::Input,
+                        "no dialogue context (column \"context\": a JSON list of turns)",
+                        serde_json::to_string(&row).ok(),
+                    ),
                 }
             }
         }

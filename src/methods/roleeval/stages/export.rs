@@ -11,19 +11,19 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use anyhow::{Result, anyhow};
-use crate::data::arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::Value;
+use synth_core::data::arrow::datatypes::SchemaRef;
 
 use super::release::DEFAULT_FORMAT;
-use crate::config::diag::Diagnostics;
-use crate::config::options::{OptionSpec, Ty};
-use crate::data::{self, Row};
-use crate::methods::roleeval::format::Format;
-use crate::stages::{BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
-use crate::store::atomic::{create_tmp, finish_file};
-use crate::store::failures::FailureKind;
+use crate::format::Format;
+use synth_core::config::diag::Diagnostics;
+use synth_core::config::options::{OptionSpec, Ty};
+use synth_core::data::{self, Row};
+use synth_core::store::atomic::{create_tmp, finish_file};
+use synth_core::store::failures::FailureKind;
+use synth_engine::stages::{BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default("dir", Ty::OutPath, "\"release\"", "folder of the release, relative to the output directory"),
@@ -95,7 +95,7 @@ impl Stage for Export {
         // (subset, split, category) -> rows; key rows.
         let mut files: BTreeMap<(usize, usize, usize), Vec<Vec<String>>> = BTreeMap::new();
         let mut key = vec![vec!["qkey".to_string(), "answer".into(), "type".into()]];
-        let (_, batches) = crate::store::parquet::read_all(&ctx.inputs[0].path)?;
+        let (_, batches) = synth_core::store::parquet::read_all(&ctx.inputs[0].path)?;
         let mut n = 0u64;
         for b in &batches {
             for i in 0..b.num_rows() {
@@ -107,7 +107,12 @@ impl Stage for Export {
                     f.subsets.iter().position(|x| x.stem == subset),
                     f.categories.iter().position(|x| x.stem == category),
                 ) else {
-                    ctx.fail(&id, FailureKind::Export, format!("subset \"{subset}\" / category \"{category}\" is not in the format file"), None);
+                    ctx.fail(
+                        &id,
+                        FailureKind::Export,
+                        format!("subset \"{subset}\" / category \"{category}\" is not in the format file"),
+                        None,
+                    );
                     continue;
                 };
                 let dev = self.opts.dev_characters.contains(&text(&r, &self.opts.character_column));
@@ -119,7 +124,11 @@ impl Stage for Export {
                 if dev {
                     row.push(text(&r, "answer"));
                 } else {
-                    key.push(vec![format!("{subset}/{category}/{qid}"), text(&r, "answer"), text(&r, &self.opts.type_column)]);
+                    key.push(vec![
+                        format!("{subset}/{category}/{qid}"),
+                        text(&r, "answer"),
+                        text(&r, &self.opts.type_column),
+                    ]);
                 }
                 rows.push(row);
             }

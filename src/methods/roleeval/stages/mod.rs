@@ -11,13 +11,13 @@ pub mod release;
 pub mod score;
 pub mod slots;
 
-use crate::config::diag::Diagnostics;
-use crate::methods::roleeval::format::Format;
-use crate::stages::BuildCtx;
+use crate::format::Format;
+use synth_core::config::diag::Diagnostics;
+use synth_engine::stages::BuildCtx;
 
 /// The language file named by a kind's `format` option (relative to the pipeline root),
 /// or a diagnostic on that option.
-pub(crate) fn read_format(ctx: &BuildCtx<'_>, diags: &mut Diagnostics, format: &str) -> Option<Format> {
+pub fn read_format(ctx: &BuildCtx<'_>, diags: &mut Diagnostics, format: &str) -> Option<Format> {
     match Format::read(&ctx.root.join(format)) {
         Ok(f) => Some(f),
         Err(e) => {

@@ -11,25 +11,30 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Result, anyhow};
-use crate::data::arrow::datatypes::{DataType, Field, Fields, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use synth_core::data::arrow::datatypes::{DataType, Field, Fields, SchemaRef};
 
 use super::release::DEFAULT_FORMAT;
-use crate::config::diag::Diagnostics;
-use crate::config::options::{OptionSpec, Ty};
-use crate::data::{self, Row};
-use crate::llm::Message;
-use crate::methods::roleeval::format::{Format, Question, Render};
-use crate::methods::roleeval::pyrandom::PyRandom;
-use crate::methods::roleeval::sha256;
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
-use crate::store::failures::FailureKind;
+use crate::format::{Format, Question, Render};
+use crate::pyrandom::PyRandom;
+use crate::sha256;
+use synth_core::config::diag::Diagnostics;
+use synth_core::config::options::{OptionSpec, Ty};
+use synth_core::data::{self, Row};
+use synth_core::store::failures::FailureKind;
+use synth_engine::stages::{Arity, BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
+use synth_llm::Message;
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default("format", Ty::File, DEFAULT_FORMAT, "language file: header, answer cue, category words"),
-    OptionSpec::default("shots", Ty::List(&Ty::Int(0, 64)), "[0, 5]", "shot settings; each question gets one prompt per setting"),
+    OptionSpec::default(
+        "shots",
+        Ty::List(&Ty::Int(0, 64)),
+        "[0, 5]",
+        "shot settings; each question gets one prompt per setting",
+    ),
     OptionSpec::default(
         "strip_question",
         Ty::Bool,
@@ -155,7 +160,7 @@ impl Stage for Prompts {
         // Exemplars by (subset, category), in file order.
         let mut dev: BTreeMap<(String, String), Vec<(i64, Question)>> = BTreeMap::new();
         let batches = match ctx.inputs.get(1) {
-            Some(dev) => crate::store::parquet::read_all(&dev.path)?.1,
+            Some(dev) => synth_core::store::parquet::read_all(&dev.path)?.1,
             None => Vec::new(),
         };
         for b in &batches {
@@ -173,14 +178,14 @@ impl Stage for Prompts {
         let mut samplers: BTreeMap<(String, String, u32), PyRandom> = BTreeMap::new();
         let schema = output_schema();
         let mut out = ctx.create_output(schema.clone())?;
-        let reader = crate::store::parquet::open_reader(&ctx.inputs[0].path, 1024)?;
+        let reader = synth_core::store::parquet::open_reader(&ctx.inputs[0].path, 1024)?;
         let mut n_in = 0u64;
         for batch in reader {
             let b = batch?;
             let mut rows = Vec::with_capacity(b.num_rows() * self.opts.shots.len());
             for i in 0..b.num_rows() {
                 if ctx.cancel.is_cancelled() {
-                    return Err(crate::stages::Cancelled.into());
+                    return Err(synth_engine::stages::Cancelled.into());
                 }
                 n_in += 1;
                 let r = data::row_json(&b, i);
@@ -201,15 +206,17 @@ impl Stage for Prompts {
                         ctx.fail(
                             &id,
                             FailureKind::Incomplete,
-                            format!("{k}-shot needs {k} dev exemplars of {subset}/{stem}, the dev input has {}", pool.len()),
+                            format!(
+                                "{k}-shot needs {k} dev exemplars of {subset}/{stem}, the dev input has {}",
+                                pool.len()
+                            ),
                             None,
                         );
                         continue;
                     }
                     let shots: Vec<Question> = if self.opts.fewshot_order == "lm_eval_random_1234" && k > 0 {
-                        let rng = samplers
-                            .entry((subset.clone(), stem.clone(), k))
-                            .or_insert_with(|| PyRandom::new(1234));
+                        let rng =
+                            samplers.entry((subset.clone(), stem.clone(), k)).or_insert_with(|| PyRandom::new(1234));
                         rng.sample(pool.len(), k as usize).into_iter().map(|j| pool[j].1.clone()).collect()
                     } else {
                         pool[..k as usize].iter().map(|(_, q)| q.clone()).collect()
@@ -217,7 +224,7 @@ impl Stage for Prompts {
                     let prompt = self.format.prompt(category, &shots, &q, render);
                     let messages: Vec<Message> = match self.opts.chat_style.as_str() {
                         "ceval_messages" => self.format.ceval_messages(category, &shots, &q, render),
-                        _ => vec![Message::new(crate::data::chat::Role::User, prompt.clone())],
+                        _ => vec![Message::new(synth_core::data::chat::Role::User, prompt.clone())],
                     };
                     let mut row = Row::new();
                     row.insert(data::ID.into(), json!(id));

@@ -15,25 +15,30 @@
 use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{Result, anyhow};
-use crate::data::arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use synth_core::data::arrow::datatypes::{DataType, Field, SchemaRef};
 
-use crate::config::diag::Diagnostics;
-use crate::config::options::{OptionSpec, Ty};
-use crate::data::{self, Row};
-use crate::methods::roleeval::build::{QcBounds, qc_reasons};
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
-use crate::store::atomic::{create_tmp, finish_file};
-use crate::store::summary::{self, OVERALL, SummaryRow};
+use crate::build::{QcBounds, qc_reasons};
+use synth_core::config::diag::Diagnostics;
+use synth_core::config::options::{OptionSpec, Ty};
+use synth_core::data::{self, Row};
+use synth_core::store::atomic::{create_tmp, finish_file};
+use synth_core::store::summary::{self, OVERALL, SummaryRow};
+use synth_engine::stages::{Arity, BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default("strong_min", Ty::Float(0.0, 1.0), "0.3", "lowest accuracy of the strong model (x_l)"),
     OptionSpec::default("strong_max", Ty::Float(0.0, 1.0), "0.9", "highest accuracy of the strong model (x_u)"),
     OptionSpec::default("weak_max", Ty::Float(0.0, 1.0), "0.8", "highest accuracy of the weak model (y_u)"),
     OptionSpec::default("min_gap", Ty::Float(-1.0, 1.0), "0.15", "smallest x - y (d)"),
-    OptionSpec::default("tolerance", Ty::Float(0.0, 0.01), "1e-9", "slack of every comparison (0.15 is not exact in binary)"),
+    OptionSpec::default(
+        "tolerance",
+        Ty::Float(0.0, 0.01),
+        "1e-9",
+        "slack of every comparison (0.15 is not exact in binary)",
+    ),
     OptionSpec::default("character_column", Ty::Str, "\"char_id\"", "column identifying the character"),
     OptionSpec::default("name_column", Ty::Str, "\"name\"", "column naming the character in the report (if present)"),
 ];
@@ -106,7 +111,7 @@ fn text(r: &Row, c: &str) -> Option<String> {
 
 /// Predictions by question id (`qkey`) from an answers input.
 fn predictions(path: &std::path::Path) -> Result<HashMap<String, Option<String>>> {
-    let (_, batches) = crate::store::parquet::read_all(path)?;
+    let (_, batches) = synth_core::store::parquet::read_all(path)?;
     let mut out = HashMap::new();
     for b in &batches {
         for i in 0..b.num_rows() {
@@ -130,7 +135,7 @@ impl Stage for Qc {
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
         let strong = predictions(&ctx.inputs[1].path)?;
         let weak = predictions(&ctx.inputs[2].path)?;
-        let (_, batches) = crate::store::parquet::read_all(&ctx.inputs[0].path)?;
+        let (_, batches) = synth_core::store::parquet::read_all(&ctx.inputs[0].path)?;
         let questions: Vec<Row> =
             batches.iter().flat_map(|b| (0..b.num_rows()).map(move |i| data::row_json(b, i))).collect();
         // Per character (first-seen order): name, n, strong correct, weak correct.
@@ -166,7 +171,10 @@ impl Stage for Qc {
             // The predictions and the verdict travel with the row, kept or failed: a failed
             // question's record in the failure table shows what the models answered.
             let mut row = r;
-            row.insert("strong_pred".into(), strong.get(&id).cloned().flatten().map(Value::String).unwrap_or(Value::Null));
+            row.insert(
+                "strong_pred".into(),
+                strong.get(&id).cloned().flatten().map(Value::String).unwrap_or(Value::Null),
+            );
             row.insert("weak_pred".into(), weak.get(&id).cloned().flatten().map(Value::String).unwrap_or(Value::Null));
             row.insert("qc_strong".into(), json!(x));
             row.insert("qc_weak".into(), json!(y));
@@ -187,7 +195,7 @@ impl Stage for Qc {
             rows.push(row);
         }
         ctx.report.rows_in = checked;
-        let counts = crate::quality::Counts { checked, failed, reasked: 0, dropped: failed, flagged: 0 };
+        let counts = synth_quality::Counts { checked, failed, reasked: 0, dropped: failed, flagged: 0 };
         ctx.report.metrics.extend(counts.metrics("roleeval_qc"));
         for chunk in rows.chunks(1024) {
             out.write(&data::rows_to_batch(&schema, chunk).map_err(|(i, e)| anyhow!("row {i}: {e}"))?)?;
@@ -219,7 +227,14 @@ impl Stage for Qc {
             }
             if !reasons.is_empty() {
                 let mut w = csv::WriterBuilder::new().terminator(csv::Terminator::Any(b'\n')).from_writer(Vec::new());
-                w.write_record([c.as_str(), name, &n.to_string(), &format!("{x:.2}"), &format!("{y:.2}"), &reasons.join("; ")])?;
+                w.write_record([
+                    c.as_str(),
+                    name,
+                    &n.to_string(),
+                    &format!("{x:.2}"),
+                    &format!("{y:.2}"),
+                    &reasons.join("; "),
+                ])?;
                 revise.push_str(&String::from_utf8(w.into_inner().map_err(|e| anyhow!("{e}"))?)?);
             }
         }

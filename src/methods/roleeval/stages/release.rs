@@ -8,19 +8,19 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Result, anyhow};
-use crate::data::arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use synth_core::data::arrow::datatypes::{DataType, Field, SchemaRef};
 
-use crate::config::diag::Diagnostics;
-use crate::config::options::{OptionSpec, Ty};
-use crate::data::{self, Row};
-use crate::hub::HubSpec;
-use crate::methods::roleeval::format::Format;
-use crate::methods::roleeval::release::{self, Item, Selection};
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Stage};
-use crate::store::failures::FailureKind;
+use crate::format::Format;
+use crate::release::{self, Item, Selection};
+use synth_core::config::diag::Diagnostics;
+use synth_core::config::options::{OptionSpec, Ty};
+use synth_core::data::{self, Row};
+use synth_core::hub::HubSpec;
+use synth_core::store::failures::FailureKind;
+use synth_engine::stages::{Arity, BuildCtx, KindInfo, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Stage};
 
 /// The language file every RoleEval kind reads by default.
 pub const DEFAULT_FORMAT: &str = "\"pipelines/prompts/roleeval/zh.json\"";
@@ -29,10 +29,14 @@ const OPTIONS: &[OptionSpec] = &[
     OptionSpec::optional("path", Ty::Str, "the release's root directory (holding zh/), relative to the pipeline root"),
     OptionSpec::optional(
         "hf",
-        Ty::Struct(crate::stages::kinds::source::HF_OPTIONS),
+        Ty::Struct(synth_kinds::source::HF_OPTIONS),
         "a hub repository in the release's layout instead of `path` (files default to the selected CSVs)",
     ),
-    OptionSpec::required("split", Ty::Enum(&["test", "dev"]), "which files: test (questions) or dev (exemplars with answers)"),
+    OptionSpec::required(
+        "split",
+        Ty::Enum(&["test", "dev"]),
+        "which files: test (questions) or dev (exemplars with answers)",
+    ),
     OptionSpec::default("format", Ty::File, DEFAULT_FORMAT, "language file: categories, subsets, choice letters"),
     OptionSpec::optional("subsets", Ty::StrList, "subsets to read (default: every subset of the format file)"),
     OptionSpec::optional("categories", Ty::StrList, "category file stems to read (default: all of the format file)"),
@@ -87,19 +91,36 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
     let mut ok = true;
     for s in &subsets {
         if !format.subsets.iter().any(|x| &x.stem == s) {
-            ctx.error(diags, "subsets", format!("unknown subset \"{s}\" (the format file has: {})", names(format.subsets.iter().map(|x| &x.stem))));
+            ctx.error(
+                diags,
+                "subsets",
+                format!(
+                    "unknown subset \"{s}\" (the format file has: {})",
+                    names(format.subsets.iter().map(|x| &x.stem))
+                ),
+            );
             ok = false;
         }
     }
     for c in &categories {
         if format.category(c).is_none() {
-            ctx.error(diags, "categories", format!("unknown category \"{c}\" (the format file has: {})", names(format.categories.iter().map(|x| &x.stem))));
+            ctx.error(
+                diags,
+                "categories",
+                format!(
+                    "unknown category \"{c}\" (the format file has: {})",
+                    names(format.categories.iter().map(|x| &x.stem))
+                ),
+            );
             ok = false;
         }
     }
     let sel = Selection { split: opts.split, subsets, categories };
     let root = opts.path.as_ref().map(|p| ctx.root.join(p));
-    ok.then(|| Box::new(ReleaseStage { root, hf: opts.hf, pipeline_root: ctx.root.to_path_buf(), format, sel }) as Box<dyn Stage>)
+    ok.then(|| {
+        Box::new(ReleaseStage { root, hf: opts.hf, pipeline_root: ctx.root.to_path_buf(), format, sel })
+            as Box<dyn Stage>
+    })
 }
 
 impl ReleaseStage {

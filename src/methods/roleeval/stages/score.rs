@@ -14,20 +14,20 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Result, anyhow};
-use crate::data::arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use synth_core::data::arrow::datatypes::{DataType, Field, SchemaRef};
 
 use super::release::DEFAULT_FORMAT;
-use crate::config::diag::Diagnostics;
-use crate::config::options::{OptionSpec, Ty};
-use crate::data::{self, Row};
-use crate::methods::roleeval::format::Format;
-use crate::methods::roleeval::metrics::{Tally, accuracy_pct, average};
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
-use crate::store::atomic::{create_tmp, finish_file};
-use crate::store::summary::{self, OVERALL, SummaryRow};
+use crate::format::Format;
+use crate::metrics::{Tally, accuracy_pct, average};
+use synth_core::config::diag::Diagnostics;
+use synth_core::config::options::{OptionSpec, Ty};
+use synth_core::data::{self, Row};
+use synth_core::store::atomic::{create_tmp, finish_file};
+use synth_core::store::summary::{self, OVERALL, SummaryRow};
+use synth_engine::stages::{Arity, BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::optional("label", Ty::Str, "the model's name in the report (default: the answers' input name)"),
@@ -37,7 +37,12 @@ const OPTIONS: &[OptionSpec] = &[
         "answer key, CSV or JSONL: qkey (or subset, category, id), answer, optional type (knowledge / reasoning)",
     ),
     OptionSpec::default("format", Ty::File, DEFAULT_FORMAT, "language file: subsets and categories in table order"),
-    OptionSpec::default("pred_column", Ty::Str, "\"pred\"", "column of the answers with the predicted letter (null: none)"),
+    OptionSpec::default(
+        "pred_column",
+        Ty::Str,
+        "\"pred\"",
+        "column of the answers with the predicted letter (null: none)",
+    ),
 ];
 
 pub static KIND: KindInfo = KindInfo {
@@ -191,7 +196,7 @@ impl Stage for Score {
         };
         // Answers by prompt id.
         let mut answers: HashMap<String, Option<String>> = HashMap::new();
-        let (_, batches) = crate::store::parquet::read_all(&ctx.inputs[1].path)?;
+        let (_, batches) = synth_core::store::parquet::read_all(&ctx.inputs[1].path)?;
         for b in &batches {
             for i in 0..b.num_rows() {
                 let r = data::row_json(b, i);
@@ -209,7 +214,7 @@ impl Stage for Score {
         let mut duplicates: BTreeMap<i64, (u64, u64)> = BTreeMap::new();
         let mut submission: BTreeMap<i64, serde_json::Map<String, Value>> = BTreeMap::new();
         let mut n_in = 0u64;
-        let (_, prompts) = crate::store::parquet::read_all(&ctx.inputs[0].path)?;
+        let (_, prompts) = synth_core::store::parquet::read_all(&ctx.inputs[0].path)?;
         for b in &prompts {
             let mut rows = Vec::with_capacity(b.num_rows());
             for i in 0..b.num_rows() {
@@ -243,13 +248,12 @@ impl Stage for Score {
                     }
                 }
                 let file = submission.entry(shots).or_default();
-                let per_file = file
-                    .entry(format!("{subset}/{category}"))
-                    .or_insert_with(|| Value::Object(Default::default()));
-                per_file
-                    .as_object_mut()
-                    .expect("object")
-                    .insert(text(&r, "qid").unwrap_or_default(), pred.clone().map(Value::String).unwrap_or(Value::Null));
+                let per_file =
+                    file.entry(format!("{subset}/{category}")).or_insert_with(|| Value::Object(Default::default()));
+                per_file.as_object_mut().expect("object").insert(
+                    text(&r, "qid").unwrap_or_default(),
+                    pred.clone().map(Value::String).unwrap_or(Value::Null),
+                );
                 let mut row = Row::new();
                 row.insert(data::ID.into(), json!(id));
                 row.insert("qkey".into(), json!(qkey));
@@ -295,18 +299,21 @@ impl Score {
         duplicates: &BTreeMap<i64, (u64, u64)>,
     ) -> Vec<SummaryRow> {
         let lang = &self.format.lang;
-        let row = |table: String, title: String, metric: String, heading: String, value: f64, (n, invalid): (u64, u64)| SummaryRow {
-            label: label.to_string(),
-            table,
-            title,
-            group: OVERALL.to_string(),
-            metric,
-            heading,
-            n,
-            value,
-            std: None,
-            invalid,
-        };
+        let row =
+            |table: String, title: String, metric: String, heading: String, value: f64, (n, invalid): (u64, u64)| {
+                SummaryRow {
+                    label: label.to_string(),
+                    table,
+                    title,
+                    group: OVERALL.to_string(),
+                    metric,
+                    heading,
+                    n,
+                    value,
+                    std: None,
+                    invalid,
+                }
+            };
         let mut out = Vec::new();
         for &shots in unanswered.keys().rev() {
             let table = format!("{lang}_{shots}shot");

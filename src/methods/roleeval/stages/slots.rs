@@ -6,17 +6,17 @@
 //! (`roleeval::build::slots`; the counts per format are reconstructed).
 
 use anyhow::{Result, anyhow};
-use crate::data::arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use synth_core::data::arrow::datatypes::{DataType, Field, SchemaRef};
 
-use crate::config::diag::Diagnostics;
-use crate::config::options::{OptionSpec, Ty, UINT};
-use crate::data::{self, Row};
-use crate::methods::roleeval::build::{self, Slot, SlotCounts};
-use crate::stages::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
-use crate::store::failures::FailureKind;
+use crate::build::{self, Slot, SlotCounts};
+use synth_core::config::diag::Diagnostics;
+use synth_core::config::options::{OptionSpec, Ty, UINT};
+use synth_core::data::{self, Row};
+use synth_core::store::failures::FailureKind;
+use synth_engine::stages::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default("knowledge", UINT, "17", "basic-knowledge questions per character (paper: 17)"),
@@ -56,8 +56,12 @@ struct Slots {
 
 fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> {
     let o: Options = ctx.parse(diags)?;
-    let counts =
-        SlotCounts { knowledge: o.knowledge, reasoning: o.reasoning, negation: o.negation, non_occurrence: o.non_occurrence };
+    let counts = SlotCounts {
+        knowledge: o.knowledge,
+        reasoning: o.reasoning,
+        negation: o.negation,
+        non_occurrence: o.non_occurrence,
+    };
     match build::slots(&counts) {
         Ok(slots) => Some(Box::new(Slots { slots, column: o.character_column })),
         Err(e) => {
@@ -88,7 +92,7 @@ impl Stage for Slots {
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
         let schema = schema(&ctx.inputs[0].schema);
         let mut out = ctx.create_output(schema.clone())?;
-        let reader = crate::store::parquet::open_reader(&ctx.inputs[0].path, 256)?;
+        let reader = synth_core::store::parquet::open_reader(&ctx.inputs[0].path, 256)?;
         let mut n = 0u64;
         for batch in reader {
             let b = batch?;

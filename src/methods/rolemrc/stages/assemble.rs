@@ -19,20 +19,20 @@
 use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{Result, anyhow};
-use crate::data::arrow::array::{Array, AsArray, StringArray};
-use crate::data::arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use synth_core::data::arrow::array::{Array, AsArray, StringArray};
+use synth_core::data::arrow::datatypes::{DataType, Field, SchemaRef};
 
-use crate::config::diag::Diagnostics;
-use crate::config::options::{OptionSpec, Ty};
-use crate::data::{self, Row};
-use crate::quality::review::Verdict;
-use crate::stages::kinds::review::{dropped_message, review_prepared};
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, PrepareCtx, Prepared, RunCtx, Stage};
-use crate::store::failures::FailureKind;
-use crate::store::parquet::read_all;
+use synth_core::config::diag::Diagnostics;
+use synth_core::config::options::{OptionSpec, Ty};
+use synth_core::data::{self, Row};
+use synth_core::store::failures::FailureKind;
+use synth_core::store::parquet::read_all;
+use synth_engine::stages::{Arity, BuildCtx, KindInfo, PlanCtx, PrepareCtx, Prepared, RunCtx, Stage};
+use synth_kinds::review::{dropped_message, review_prepared};
+use synth_quality::review::Verdict;
 
 const OPTIONS: &[OptionSpec] = &[OptionSpec::optional(
     "max_similarity",
@@ -68,7 +68,7 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
 }
 
 fn messages_type() -> DataType {
-    crate::methods::rolemrc::parsers::turns_type()
+    crate::parsers::turns_type()
 }
 
 /// Output schema of the assembled samples.
@@ -164,11 +164,11 @@ impl Stage for Assemble {
         // Failures of every stage upstream (a request can fail in its model stage, before
         // a dedup stage that this stage reads), in pipeline order: the last one stands.
         for name in &ctx.ancestors {
-            let path = crate::stages::failures_path(&ctx.out_dir, name);
+            let path = synth_engine::stages::failures_path(&ctx.out_dir, name);
             if ctx.inputs.iter().any(|i| &i.name == name) || !path.exists() {
                 continue;
             }
-            for f in crate::store::failures::read_failures(&path)?.0 {
+            for f in synth_core::store::failures::read_failures(&path)?.0 {
                 upstream.insert(f.id, (name.clone(), f.kind, f.message));
             }
         }
@@ -323,10 +323,9 @@ fn assemble(
         let id = s(p, data::ID);
         let Some(a) = answers.get(&id) else {
             return Err(match upstream.get(&id) {
-                Some((stage, FailureKind::DegeneratePair, m)) => Dropped {
-                    kind: FailureKind::DegeneratePair,
-                    message: format!("request {id} ({stage}): {m}"),
-                },
+                Some((stage, FailureKind::DegeneratePair, m)) => {
+                    Dropped { kind: FailureKind::DegeneratePair, message: format!("request {id} ({stage}): {m}") }
+                }
                 // A request a check, near-duplicate removal or review dropped: its sample is
                 // dropped for that reason.
                 Some((stage, kind @ (FailureKind::Check | FailureKind::Duplicate | FailureKind::Review), m)) => {
@@ -339,9 +338,7 @@ fn assemble(
         got.insert(s(p, "part"), a);
     }
     let reply = |part: &str| -> std::result::Result<String, Dropped> {
-        got.get(part)
-            .and_then(|a| a.reply.clone())
-            .ok_or_else(|| incomplete(format!("part \"{part}\" has no reply")))
+        got.get(part).and_then(|a| a.reply.clone()).ok_or_else(|| incomplete(format!("part \"{part}\" has no reply")))
     };
     let category = s(head, "category");
     let system = s(head, "system");
@@ -384,7 +381,7 @@ fn assemble(
         }
     }
     if let (Some(c), Some(r)) = (&chosen, &rejected)
-        && let Some(why) = crate::methods::rolemrc::pairs::degenerate(c, r, max_similarity)
+        && let Some(why) = crate::pairs::degenerate(c, r, max_similarity)
     {
         return Err(Dropped {
             kind: FailureKind::DegeneratePair,

@@ -13,17 +13,17 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use anyhow::Result;
-use crate::data::arrow::array::{Array, AsArray};
-use crate::data::arrow::datatypes::{Float64Type, Int64Type, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
+use synth_core::data::arrow::array::{Array, AsArray};
+use synth_core::data::arrow::datatypes::{Float64Type, Int64Type, SchemaRef};
 
-use crate::config::diag::Diagnostics;
-use crate::config::options::{OptionSpec, Ty};
-use crate::methods::rolemrc::plan::CATEGORIES;
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
-use crate::store::atomic::{create_tmp, finish_file};
-use crate::store::parquet::read_all;
+use crate::plan::CATEGORIES;
+use synth_core::config::diag::Diagnostics;
+use synth_core::config::options::{OptionSpec, Ty};
+use synth_core::store::atomic::{create_tmp, finish_file};
+use synth_core::store::parquet::read_all;
+use synth_engine::stages::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default("path", Ty::OutPath, "\"README.md\"", "card file, relative to the output directory"),
@@ -35,7 +35,7 @@ const OPTIONS: &[OptionSpec] = &[
     ),
     OptionSpec::optional(
         "reference_words",
-        Ty::Map(&crate::config::options::NUMBER),
+        Ty::Map(&synth_core::config::options::NUMBER),
         "words per reply of a reference dataset by category (the paper's Table 2 #Words), shown beside the measured ones",
     ),
 ];
@@ -153,8 +153,12 @@ fn write_checks(md: &mut String, c: &Checks) -> std::fmt::Result {
         "- spares: {} used in place of dropped samples, {} unused (in `samples.parquet` with split `spare`)",
         c.spares_used, c.spares_unused
     )?;
-    let short: Vec<String> =
-        c.groups.iter().filter(|(_, (want, got))| got < want).map(|(g, (want, got))| format!("`{g}` {got}/{want}")).collect();
+    let short: Vec<String> = c
+        .groups
+        .iter()
+        .filter(|(_, (want, got))| got < want)
+        .map(|(g, (want, got))| format!("`{g}` {got}/{want}"))
+        .collect();
     if short.is_empty() {
         writeln!(md, "- every sample group has its planned count")?;
     } else {
@@ -328,12 +332,11 @@ impl Stage for Card {
             md,
             "What the content checks (debris, repetition, echo, language, length, chat rules), near-duplicate removal and human review did on the way to these samples, as measured in this run and its up-to-date stages.\n"
         )?;
-        md.push_str(&crate::quality::summary::markdown(&ctx.upstream_quality()));
+        md.push_str(&synth_quality::summary::markdown(&ctx.upstream_quality()));
         let texts: Vec<&str> = replies.iter().map(String::as_str).collect();
-        let distinct2 = crate::quality::text::distinct_n(texts.iter().copied(), 2);
+        let distinct2 = synth_quality::text::distinct_n(texts.iter().copied(), 2);
         let mut seen = std::collections::HashSet::new();
-        let repeated =
-            replies.iter().filter(|r| !seen.insert(crate::quality::text::words(r))).count();
+        let repeated = replies.iter().filter(|r| !seen.insert(synth_quality::text::words(r))).count();
         writeln!(md)?;
         match distinct2 {
             Some(d) => writeln!(

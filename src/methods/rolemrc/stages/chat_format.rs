@@ -17,19 +17,19 @@
 //! goes to the failures table with its id and the reason.
 
 use anyhow::anyhow;
-use crate::data::arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use synth_core::data::arrow::datatypes::SchemaRef;
 
 use super::assemble::output_schema;
-use crate::config::diag::Diagnostics;
-use crate::config::options::{OptionSpec, Ty};
-use crate::data::chat;
-use crate::data::{self, Row};
-use crate::stages::exec::{Ids, map_batches};
-use crate::stages::{BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, RunCtx, Sharding, Stage};
-use crate::store::failures::FailureKind;
+use synth_core::config::diag::Diagnostics;
+use synth_core::config::options::{OptionSpec, Ty};
+use synth_core::data::chat;
+use synth_core::data::{self, Row};
+use synth_core::store::failures::FailureKind;
+use synth_engine::stages::exec::{Ids, map_batches};
+use synth_engine::stages::{BuildCtx, KindInfo, PartitionCtx, Partitioning, PlanCtx, RunCtx, Sharding, Stage};
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::required("category", Ty::Str, "category of the rows (e.g. \"RoleBench\"); also their task label"),

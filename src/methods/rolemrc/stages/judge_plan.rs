@@ -21,12 +21,12 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use crate::config::diag::Diagnostics;
-use crate::config::options::{OptionSpec, Ty};
-use crate::data::Row;
-use crate::data::chat;
-use crate::stages::kinds::judge_plan::{Query, Settings, build_with};
-use crate::stages::{BuildCtx, KindInfo, Stage};
+use synth_core::config::diag::Diagnostics;
+use synth_core::config::options::{OptionSpec, Ty};
+use synth_core::data::Row;
+use synth_core::data::chat;
+use synth_engine::stages::{BuildCtx, KindInfo, Stage};
+use synth_kinds::judge_plan::{Query, Settings, build_with};
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default(

@@ -4,9 +4,9 @@
 //! `pipelines/prompts/rolemrc/judge/dimensions.json` (Table 9 order) — and the
 //! accuracy per dimension in `<stage>.summary.parquet` (table `judge`).
 
-use crate::config::options::{OptionSpec, Ty};
-use crate::stages::kinds::judge_score;
-use crate::stages::{Arity, KindInfo};
+use synth_core::config::options::{OptionSpec, Ty};
+use synth_engine::stages::{Arity, KindInfo};
+use synth_kinds::judge_score;
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default("answer_column", Ty::Str, "\"raw\"", "column of the LLM stage with the judge's answer"),

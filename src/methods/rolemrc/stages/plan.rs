@@ -1,7 +1,7 @@
 //! `rolemrc_plan`: from the meta-pool (profiles with their most and least relevant
 //! triplets) and the seed-script and rule files, decide every RoleMRC sample —
 //! category, type, variant, profile, triplet, seed, rule, split — and emit one row
-//! per LLM request that produces it (`crate::methods::rolemrc::plan`). Counts per category
+//! per LLM request that produces it (`crate::plan`). Counts per category
 //! are options; the defaults reproduce Table 2 and the official test mix. The
 //! role's system prompt and the MRC user turn are rendered here from template files.
 
@@ -10,17 +10,17 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Result, anyhow};
-use crate::data::arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::Value;
+use synth_core::data::arrow::datatypes::{DataType, Field, SchemaRef};
 
-use crate::config::diag::Diagnostics;
-use crate::config::options::{OptionSpec, Ty};
-use crate::data::{self, Row};
-use crate::methods::rolemrc::plan::{self, Counts, Planner, Profile, TestCounts, Triplet};
-use crate::stages::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
-use crate::template::Templates;
+use crate::plan::{self, Counts, Planner, Profile, TestCounts, Triplet};
+use synth_core::config::diag::Diagnostics;
+use synth_core::config::options::{OptionSpec, Ty};
+use synth_core::data::{self, Row};
+use synth_core::template::Templates;
+use synth_engine::stages::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default(
@@ -227,7 +227,7 @@ impl Stage for PlanStage {
 
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
         let input = ctx.inputs[0].clone();
-        let (_, batches) = crate::store::parquet::read_all(&input.path)?;
+        let (_, batches) = synth_core::store::parquet::read_all(&input.path)?;
         let mut profiles = Vec::new();
         for b in &batches {
             for i in 0..b.num_rows() {

@@ -14,18 +14,18 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, anyhow};
-use crate::data::arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use synth_core::data::arrow::datatypes::{DataType, Field, SchemaRef};
 
-use crate::config::diag::Diagnostics;
-use crate::config::options::{OptionSpec, Ty, UINT};
-use crate::data::{self, Row};
-use crate::hub::HubSpec;
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Stage};
-use crate::store::failures::FailureKind;
-use crate::template::Templates;
+use synth_core::config::diag::Diagnostics;
+use synth_core::config::options::{OptionSpec, Ty, UINT};
+use synth_core::data::{self, Row};
+use synth_core::hub::HubSpec;
+use synth_core::store::failures::FailureKind;
+use synth_core::template::Templates;
+use synth_engine::stages::{Arity, BuildCtx, KindInfo, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Stage};
 
 /// The English sets and their names in RoleMRC's `evaluation.py` (`AVALIABLE_TASKS`).
 pub const SETS: &[(&str, &str)] =
@@ -38,7 +38,7 @@ const OPTIONS: &[OptionSpec] = &[
         .instead_of(&["hf"]),
     OptionSpec::optional(
         "hf",
-        Ty::Struct(crate::stages::kinds::source::HF_OPTIONS),
+        Ty::Struct(synth_kinds::source::HF_OPTIONS),
         "the hub repository instead of `path`, e.g. { repo = \"ZenMoore/RoleBench\" } (files default to the selected ones)",
     )
     .instead_of(&["path"]),
@@ -169,7 +169,7 @@ fn output_schema() -> SchemaRef {
         s("desc"),
         s("system"),
         s("instruction"),
-        Field::new("question", crate::methods::rolemrc::parsers::turns_type(), false),
+        Field::new("question", crate::parsers::turns_type(), false),
         s("reference"),
         Field::new("references", text_list, false),
         s("file"),
@@ -205,7 +205,10 @@ fn record(
     let reference = generated.get(reference_index).cloned().ok_or_else(|| {
         (
             FailureKind::BadRecord,
-            format!("field \"generated\": {} answer(s), no answer {reference_index} (reference_index)", generated.len()),
+            format!(
+                "field \"generated\": {} answer(s), no answer {reference_index} (reference_index)",
+                generated.len()
+            ),
         )
     })?;
     let d = desc
@@ -354,7 +357,9 @@ mod tests {
         let desc = BTreeMap::from([("Ada".to_string(), "a mathematician".to_string())]);
         let err = |line: &str| record(line, &desc, &templates(), 0).unwrap_err();
         assert_eq!(err("{not json").0, FailureKind::Parse);
-        assert!(err(r#"{"role": "Bob", "question": "q", "generated": ["a"]}"#).1.contains("\"Bob\" has no description"));
+        assert!(
+            err(r#"{"role": "Bob", "question": "q", "generated": ["a"]}"#).1.contains("\"Bob\" has no description")
+        );
         assert!(err(r#"{"role": "Ada", "question": "", "generated": ["a"]}"#).1.contains("\"question\": empty"));
         assert!(err(r#"{"role": "Ada", "question": "q", "generated": []}"#).1.contains("no answer 0"));
         assert!(err(r#"{"role": "Ada", "question": "q", "generated": "a"}"#).1.contains("not a list"));

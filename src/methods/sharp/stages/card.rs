@@ -9,22 +9,27 @@ use std::collections::BTreeMap;
 use std::io::Write as _;
 
 use anyhow::{Result, anyhow};
-use crate::data::arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use synth_core::data::arrow::datatypes::SchemaRef;
 
-use crate::config::diag::Diagnostics;
-use crate::config::options::{OptionSpec, Ty};
-use crate::data::{self, Row};
-use crate::methods::sharp::{PAPER_VERSION, choices_file};
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
-use crate::store::atomic::{create_tmp, finish_file};
-use crate::template::Templates;
+use crate::{PAPER_VERSION, choices_file};
+use synth_core::config::diag::Diagnostics;
+use synth_core::config::options::{OptionSpec, Ty};
+use synth_core::data::{self, Row};
+use synth_core::store::atomic::{create_tmp, finish_file};
+use synth_core::template::Templates;
+use synth_engine::stages::{Arity, BuildCtx, KindInfo, PlanCtx, Role, RunCtx, Stage};
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default("path", Ty::OutPath, "\"card.md\"", "card file, relative to the output directory"),
-    OptionSpec::default("template", Ty::File, "\"pipelines/prompts/sharp/card.md.j2\"", "minijinja template of the card"),
+    OptionSpec::default(
+        "template",
+        Ty::File,
+        "\"pipelines/prompts/sharp/card.md.j2\"",
+        "minijinja template of the card",
+    ),
     OptionSpec::default("title", Ty::Str, "\"SHARP relationship-fidelity run\"", "first heading"),
 ];
 
@@ -55,7 +60,8 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
     let o: Options = ctx.parse(diags)?;
     let path = ctx.root.join(&o.template);
     let mut templates = Templates::new();
-    match std::fs::read_to_string(&path).map_err(|e| e.to_string()).and_then(|t| templates.add("card", &t).map(|_| ())) {
+    match std::fs::read_to_string(&path).map_err(|e| e.to_string()).and_then(|t| templates.add("card", &t).map(|_| ()))
+    {
         Ok(()) => Some(Box::new(CardStage { o, templates })),
         Err(e) => {
             ctx.error(diags, "template", format!("{}: {e}", path.display()));
@@ -88,15 +94,27 @@ impl Stage for CardStage {
         let mut inputs = Vec::new();
         let mut choices = Vec::new();
         for input in &ctx.inputs {
-            let (schema, batches) = crate::store::parquet::read_all(&input.path)?;
-            let rows: Vec<Row> = batches.iter().flat_map(|b| (0..b.num_rows()).map(move |i| data::row_json(b, i))).collect();
+            let (schema, batches) = synth_core::store::parquet::read_all(&input.path)?;
+            let rows: Vec<Row> =
+                batches.iter().flat_map(|b| (0..b.num_rows()).map(move |i| data::row_json(b, i))).collect();
             inputs.push(json!({"name": input.name, "rows": rows.len()}));
             let has = |c: &str| schema.field_with_name(c).is_ok();
             if has("factual_claim") && has("label") && claims.is_none() {
                 let mut by: BTreeMap<&str, BTreeMap<String, u64>> =
-                    ["label", "rule", "relation", "lang", "render", "license", "dataset", "verified"].into_iter().map(|k| (k, BTreeMap::new())).collect();
+                    ["label", "rule", "relation", "lang", "render", "license", "dataset", "verified"]
+                        .into_iter()
+                        .map(|k| (k, BTreeMap::new()))
+                        .collect();
                 for r in &rows {
-                    for (k, col) in [("label", "label"), ("rule", "cf_rule"), ("relation", "rel"), ("lang", "lang"), ("render", "render"), ("license", "license"), ("dataset", "dataset")] {
+                    for (k, col) in [
+                        ("label", "label"),
+                        ("rule", "cf_rule"),
+                        ("relation", "rel"),
+                        ("lang", "lang"),
+                        ("render", "render"),
+                        ("license", "license"),
+                        ("dataset", "dataset"),
+                    ] {
                         if let Some(v) = text(r, col) {
                             *by.entry(k).or_default().entry(v).or_default() += 1;
                         }
@@ -153,7 +171,10 @@ impl Stage for CardStage {
             "roles": roles.into_values().collect::<Vec<_>>(),
             "choices": choices,
         });
-        let md = self.templates.render_value("card", minijinja::Value::from(minijinja::value::Serde(&context))).map_err(|e| anyhow!("card template: {e}"))?;
+        let md = self
+            .templates
+            .render_value("card", minijinja::Value::from(minijinja::value::Serde(&context)))
+            .map_err(|e| anyhow!("card template: {e}"))?;
         let (mut f, pending) = create_tmp(&ctx.out_dir.join(&self.o.path))?;
         f.write_all(md.as_bytes())?;
         finish_file(f, &pending)?;

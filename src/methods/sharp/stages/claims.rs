@@ -3,7 +3,7 @@
 //! filtered (language on both ends, relation whitelist, weight, surface text), deduplicated
 //! on the assertion URI, sampled (bottom-k on a seeded key of the URI, stratified by
 //! relation: the same claims whatever the file order) and, for a seeded share, turned
-//! counterfactual by the rules of [`crate::methods::sharp::counterfact`] with the words of
+//! counterfactual by the rules of [`crate::counterfact`] with the words of
 //! `rules/sharp/<lang>/` and the dump's own `/r/Antonym` edges.
 //!
 //! The scan is a pipeline: one thread inflates and cuts the stream into blocks of whole
@@ -22,26 +22,30 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, mpsc};
 
 use anyhow::{Context, Result, anyhow};
-use crate::data::arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use synth_core::data::arrow::datatypes::{DataType, Field, SchemaRef};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::diag::Diagnostics;
-use crate::config::options::{OptionSpec, Ty};
-use crate::data::{self, Row};
-use crate::methods::sharp::conceptnet::{self, Drop, Edge, Filter};
-use crate::methods::sharp::counterfact::{self, AntonymGraph, Claim, Rewriter};
-use crate::methods::sharp::rules::Rules;
-use crate::methods::sharp::text::{ZH_CONVERSIONS, find_phrase};
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Stage};
-use crate::store::failures::{FailureKind, FailureLog};
+use crate::conceptnet::{self, Drop, Edge, Filter};
+use crate::counterfact::{self, AntonymGraph, Claim, Rewriter};
+use crate::rules::Rules;
+use crate::text::{ZH_CONVERSIONS, find_phrase};
+use synth_core::config::diag::Diagnostics;
+use synth_core::config::options::{OptionSpec, Ty};
+use synth_core::data::{self, Row};
+use synth_core::store::failures::{FailureKind, FailureLog};
+use synth_engine::stages::{Arity, BuildCtx, KindInfo, PlanCtx, PrepareCtx, Prepared, Role, RunCtx, Stage};
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::required("path", Ty::File, "a ConceptNet assertions dump (5 tab-separated columns; .gz read directly)"),
     OptionSpec::default("lang", Ty::Str, "\"en\"", "[R] language of both ends (/c/<lang>/…)"),
-    OptionSpec::optional("relations", Ty::StrList, "[R] relation whitelist without /r/ (default: the spec's 17 OMCS relations)"),
+    OptionSpec::optional(
+        "relations",
+        Ty::StrList,
+        "[R] relation whitelist without /r/ (default: the spec's 17 OMCS relations)",
+    ),
     OptionSpec::default("min_weight", Ty::Float(0.0, 1e9), "1.0", "[R] keep edges of at least this weight"),
     OptionSpec::default(
         "no_surface",
@@ -55,7 +59,11 @@ const OPTIONS: &[OptionSpec] = &[
         "\"t2s\"",
         "[R] Chinese claims: OpenCC conversion to Simplified (t2s; tw2s / hk2s from the Taiwan / Hong Kong standards, tw2sp with Taiwan phrases) or none",
     ),
-    OptionSpec::optional("sample", Ty::Int(1, i64::MAX), "claims to keep, seeded (paper: ~1,000 before the counterfactual split); default all"),
+    OptionSpec::optional(
+        "sample",
+        Ty::Int(1, i64::MAX),
+        "claims to keep, seeded (paper: ~1,000 before the counterfactual split); default all",
+    ),
     OptionSpec::default(
         "stratify",
         Ty::Enum(&["proportional", "equal", "none"]),
@@ -68,7 +76,11 @@ const OPTIONS: &[OptionSpec] = &[
         "0.5",
         "[R] share of the sampled claims made counterfactual (exact: round(share × n), seeded; paper: 481 of 953)",
     ),
-    OptionSpec::optional("counterfactuals", Ty::Int(0, i64::MAX), "an exact number of counterfactual claims instead of the share"),
+    OptionSpec::optional(
+        "counterfactuals",
+        Ty::Int(0, i64::MAX),
+        "an exact number of counterfactual claims instead of the share",
+    ),
     OptionSpec::default(
         "counterfactual_rules",
         Ty::StrList,
@@ -105,8 +117,12 @@ const OPTIONS: &[OptionSpec] = &[
         "\"all\"",
         "check column 5 of every line (a bad one is a failure row) or only of lines that pass the language / relation filter",
     ),
-    OptionSpec::optional("threads", Ty::Int(1, 256), "parsing threads besides the reader (default: the CPU count); outputs never depend on it")
-        .runtime_only(),
+    OptionSpec::optional(
+        "threads",
+        Ty::Int(1, 256),
+        "parsing threads besides the reader (default: the CPU count); outputs never depend on it",
+    )
+    .runtime_only(),
 ];
 
 pub static KIND: KindInfo = KindInfo {
@@ -169,7 +185,11 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
     let mut ok = true;
     for r in &o.counterfactual_rules {
         if !counterfact::RULES.contains(&r.as_str()) {
-            ctx.error(diags, "counterfactual_rules", format!("unknown rule \"{r}\" (rules: {})", counterfact::RULES.join(", ")));
+            ctx.error(
+                diags,
+                "counterfactual_rules",
+                format!("unknown rule \"{r}\" (rules: {})", counterfact::RULES.join(", ")),
+            );
             ok = false;
         }
     }
@@ -208,11 +228,14 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
         rules: rules.clone(),
         check_all: o.check_json == "all",
         fail_no_surface: o.no_surface == "fail",
-        antonyms: o.counterfactual_rules.iter().any(|r| r == "antonym") && o.antonym_sources.iter().any(|s| s == "conceptnet"),
+        antonyms: o.counterfactual_rules.iter().any(|r| r == "antonym")
+            && o.antonym_sources.iter().any(|s| s == "conceptnet"),
         stratified: o.stratify != "none",
     });
-    let choices = crate::methods::sharp::reconstructed(OPTIONS, ctx.options);
-    ok.then(|| Box::new(ClaimsStage { path: ctx.root.join(&o.path), rules_dir, o, cfg, rules, choices }) as Box<dyn Stage>)
+    let choices = crate::reconstructed(OPTIONS, ctx.options);
+    ok.then(|| {
+        Box::new(ClaimsStage { path: ctx.root.join(&o.path), rules_dir, o, cfg, rules, choices }) as Box<dyn Stage>
+    })
 }
 
 /// Output columns.
@@ -298,7 +321,12 @@ fn scan_block(bytes: &[u8], cfg: &ScanCfg) -> BlockOut {
         let text = match std::str::from_utf8(raw) {
             Ok(t) => t.trim_end_matches('\r'),
             Err(e) => {
-                out.failures.push((n, FailureKind::Parse, format!("not UTF-8 ({e})"), String::from_utf8_lossy(raw).chars().take(2000).collect()));
+                out.failures.push((
+                    n,
+                    FailureKind::Parse,
+                    format!("not UTF-8 ({e})"),
+                    String::from_utf8_lossy(raw).chars().take(2000).collect(),
+                ));
                 continue;
             }
         };
@@ -393,7 +421,10 @@ impl ScanRun<'_> {
                         return Ok(());
                     }
                     let mut block = Vec::with_capacity(BLOCK + 4096);
-                    (&mut reader).take(BLOCK as u64).read_to_end(&mut block).with_context(|| format!("reading {}", path.display()))?;
+                    (&mut reader)
+                        .take(BLOCK as u64)
+                        .read_to_end(&mut block)
+                        .with_context(|| format!("reading {}", path.display()))?;
                     if block.is_empty() {
                         return Ok(());
                     }
@@ -432,7 +463,7 @@ impl ScanRun<'_> {
             reader.join().map_err(|_| anyhow!("the reader thread panicked"))?
         })?;
         if self.cancel.is_cancelled() {
-            return Err(crate::stages::Cancelled.into());
+            return Err(synth_engine::stages::Cancelled.into());
         }
         scan.distinct = seen.len() as u64;
         scan.graph.finish();
@@ -445,8 +476,8 @@ impl ScanRun<'_> {
         let base = scan.lines;
         for (n, kind, why, record) in out.failures {
             let at = format!("{}:{}", self.file, base + n);
-            let message = crate::secrets::scrub(&format!("{at}: {why}"));
-            self.failures.record(at, kind, message, Some(crate::secrets::scrub(&record)));
+            let message = synth_core::secrets::scrub(&format!("{at}: {why}"));
+            self.failures.record(at, kind, message, Some(synth_core::secrets::scrub(&record)));
         }
         for (d, n) in out.drops {
             *scan.drops.entry(d).or_default() += n;
@@ -502,8 +533,10 @@ pub fn allocate(sizes: &[u64], n: u64, equal: bool) -> Vec<u64> {
         }
         return got;
     }
-    let exact: Vec<(u64, u128)> =
-        sizes.iter().map(|&s| ((n as u128 * s as u128 / total as u128) as u64, n as u128 * s as u128 % total as u128)).collect();
+    let exact: Vec<(u64, u128)> = sizes
+        .iter()
+        .map(|&s| ((n as u128 * s as u128 / total as u128) as u64, n as u128 * s as u128 % total as u128))
+        .collect();
     let mut got: Vec<u64> = exact.iter().map(|e| e.0).collect();
     let mut order: Vec<usize> = (0..sizes.len()).collect();
     order.sort_by_key(|&i| (std::cmp::Reverse(exact[i].1), i));
@@ -537,11 +570,12 @@ impl Stage for ClaimsStage {
         let reader = open(&self.path)?;
         let cap = ctx.limit.into_iter().chain(self.o.sample).min().unwrap_or(u64::MAX) as usize;
         let threads = self.o.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-        let (cfg, path, cancel, failures) = (self.cfg.clone(), self.path.clone(), ctx.cancel.clone(), ctx.failures.clone());
+        let (cfg, path, cancel, failures) =
+            (self.cfg.clone(), self.path.clone(), ctx.cancel.clone(), ctx.failures.clone());
         let (seed, stage, progress) = (ctx.seed, ctx.name.clone(), ctx.progress.clone());
         let scan_file = file.clone();
         let mut scan = tokio::task::spawn_blocking(move || {
-            let key = move |uri: &str| crate::rng::record_key(seed, &stage, uri, "sample");
+            let key = move |uri: &str| synth_core::rng::record_key(seed, &stage, uri, "sample");
             let run = ScanRun {
                 cfg: &cfg,
                 file: &scan_file,
@@ -580,7 +614,7 @@ impl Stage for ClaimsStage {
         }
         let counterfactual = rows.iter().filter(|r| r["label"] == "counterfactual").count();
         m.insert("counterfactual".into(), counterfactual as f64);
-        crate::methods::sharp::record_choices(ctx, KIND.name, &self.choices)?;
+        crate::record_choices(ctx, KIND.name, &self.choices)?;
         let schema = output_schema();
         let mut out = ctx.create_output(schema.clone())?;
         for chunk in rows.chunks(1024) {
@@ -614,7 +648,8 @@ impl ClaimsStage {
             disruption: &self.o.disruption,
             zh_convert: &self.o.zh_convert,
         };
-        let target = self.o.counterfactuals.unwrap_or_else(|| (self.o.counterfactual_share * kept.len() as f64).round() as u64);
+        let target =
+            self.o.counterfactuals.unwrap_or_else(|| (self.o.counterfactual_share * kept.len() as f64).round() as u64);
         let mut order: Vec<usize> = (0..kept.len()).collect();
         order.sort_by_key(|&i| (ctx.record_key(&kept[i].edge.uri, "counterfactual"), i));
         let mut cf: Vec<Option<(String, String, String)>> = vec![None; kept.len()];
@@ -657,7 +692,11 @@ impl ClaimsStage {
                     Some((c, r, d)) => (c, "counterfactual", json!(r), json!(d)),
                     None => (k.claim.clone(), "factual", Value::Null, Value::Null),
                 };
-                let render = if e.surface_text.as_deref().is_some_and(|s| !s.trim().is_empty()) { "surface" } else { "template" };
+                let render = if e.surface_text.as_deref().is_some_and(|s| !s.trim().is_empty()) {
+                    "surface"
+                } else {
+                    "template"
+                };
                 Row::from_iter([
                     (data::ID.to_string(), json!(e.uri)),
                     ("claim".into(), json!(claim)),
@@ -695,7 +734,8 @@ impl ClaimsStage {
         let start = (ctx.record_key(&kept[i].edge.uri, "foreign") % kept.len() as u64) as usize;
         (0..kept.len()).map(|j| (start + j) % kept.len()).find_map(|j| {
             let end = parts[j].2.as_deref()?;
-            (j != i && kept[j].edge.rel != kept[i].edge.rel && find_phrase(&kept[i].claim, end).is_none()).then_some(end)
+            (j != i && kept[j].edge.rel != kept[i].edge.rel && find_phrase(&kept[i].claim, end).is_none())
+                .then_some(end)
         })
     }
 }

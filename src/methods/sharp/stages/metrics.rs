@@ -1,6 +1,6 @@
 //! `sharp_metrics`: factual-based labels and the paper's metrics per (model, language,
 //! script, role) — counts, SR, AR, ER, the conservative ratio and CRF
-//! ([`crate::methods::sharp::metrics`]) — as its output, and as a summary (`report` reads
+//! ([`crate::metrics`]) — as its output, and as a summary (`report` reads
 //! it) in the paper's layouts:
 //!
 //! - `sharp` (Table 4): a row per model and language, the model level (mean over scripts of
@@ -22,23 +22,32 @@
 use std::collections::{BTreeMap, HashSet};
 
 use anyhow::{Result, anyhow};
-use crate::data::arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
+use synth_core::data::arrow::datatypes::{DataType, Field, SchemaRef};
 
-use crate::config::diag::Diagnostics;
-use crate::config::options::{OptionSpec, Ty};
-use crate::data::{self, Row};
-use crate::methods::sharp::metrics::{Affection, Cell, Rates, Stance, macro_average, pearson, pooled, reliability};
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
-use crate::store::failures::FailureKind;
-use crate::store::summary::{self, OVERALL, SummaryRow};
+use crate::metrics::{Affection, Cell, Rates, Stance, macro_average, pearson, pooled, reliability};
+use synth_core::config::diag::Diagnostics;
+use synth_core::config::options::{OptionSpec, Ty};
+use synth_core::data::{self, Row};
+use synth_core::store::failures::FailureKind;
+use synth_core::store::summary::{self, OVERALL, SummaryRow};
+use synth_engine::stages::{Arity, BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::optional("label", Ty::Str, "the model's name in the report (default: the input stage's name)"),
-    OptionSpec::optional("model_column", Ty::Str, "a column naming the model of each record (several models in one input): one report row each"),
-    OptionSpec::default("lang_column", Ty::Str, "\"lang\"", "the language column, where present: a report row per model and language"),
+    OptionSpec::optional(
+        "model_column",
+        Ty::Str,
+        "a column naming the model of each record (several models in one input): one report row each",
+    ),
+    OptionSpec::default(
+        "lang_column",
+        Ty::Str,
+        "\"lang\"",
+        "the language column, where present: a report row per model and language",
+    ),
     OptionSpec::default("stance_column", Ty::Str, "\"stance\"", "column of the detected stance"),
     OptionSpec::default(
         "model_level",
@@ -52,7 +61,12 @@ const OPTIONS: &[OptionSpec] = &[
         "the unaligned backbone's stance on the same turn (snowballing join): adds the backbone-vs-aligned table (Tables 6/7)",
     ),
     OptionSpec::default("backbone_label", Ty::Str, "\"backbone\"", "the backbone's name in the report"),
-    OptionSpec::default("frequency_column", Ty::Str, "\"n_interactions\"", "role interaction counts, where present: Figure 3's correlations"),
+    OptionSpec::default(
+        "frequency_column",
+        Ty::Str,
+        "\"n_interactions\"",
+        "role interaction counts, where present: Figure 3's correlations",
+    ),
     OptionSpec::optional(
         "gold_column",
         Ty::Str,
@@ -92,7 +106,7 @@ struct MetricsStage {
 }
 
 fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> {
-    let choices = crate::methods::sharp::reconstructed(OPTIONS, ctx.options);
+    let choices = crate::reconstructed(OPTIONS, ctx.options);
     Some(Box::new(MetricsStage { o: ctx.parse(diags)?, choices }))
 }
 
@@ -182,7 +196,11 @@ impl Stage for MetricsStage {
     fn plan(&self, ctx: &mut PlanCtx<'_>) -> Option<SchemaRef> {
         let col = self.o.stance_column.clone();
         ctx.require_columns("inputs", 0, ["script", "role", "affection", "label", col.as_str()]);
-        for (option, c) in [("gold_column", &self.o.gold_column), ("backbone_column", &self.o.backbone_column), ("model_column", &self.o.model_column)] {
+        for (option, c) in [
+            ("gold_column", &self.o.gold_column),
+            ("backbone_column", &self.o.backbone_column),
+            ("model_column", &self.o.model_column),
+        ] {
             if let Some(c) = c.clone() {
                 ctx.require_columns(option, 0, [c.as_str()]);
             }
@@ -197,7 +215,7 @@ impl Stage for MetricsStage {
     }
 
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
-        let (schema, batches) = crate::store::parquet::read_all(&ctx.inputs[0].path)?;
+        let (schema, batches) = synth_core::store::parquet::read_all(&ctx.inputs[0].path)?;
         let has_lang = schema.field_with_name(&self.o.lang_column).is_ok();
         let has_freq = schema.field_with_name(&self.o.frequency_column).is_ok();
         let default_label = ctx.inputs[0].name.clone();
@@ -221,7 +239,9 @@ impl Stage for MetricsStage {
                     acc.freq = r.get(&self.o.frequency_column).and_then(Value::as_f64).or(acc.freq);
                 }
                 let stance = Stance::parse(&text(&r, &self.o.stance_column));
-                if let (Some(g), Some(s)) = (self.o.gold_column.as_ref().and_then(|g| Stance::parse(&text(&r, g))), stance) {
+                if let (Some(g), Some(s)) =
+                    (self.o.gold_column.as_ref().and_then(|g| Stance::parse(&text(&r, g))), stance)
+                {
                     gold_pairs.push((g, s));
                 }
                 match (stance, factual(&r)) {
@@ -239,7 +259,7 @@ impl Stage for MetricsStage {
         // Records that were asked and have no stance row.
         let mut missing = 0u64;
         if ctx.inputs.len() == 2 {
-            let (schema1, asked) = crate::store::parquet::read_all(&ctx.inputs[1].path)?;
+            let (schema1, asked) = synth_core::store::parquet::read_all(&ctx.inputs[1].path)?;
             let lang1 = schema1.field_with_name(&self.o.lang_column).is_ok();
             for b in &asked {
                 for i in 0..b.num_rows() {
@@ -273,7 +293,10 @@ impl Stage for MetricsStage {
             for (source, name, cell, unparsed) in sources {
                 let rates = cell.rates(affection);
                 let mut row = Row::from_iter([
-                    (data::ID.to_string(), json!(format!("{name}/{}/{script}/{role}", lang.clone().unwrap_or_default()))),
+                    (
+                        data::ID.to_string(),
+                        json!(format!("{name}/{}/{script}/{role}", lang.clone().unwrap_or_default())),
+                    ),
                     ("model".into(), json!(name)),
                     ("stances".into(), json!(source)),
                     ("lang".into(), lang.clone().map(Value::String).unwrap_or(Value::Null)),
@@ -302,7 +325,12 @@ impl Stage for MetricsStage {
         for (model, lang, script, role) in &bad_affection {
             let id = format!("{model}/{}/{script}/{role}", lang.clone().unwrap_or_default());
             let aff = &cells[&(model.clone(), lang.clone(), script.clone(), role.clone())].affection;
-            ctx.fail(&id, FailureKind::Input, format!("{id}: unknown affection class \"{aff}\" (one of high, low, neutral)"), None);
+            ctx.fail(
+                &id,
+                FailureKind::Input,
+                format!("{id}: unknown affection class \"{aff}\" (one of high, low, neutral)"),
+                None,
+            );
         }
         for c in bad_affection {
             cells.remove(&c);
@@ -310,8 +338,11 @@ impl Stage for MetricsStage {
         let schema = output_schema();
         let mut out = ctx.create_output(schema.clone())?;
         out.write(&data::rows_to_batch(&schema, &rows).map_err(|(i, e)| anyhow!("row {i}: {e}"))?)?;
-        ctx.write_side_parquet(&summary::file_name(&ctx.name), &summary::to_batch(&self.summary(&cells, &gold_pairs, has_freq))?)?;
-        crate::methods::sharp::record_choices(ctx, KIND.name, &self.choices)?;
+        ctx.write_side_parquet(
+            &summary::file_name(&ctx.name),
+            &summary::to_batch(&self.summary(&cells, &gold_pairs, has_freq))?,
+        )?;
+        crate::record_choices(ctx, KIND.name, &self.choices)?;
         ctx.set_output(out)
     }
 }
@@ -370,7 +401,14 @@ impl MetricsStage {
                     out.push(sharp.row(OVERALL, metric, heading, parsed, v * 100.0, unparsed));
                 }
             }
-            out.push(sharp.row(OVERALL, "unparsed", "Unparsed", parsed + unparsed, unparsed_share(parsed, unparsed), unparsed));
+            out.push(sharp.row(
+                OVERALL,
+                "unparsed",
+                "Unparsed",
+                parsed + unparsed,
+                unparsed_share(parsed, unparsed),
+                unparsed,
+            ));
             for ((_, _, script, role), a) in group {
                 let Some(aff) = Affection::parse(&a.affection) else { continue };
                 let n = a.agent.n_f + a.agent.n_cf;
@@ -380,7 +418,14 @@ impl MetricsStage {
                         out.push(sharp.row(&g, metric, heading, n, v * 100.0, a.unparsed));
                     }
                 }
-                out.push(sharp.row(&g, "unparsed", "Unparsed", n + a.unparsed, unparsed_share(n, a.unparsed), a.unparsed));
+                out.push(sharp.row(
+                    &g,
+                    "unparsed",
+                    "Unparsed",
+                    n + a.unparsed,
+                    unparsed_share(n, a.unparsed),
+                    a.unparsed,
+                ));
             }
             if self.o.backbone_column.is_some() {
                 let b = self.model_rates(group, true);
@@ -436,7 +481,11 @@ impl MetricsStage {
         }
         if let Some((acc, f1)) = reliability(gold) {
             let label = self.o.label.clone().unwrap_or_else(|| "stance detector".into());
-            let detector = Head { label: &label, table: "sharp_detector", title: "Stance detector against human labels (Table 3 layout, %)" };
+            let detector = Head {
+                label: &label,
+                table: "sharp_detector",
+                title: "Stance detector against human labels (Table 3 layout, %)",
+            };
             out.push(detector.row(OVERALL, "accuracy", "Accuracy", gold.len() as u64, acc * 100.0, 0));
             out.push(detector.row(OVERALL, "macro_f1", "Macro-F1", gold.len() as u64, f1 * 100.0, 0));
         }

@@ -17,18 +17,18 @@
 use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{Result, anyhow};
-use crate::data::arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
+use synth_core::data::arrow::datatypes::{DataType, Field, SchemaRef};
 
-use crate::config::diag::Diagnostics;
-use crate::config::options::{OptionSpec, Ty};
-use crate::data::{self, Row};
-use crate::methods::sharp::metrics::Affection;
-use crate::methods::sharp::roles::{self as r, Graph};
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
-use crate::store::failures::FailureKind;
+use crate::metrics::Affection;
+use crate::roles::{self as r, Graph};
+use synth_core::config::diag::Diagnostics;
+use synth_core::config::options::{OptionSpec, Ty};
+use synth_core::data::{self, Row};
+use synth_core::store::failures::FailureKind;
+use synth_engine::stages::{Arity, BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default(
@@ -43,15 +43,44 @@ const OPTIONS: &[OptionSpec] = &[
         "\"fail\"",
         "a role whose affection cannot be told: a failure row with the reason, neutral (kept, left out of CRF), or dropped (counted)",
     ),
-    OptionSpec::default("top_k", Ty::Int(1, 100_000), "10", "[R] with dialogues: the main character's most frequent partners kept"),
-    OptionSpec::default("min_interactions", Ty::Int(0, i64::MAX), "1", "[R] with dialogues: fewer interactions and a role is not selected"),
-    OptionSpec::optional("main", Ty::Str, "the main character of every script (default: the table's main column, else the dialogues' highest degree centrality)"),
+    OptionSpec::default(
+        "top_k",
+        Ty::Int(1, 100_000),
+        "10",
+        "[R] with dialogues: the main character's most frequent partners kept",
+    ),
+    OptionSpec::default(
+        "min_interactions",
+        Ty::Int(0, i64::MAX),
+        "1",
+        "[R] with dialogues: fewer interactions and a role is not selected",
+    ),
+    OptionSpec::optional(
+        "main",
+        Ty::Str,
+        "the main character of every script (default: the table's main column, else the dialogues' highest degree centrality)",
+    ),
     OptionSpec::default("script_column", Ty::Str, "\"script\"", "the table's script column (RoleMRC profiles: \"id\")"),
-    OptionSpec::default("main_column", Ty::Str, "\"main\"", "the table's main-character column (RoleMRC profiles: \"role_name\")"),
-    OptionSpec::default("relations_column", Ty::Str, "\"relations\"", "a list column of {role, relation, affection} per row, flattened when present"),
+    OptionSpec::default(
+        "main_column",
+        Ty::Str,
+        "\"main\"",
+        "the table's main-character column (RoleMRC profiles: \"role_name\")",
+    ),
+    OptionSpec::default(
+        "relations_column",
+        Ty::Str,
+        "\"relations\"",
+        "a list column of {role, relation, affection} per row, flattened when present",
+    ),
     OptionSpec::default("scene_column", Ty::Str, "\"scene\"", "the dialogues' scene column"),
     OptionSpec::default("speaker_column", Ty::Str, "\"speaker\"", "the dialogues' speaker column"),
-    OptionSpec::default("carry", Ty::StrList, "[]", "table columns copied to each of its roles (e.g. profile_text for the agent's system prompt)"),
+    OptionSpec::default(
+        "carry",
+        Ty::StrList,
+        "[]",
+        "table columns copied to each of its roles (e.g. profile_text for the agent's system prompt)",
+    ),
 ];
 
 pub static KIND: KindInfo = KindInfo {
@@ -91,7 +120,7 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
     let parsed = std::fs::read_to_string(&path)
         .map_err(|e| format!("{}: {e}", path.display()))
         .and_then(|t| r::parse_affection_rules(&t, &o.affection_rules));
-    let choices = crate::methods::sharp::reconstructed(OPTIONS, ctx.options);
+    let choices = crate::reconstructed(OPTIONS, ctx.options);
     match parsed {
         Ok(rules) => Some(Box::new(RolesStage { o, rules, choices })),
         Err(e) => {
@@ -133,18 +162,27 @@ struct Entry {
 
 impl RolesStage {
     fn carried(&self, input: &SchemaRef) -> Vec<Field> {
-        self.o.carry.iter().filter_map(|c| input.field_with_name(c).ok().map(|f| f.clone().with_nullable(true))).collect()
+        self.o
+            .carry
+            .iter()
+            .filter_map(|c| input.field_with_name(c).ok().map(|f| f.clone().with_nullable(true)))
+            .collect()
     }
 
     /// The table's rows as roles (a `relations` list flattened).
     fn entries(&self, rows: &[Row]) -> Vec<Entry> {
-        let text = |r: &Row, k: &str| r.get(k).and_then(Value::as_str).map(str::trim).filter(|s| !s.is_empty()).map(str::to_string);
-        let item_text = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).map(str::trim).filter(|s| !s.is_empty()).map(str::to_string);
+        let text = |r: &Row, k: &str| {
+            r.get(k).and_then(Value::as_str).map(str::trim).filter(|s| !s.is_empty()).map(str::to_string)
+        };
+        let item_text = |v: &Value, k: &str| {
+            v.get(k).and_then(Value::as_str).map(str::trim).filter(|s| !s.is_empty()).map(str::to_string)
+        };
         let mut out = Vec::new();
         for row in rows {
             let script = text(row, &self.o.script_column).unwrap_or_default();
             let main = self.o.main.clone().or_else(|| text(row, &self.o.main_column)).unwrap_or_default();
-            let carried: Row = self.o.carry.iter().map(|c| (c.clone(), row.get(c).cloned().unwrap_or(Value::Null))).collect();
+            let carried: Row =
+                self.o.carry.iter().map(|c| (c.clone(), row.get(c).cloned().unwrap_or(Value::Null))).collect();
             let score = |v: Option<&Value>| v.and_then(|v| v.as_f64().or_else(|| v.as_str()?.trim().parse().ok()));
             match row.get(&self.o.relations_column).and_then(Value::as_array) {
                 Some(items) => {
@@ -177,14 +215,18 @@ impl RolesStage {
     /// The affection of a role, or why it cannot be told.
     fn affection(&self, e: &Entry) -> Result<Affection, String> {
         if let Some(level) = &e.level {
-            return Affection::parse(level).ok_or_else(|| format!("unknown affection class \"{level}\" (one of high, low, neutral)"));
+            return Affection::parse(level)
+                .ok_or_else(|| format!("unknown affection class \"{level}\" (one of high, low, neutral)"));
         }
         if let Some(x) = e.score {
             return Ok(Affection::from_score(x));
         }
         match &e.relation {
             Some(class) => self.rules.get(&class.to_lowercase()).copied().ok_or_else(|| {
-                format!("relationship class \"{class}\" is not in {} (add it there, or set unmapped)", self.o.affection_rules)
+                format!(
+                    "relationship class \"{class}\" is not in {} (add it there, or set unmapped)",
+                    self.o.affection_rules
+                )
             }),
             None => Err("no affection, affection_score or relation (no row in the relationship table?)".into()),
         }
@@ -213,7 +255,7 @@ impl Stage for RolesStage {
 
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
         let read = |i: usize| -> Result<Vec<Row>> {
-            let (_, batches) = crate::store::parquet::read_all(&ctx.inputs[i].path)?;
+            let (_, batches) = synth_core::store::parquet::read_all(&ctx.inputs[i].path)?;
             Ok(batches.iter().flat_map(|b| (0..b.num_rows()).map(move |i| data::row_json(b, i))).collect())
         };
         let table = read(0)?;
@@ -256,11 +298,21 @@ impl Stage for RolesStage {
         for e in &entries {
             let id = format!("{}/{}", e.script, e.role);
             if e.script.is_empty() || e.role.is_empty() || (e.main.is_empty() && graphs.is_none()) {
-                ctx.fail(&id, FailureKind::Input, format!("{id}: a role needs a script, a role name and a main character"), None);
+                ctx.fail(
+                    &id,
+                    FailureKind::Input,
+                    format!("{id}: a role needs a script, a role name and a main character"),
+                    None,
+                );
                 continue;
             }
             if seen.insert((e.script.clone(), e.role.clone()), unique.len()).is_some() {
-                ctx.fail(&id, FailureKind::Input, format!("{id}: role \"{}\" of \"{}\" is listed twice", e.role, e.script), None);
+                ctx.fail(
+                    &id,
+                    FailureKind::Input,
+                    format!("{id}: role \"{}\" of \"{}\" is listed twice", e.role, e.script),
+                    None,
+                );
                 continue;
             }
             unique.push(e);
@@ -301,9 +353,15 @@ impl Stage for RolesStage {
                 let empty = Graph::new();
                 for script in scripts.iter().filter(|s| !s.is_empty()) {
                     let graph = graphs.get(script).unwrap_or(&empty);
-                    let named = unique.iter().find(|e| &e.script == script && !e.main.is_empty()).map(|e| e.main.clone());
+                    let named =
+                        unique.iter().find(|e| &e.script == script && !e.main.is_empty()).map(|e| e.main.clone());
                     let Some(main) = named.or_else(|| r::main_character(graph)) else {
-                        ctx.fail(script, FailureKind::Input, format!("{script}: no main character (none named, no dialogue turns)"), None);
+                        ctx.fail(
+                            script,
+                            FailureKind::Input,
+                            format!("{script}: no main character (none named, no dialogue turns)"),
+                            None,
+                        );
                         continue;
                     };
                     let selected: Vec<(String, u64)> = r::partners(graph, &main)
@@ -329,8 +387,10 @@ impl Stage for RolesStage {
                             push(&e, a, Some(*n), Some(rank as u64 + 1), &mut rows);
                         }
                     }
-                    let not_selected =
-                        unique.iter().filter(|e| &e.script == script && !selected.iter().any(|(r, _)| r == &e.role)).count();
+                    let not_selected = unique
+                        .iter()
+                        .filter(|e| &e.script == script && !selected.iter().any(|(r, _)| r == &e.role))
+                        .count();
                     *counts.entry("not_selected").or_default() += not_selected as u64;
                 }
             }
@@ -341,7 +401,7 @@ impl Stage for RolesStage {
         let schema = schema(&carried);
         let mut out = ctx.create_output(schema.clone())?;
         out.write(&data::rows_to_batch(&schema, &rows).map_err(|(i, e)| anyhow!("row {i}: {e}"))?)?;
-        crate::methods::sharp::record_choices(ctx, KIND.name, &self.choices)?;
+        crate::record_choices(ctx, KIND.name, &self.choices)?;
         ctx.set_output(out)
     }
 }

@@ -20,28 +20,44 @@
 use std::collections::BTreeMap;
 
 use anyhow::{Result, anyhow};
-use crate::data::arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
+use synth_core::data::arrow::datatypes::{DataType, Field, SchemaRef};
 
-use crate::config::diag::Diagnostics;
-use crate::config::options::{OptionSpec, Ty};
-use crate::data::{self, Row};
-use crate::methods::sharp::metrics::{
-    Affection, Stance, claim_difference, claim_ratio, transfer_difference, transfer_ratio,
-};
-use crate::stages::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
-use crate::store::summary::{self, SummaryRow};
+use crate::metrics::{Affection, Stance, claim_difference, claim_ratio, transfer_difference, transfer_ratio};
+use synth_core::config::diag::Diagnostics;
+use synth_core::config::options::{OptionSpec, Ty};
+use synth_core::data::{self, Row};
+use synth_core::store::summary::{self, SummaryRow};
+use synth_engine::stages::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default("stance_column", Ty::Str, "\"stance\"", "the agent's stance"),
-    OptionSpec::optional("backbone_column", Ty::Str, "the backbone's stance on the same turn: adds the snowballing half"),
-    OptionSpec::default("lang_column", Ty::Str, "\"lang\"", "the language column, where present: one table row set per language"),
-    OptionSpec::optional("model_column", Ty::Str, "a column naming each record's model (for exclude_models, and per_model)"),
+    OptionSpec::optional(
+        "backbone_column",
+        Ty::Str,
+        "the backbone's stance on the same turn: adds the snowballing half",
+    ),
+    OptionSpec::default(
+        "lang_column",
+        Ty::Str,
+        "\"lang\"",
+        "the language column, where present: one table row set per language",
+    ),
+    OptionSpec::optional(
+        "model_column",
+        Ty::Str,
+        "a column naming each record's model (for exclude_models, and per_model)",
+    ),
     OptionSpec::default("per_model", Ty::Bool, "false", "one row set per model instead of pooling models"),
     OptionSpec::default("exclude_scripts", Ty::StrList, "[]", "scripts left out (Table 5 left out 天龙八部)"),
-    OptionSpec::default("exclude_models", Ty::StrList, "[]", "models left out (Table 5 left out Pygmalion; needs model_column)"),
+    OptionSpec::default(
+        "exclude_models",
+        Ty::StrList,
+        "[]",
+        "models left out (Table 5 left out Pygmalion; needs model_column)",
+    ),
 ];
 
 pub static KIND: KindInfo = KindInfo {
@@ -76,7 +92,7 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
         ctx.error(diags, "model_column", "per_model and exclude_models need model_column");
         return None;
     }
-    let choices = crate::methods::sharp::reconstructed(OPTIONS, ctx.options);
+    let choices = crate::reconstructed(OPTIONS, ctx.options);
     Some(Box::new(TransferStage { o, choices }))
 }
 
@@ -164,7 +180,7 @@ fn summary_rows(cells: &[TransferCell]) -> Vec<SummaryRow> {
                 let col: Vec<_> = mine.iter().filter(|c| c.3 == to).collect();
                 if !col.is_empty() {
                     let mean = col.iter().filter_map(|c| c.4).sum::<f64>() / col.len() as f64;
-                    push(crate::store::summary::OVERALL, to, col.iter().map(|c| c.5).sum(), mean);
+                    push(synth_core::store::summary::OVERALL, to, col.iter().map(|c| c.5).sum(), mean);
                 }
             }
             for from in rows {
@@ -193,7 +209,7 @@ impl Stage for TransferStage {
     }
 
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
-        let (schema, batches) = crate::store::parquet::read_all(&ctx.inputs[0].path)?;
+        let (schema, batches) = synth_core::store::parquet::read_all(&ctx.inputs[0].path)?;
         let has_lang = schema.field_with_name(&self.o.lang_column).is_ok();
         let text = |r: &Row, k: &str| r.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
         let mut groups: BTreeMap<String, Group> = BTreeMap::new();
@@ -247,7 +263,13 @@ impl Stage for TransferStage {
         let mut cells: Vec<TransferCell> = Vec::new();
         let pct = |x: Option<f64>| x.map(|v| json!(v)).unwrap_or(Value::Null);
         for (label, g) in &groups {
-            let mut cell = |mode: &str, from: &str, to: Stance, rh: Option<f64>, rl: Option<f64>, d: Option<f64>, n: (usize, usize)| {
+            let mut cell = |mode: &str,
+                            from: &str,
+                            to: Stance,
+                            rh: Option<f64>,
+                            rl: Option<f64>,
+                            d: Option<f64>,
+                            n: (usize, usize)| {
                 rows.push(Row::from_iter([
                     (data::ID.to_string(), json!(format!("{label}/{mode}/{from}/{}", to.name()))),
                     ("label".into(), json!(label)),
@@ -260,7 +282,15 @@ impl Stage for TransferStage {
                     ("n_high".into(), json!(n.0)),
                     ("n_low".into(), json!(n.1)),
                 ]));
-                cells.push((label.clone(), mode.to_string(), from.to_string(), to, d, (n.0 + n.1) as u64, g.unparsed + g.unpaired));
+                cells.push((
+                    label.clone(),
+                    mode.to_string(),
+                    from.to_string(),
+                    to,
+                    d,
+                    (n.0 + n.1) as u64,
+                    g.unparsed + g.unpaired,
+                ));
             };
             if self.o.backbone_column.is_some() {
                 for b in STANCES {
@@ -278,9 +308,10 @@ impl Stage for TransferStage {
                     }
                 }
             }
-            for (factual, name, wrong) in
-                [(true, "Factual", [Stance::Against, Stance::Neutral]), (false, "Counter-Factual", [Stance::Favor, Stance::Neutral])]
-            {
+            for (factual, name, wrong) in [
+                (true, "Factual", [Stance::Against, Stance::Neutral]),
+                (false, "Counter-Factual", [Stance::Favor, Stance::Neutral]),
+            ] {
                 for s in wrong {
                     let n = |i: usize| g.claims[i].iter().filter(|(f, _)| *f == factual).count();
                     cell(
@@ -306,7 +337,7 @@ impl Stage for TransferStage {
         let mut out = ctx.create_output(schema.clone())?;
         out.write(&data::rows_to_batch(&schema, &rows).map_err(|(i, e)| anyhow!("row {i}: {e}"))?)?;
         ctx.write_side_parquet(&summary::file_name(&ctx.name), &summary::to_batch(&sum)?)?;
-        crate::methods::sharp::record_choices(ctx, KIND.name, &self.choices)?;
+        crate::record_choices(ctx, KIND.name, &self.choices)?;
         ctx.set_output(out)
     }
 }

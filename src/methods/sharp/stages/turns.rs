@@ -6,17 +6,17 @@
 //! the agent's system prompt, ...) are carried into every turn.
 
 use anyhow::{Result, anyhow, bail};
-use crate::data::arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
+use synth_core::data::arrow::datatypes::{DataType, Field, SchemaRef};
 
-use crate::config::diag::Diagnostics;
-use crate::config::options::{OptionSpec, Ty};
-use crate::data::{self, Row};
-use crate::methods::sharp::metrics::Affection;
-use crate::methods::sharp::roles::{self, RoleRow};
-use crate::stages::{Arity, BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
+use crate::metrics::Affection;
+use crate::roles::{self, RoleRow};
+use synth_core::config::diag::Diagnostics;
+use synth_core::config::options::{OptionSpec, Ty};
+use synth_core::data::{self, Row};
+use synth_engine::stages::{Arity, BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::optional(
@@ -25,9 +25,24 @@ const OPTIONS: &[OptionSpec] = &[
         "roles file: tab-separated script, main, role, affection (high / low / neutral); or give the roles as a second input",
     ),
     OptionSpec::default("lang", Ty::Enum(&["en", "zh"]), "\"en\"", "language of the turn template"),
-    OptionSpec::default("claim_column", Ty::Str, "\"claim\"", "the claims' column put to the roles (e.g. a translation)"),
-    OptionSpec::default("keep_case", Ty::Bool, "false", "[R] keep an English claim's first letter (default: lower-cased unless an acronym)"),
-    OptionSpec::default("zh_ascii_punct", Ty::Bool, "false", "[R] ASCII `:`, `,`, `?` in the zh turn (the extracted paper text's form)"),
+    OptionSpec::default(
+        "claim_column",
+        Ty::Str,
+        "\"claim\"",
+        "the claims' column put to the roles (e.g. a translation)",
+    ),
+    OptionSpec::default(
+        "keep_case",
+        Ty::Bool,
+        "false",
+        "[R] keep an English claim's first letter (default: lower-cased unless an acronym)",
+    ),
+    OptionSpec::default(
+        "zh_ascii_punct",
+        Ty::Bool,
+        "false",
+        "[R] ASCII `:`, `,`, `?` in the zh turn (the extracted paper text's form)",
+    ),
 ];
 
 pub static KIND: KindInfo = KindInfo {
@@ -59,7 +74,7 @@ struct TurnsStage {
 
 fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> {
     let o: Options = ctx.parse(diags)?;
-    let choices = crate::methods::sharp::reconstructed(OPTIONS, ctx.options);
+    let choices = crate::reconstructed(OPTIONS, ctx.options);
     let Some(file) = &o.roles else {
         return Some(Box::new(TurnsStage { roles: None, o, choices }));
     };
@@ -77,7 +92,8 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
 }
 
 /// The columns every turn has; a roles input adds its other columns.
-const BASE: [&str; 11] = ["claim_id", "claim", "label", "cf_rule", "lang", "script", "main", "role", "affection", "user_turn", "id"];
+const BASE: [&str; 11] =
+    ["claim_id", "claim", "label", "cf_rule", "lang", "script", "main", "role", "affection", "user_turn", "id"];
 
 fn schema(extra: &[Field]) -> SchemaRef {
     let s = |n: &str, null: bool| Field::new(n, DataType::Utf8, null);
@@ -103,7 +119,9 @@ impl TurnsStage {
     /// The roles input's columns carried into the turns.
     fn extra(roles: Option<&SchemaRef>) -> Vec<Field> {
         roles
-            .map(|s| s.fields().iter().filter(|f| !BASE.contains(&f.name().as_str())).map(|f| f.as_ref().clone()).collect())
+            .map(|s| {
+                s.fields().iter().filter(|f| !BASE.contains(&f.name().as_str())).map(|f| f.as_ref().clone()).collect()
+            })
             .unwrap_or_default()
     }
 }
@@ -118,7 +136,10 @@ impl Stage for TurnsStage {
         match (&self.roles, ctx.inputs.len()) {
             (_, n) if n > 2 => ctx.error("inputs", "one input of claims, and optionally one of roles"),
             (Some(_), 2) => ctx.error("roles", "roles come from the `roles` file or a second input, not both"),
-            (None, 1) => ctx.error("roles", "no roles: set `roles` (a file) or give a second input with script, main, role, affection"),
+            (None, 1) => ctx.error(
+                "roles",
+                "no roles: set `roles` (a file) or give a second input with script, main, role, affection",
+            ),
             (None, _) => ctx.require_columns("inputs", 1, ["script", "main", "role", "affection"]),
             _ => {}
         }
@@ -133,7 +154,7 @@ impl Stage for TurnsStage {
         match &self.roles {
             Some(r) => roles.extend(r.iter().map(|r| (r.clone(), Row::new()))),
             None => {
-                let (_, batches) = crate::store::parquet::read_all(&ctx.inputs[1].path)?;
+                let (_, batches) = synth_core::store::parquet::read_all(&ctx.inputs[1].path)?;
                 let text = |r: &Row, k: &str| r.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
                 for b in &batches {
                     for i in 0..b.num_rows() {
@@ -154,13 +175,16 @@ impl Stage for TurnsStage {
                             affection,
                             affection_name: affection.name().to_string(),
                         };
-                        let carried: Row = extra.iter().map(|f| (f.name().clone(), r.get(f.name()).cloned().unwrap_or(Value::Null))).collect();
+                        let carried: Row = extra
+                            .iter()
+                            .map(|f| (f.name().clone(), r.get(f.name()).cloned().unwrap_or(Value::Null)))
+                            .collect();
                         roles.push((row, carried));
                     }
                 }
             }
         }
-        let (_, batches) = crate::store::parquet::read_all(&ctx.inputs[0].path)?;
+        let (_, batches) = synth_core::store::parquet::read_all(&ctx.inputs[0].path)?;
         let text = |r: &Row, k: &str| r.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
         let mut rows = Vec::new();
         ctx.report.rows_in = batches.iter().map(|b| b.num_rows() as u64).sum();
@@ -168,13 +192,23 @@ impl Stage for TurnsStage {
             for i in 0..b.num_rows() {
                 let r = data::row_json(b, i);
                 let (id, claim) = (text(&r, data::ID), text(&r, &self.o.claim_column));
-                if text(&r, "cf_rule") == "llm" && r.get("factual_claim").and_then(Value::as_str) == Some(claim.as_str()) {
-                    let why = format!("{id}: a counterfactual left to the LLM rewrite step (cf_rule \"llm\") that no step rewrote: it still reads as the factual claim");
-                    ctx.fail(&id, crate::store::failures::FailureKind::Input, why, Some(Value::Object(r.clone()).to_string()));
+                if text(&r, "cf_rule") == "llm"
+                    && r.get("factual_claim").and_then(Value::as_str) == Some(claim.as_str())
+                {
+                    let why = format!(
+                        "{id}: a counterfactual left to the LLM rewrite step (cf_rule \"llm\") that no step rewrote: it still reads as the factual claim"
+                    );
+                    ctx.fail(
+                        &id,
+                        synth_core::store::failures::FailureKind::Input,
+                        why,
+                        Some(Value::Object(r.clone()).to_string()),
+                    );
                     continue;
                 }
                 for (role, carried) in &roles {
-                    let turn = roles::render_turn(&role.role, &claim, &self.o.lang, self.o.keep_case, self.o.zh_ascii_punct);
+                    let turn =
+                        roles::render_turn(&role.role, &claim, &self.o.lang, self.o.keep_case, self.o.zh_ascii_punct);
                     let mut row = Row::from_iter([
                         (data::ID.to_string(), json!(format!("{id}/{}/{}", role.script, role.role))),
                         ("claim_id".into(), json!(id)),
@@ -198,7 +232,7 @@ impl Stage for TurnsStage {
         for chunk in rows.chunks(1024) {
             out.write(&data::rows_to_batch(&schema, chunk).map_err(|(i, e)| anyhow!("row {i}: {e}"))?)?;
         }
-        crate::methods::sharp::record_choices(ctx, KIND.name, &self.choices)?;
+        crate::record_choices(ctx, KIND.name, &self.choices)?;
         ctx.set_output(out)
     }
 }

@@ -15,17 +15,17 @@ use std::collections::HashMap;
 use std::io::Write as _;
 
 use anyhow::{Context, Result, anyhow, bail};
-use crate::data::arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
+use synth_core::data::arrow::datatypes::{DataType, Field, SchemaRef};
 
-use crate::config::diag::Diagnostics;
-use crate::config::options::{OptionSpec, Ty};
-use crate::data::{self, Row};
-use crate::stages::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
-use crate::store::atomic::{create_tmp, finish_file};
-use crate::store::failures::FailureKind;
+use synth_core::config::diag::Diagnostics;
+use synth_core::config::options::{OptionSpec, Ty};
+use synth_core::data::{self, Row};
+use synth_core::store::atomic::{create_tmp, finish_file};
+use synth_core::store::failures::FailureKind;
+use synth_engine::stages::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::optional("verdicts", Ty::File, "the reviewers' verdicts (the review sheet's layout, filled in)"),
@@ -35,7 +35,12 @@ const OPTIONS: &[OptionSpec] = &[
         "\"keep\"",
         "claims without a verdict: kept (verified null), left out (counted), or failure rows",
     ),
-    OptionSpec::default("columns", Ty::StrList, "[\"claim\"]", "claim text columns shown on the sheet; a fix may replace them"),
+    OptionSpec::default(
+        "columns",
+        Ty::StrList,
+        "[\"claim\"]",
+        "claim text columns shown on the sheet; a fix may replace them",
+    ),
     OptionSpec::default(
         "context",
         Ty::StrList,
@@ -89,7 +94,12 @@ pub fn read_verdicts(text: &str, file: &str, columns: &[String]) -> Result<Verdi
         .quoting(!tab)
         .flexible(true)
         .from_reader(text.as_bytes());
-    let header: Vec<String> = reader.headers().with_context(|| format!("{file}:1: no header"))?.iter().map(|h| h.trim().to_string()).collect();
+    let header: Vec<String> = reader
+        .headers()
+        .with_context(|| format!("{file}:1: no header"))?
+        .iter()
+        .map(|h| h.trim().to_string())
+        .collect();
     let col = |n: &str| header.iter().position(|h| h == n);
     let (Some(id_at), Some(verdict_at)) = (col("id"), col("verdict")) else {
         bail!("{file}:1: the header needs the columns id and verdict (has: {})", header.join(", "));
@@ -115,8 +125,11 @@ pub fn read_verdicts(text: &str, file: &str, columns: &[String]) -> Result<Verdi
             bad.push((id, format!("{at}: unknown verdict \"{verdict}\" (ok, reject, fix)")));
             continue;
         }
-        let texts: Vec<(String, String)> =
-            text_cols.iter().filter(|(i, _)| !get(*i).is_empty()).map(|(i, c)| (c.clone(), get(*i).to_string())).collect();
+        let texts: Vec<(String, String)> = text_cols
+            .iter()
+            .filter(|(i, _)| !get(*i).is_empty())
+            .map(|(i, c)| (c.clone(), get(*i).to_string()))
+            .collect();
         if verdict == "fix" && texts.is_empty() {
             bad.push((id, format!("{at}: a fix needs the corrected text in {}", columns.join(" or "))));
             continue;
@@ -159,8 +172,9 @@ impl Stage for VerifyStage {
     }
 
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
-        let (schema_in, batches) = crate::store::parquet::read_all(&ctx.inputs[0].path)?;
-        let claims: Vec<Row> = batches.iter().flat_map(|b| (0..b.num_rows()).map(move |i| data::row_json(b, i))).collect();
+        let (schema_in, batches) = synth_core::store::parquet::read_all(&ctx.inputs[0].path)?;
+        let claims: Vec<Row> =
+            batches.iter().flat_map(|b| (0..b.num_rows()).map(move |i| data::row_json(b, i))).collect();
         let (verdicts, bad) = match &self.o.verdicts {
             Some(f) => {
                 let text = std::fs::read_to_string(ctx.root.join(f)).with_context(|| format!("reading {f}"))?;
@@ -168,8 +182,11 @@ impl Stage for VerifyStage {
             }
             None => Default::default(),
         };
-        let ids: HashMap<&str, usize> =
-            claims.iter().enumerate().map(|(i, r)| (r.get(data::ID).and_then(Value::as_str).unwrap_or_default(), i)).collect();
+        let ids: HashMap<&str, usize> = claims
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.get(data::ID).and_then(Value::as_str).unwrap_or_default(), i))
+            .collect();
         let mut failed: Vec<bool> = vec![false; claims.len()];
         for (id, why) in &bad {
             match ids.get(id.as_str()) {
@@ -183,7 +200,12 @@ impl Stage for VerifyStage {
         for (id, v) in &verdicts {
             if !ids.contains_key(id.as_str()) {
                 let at = format!("{}:{}", self.o.verdicts.as_deref().unwrap_or_default(), v.line);
-                ctx.fail(&at, FailureKind::Input, format!("{at}: \"{id}\" is not a claim of input \"{}\"", ctx.inputs[0].name), None);
+                ctx.fail(
+                    &at,
+                    FailureKind::Input,
+                    format!("{at}: \"{id}\" is not a claim of input \"{}\"", ctx.inputs[0].name),
+                    None,
+                );
             }
         }
         // The review sheet: every claim with its current verdict.
@@ -231,7 +253,12 @@ impl Stage for VerifyStage {
                     match self.o.unreviewed.as_str() {
                         "drop" => continue,
                         "fail" => {
-                            ctx.fail(id, FailureKind::Input, format!("{id}: not reviewed (no verdict)"), Some(Value::Object(claim.clone()).to_string()));
+                            ctx.fail(
+                                id,
+                                FailureKind::Input,
+                                format!("{id}: not reviewed (no verdict)"),
+                                Some(Value::Object(claim.clone()).to_string()),
+                            );
                             continue;
                         }
                         _ => {
@@ -260,7 +287,7 @@ impl Stage for VerifyStage {
         for chunk in kept.chunks(1024) {
             out.write(&data::rows_to_batch(&schema, chunk).map_err(|(i, e)| anyhow!("row {i}: {e}"))?)?;
         }
-        crate::methods::sharp::record_choices(ctx, KIND.name, &Map::new())?;
+        crate::record_choices(ctx, KIND.name, &Map::new())?;
         ctx.set_output(out)
     }
 }
@@ -283,7 +310,12 @@ mod tests {
         assert!(msgs[0].starts_with("v.tsv:5: a fix needs the corrected text"), "{}", msgs[0]);
         assert!(msgs[1].starts_with("v.tsv:6: unknown verdict \"okay\""), "{}", msgs[1]);
         assert!(msgs[2].starts_with("v.tsv:8: \"a\" has a verdict already (line 2)"), "{}", msgs[2]);
-        assert!(read_verdicts("id,claim\na,b\n", "v.csv", &cols).unwrap_err().to_string().contains("needs the columns id and verdict"));
+        assert!(
+            read_verdicts("id,claim\na,b\n", "v.csv", &cols)
+                .unwrap_err()
+                .to_string()
+                .contains("needs the columns id and verdict")
+        );
         let (v, _) = read_verdicts("id,verdict,claim\n\"x\",fix,\"a, b\"\n", "v.csv", &cols).unwrap();
         assert_eq!(v["x"].texts[0].1, "a, b");
     }

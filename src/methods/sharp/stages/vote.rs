@@ -7,16 +7,16 @@
 //! Ties follow `tie` ([R]). The other columns are the first sample's.
 
 use anyhow::{Result, anyhow};
-use crate::data::arrow::datatypes::{DataType, Field, SchemaRef};
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
+use synth_core::data::arrow::datatypes::{DataType, Field, SchemaRef};
 
-use crate::config::diag::Diagnostics;
-use crate::config::options::{OptionSpec, Ty};
-use crate::data::{self, Row};
-use crate::methods::sharp::metrics::{Stance, Tie, vote};
-use crate::stages::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
+use crate::metrics::{Stance, Tie, vote};
+use synth_core::config::diag::Diagnostics;
+use synth_core::config::options::{OptionSpec, Ty};
+use synth_core::data::{self, Row};
+use synth_engine::stages::{BuildCtx, KindInfo, PlanCtx, RunCtx, Stage};
 
 const OPTIONS: &[OptionSpec] = &[
     OptionSpec::default("stance_column", Ty::Str, "\"stance\"", "the samples' stance column"),
@@ -56,7 +56,7 @@ fn build(ctx: &BuildCtx<'_>, diags: &mut Diagnostics) -> Option<Box<dyn Stage>> 
         "none" => Tie::None,
         _ => Tie::Neutral,
     };
-    let choices = crate::methods::sharp::reconstructed(OPTIONS, ctx.options);
+    let choices = crate::reconstructed(OPTIONS, ctx.options);
     Some(Box::new(VoteStage { o, tie, choices }))
 }
 
@@ -94,7 +94,7 @@ impl Stage for VoteStage {
     }
 
     async fn run(&self, ctx: &mut RunCtx) -> Result<()> {
-        let (schema_in, batches) = crate::store::parquet::read_all(&ctx.inputs[0].path)?;
+        let (schema_in, batches) = synth_core::store::parquet::read_all(&ctx.inputs[0].path)?;
         let schema = output(&schema_in, &self.o.stance_column);
         let col = self.o.stance_column.as_str();
         let mut rows: Vec<Row> = Vec::new();
@@ -124,7 +124,9 @@ impl Stage for VoteStage {
             let votes: Vec<String> = tally.iter().map(|(s, n)| format!("{}:{n}", s.name())).collect();
             row.insert("votes".into(), json!(votes.join(" ")));
             row.insert("samples".into(), json!(voted));
-            let agreement = won.filter(|_| voted > 0).map(|w| stances.iter().filter(|x| **x == Some(w)).count() as f64 / voted as f64);
+            let agreement = won
+                .filter(|_| voted > 0)
+                .map(|w| stances.iter().filter(|x| **x == Some(w)).count() as f64 / voted as f64);
             row.insert("agreement".into(), agreement.map(|a| json!(a)).unwrap_or(Value::Null));
             rows.push(row);
             group.clear();
@@ -149,7 +151,7 @@ impl Stage for VoteStage {
         for chunk in rows.chunks(1024) {
             out.write(&data::rows_to_batch(&schema, chunk).map_err(|(i, e)| anyhow!("row {i}: {e}"))?)?;
         }
-        crate::methods::sharp::record_choices(ctx, KIND.name, &self.choices)?;
+        crate::record_choices(ctx, KIND.name, &self.choices)?;
         ctx.set_output(out)
     }
 }
