@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# Cross-builds the library's tests for aarch64-unknown-linux-gnu and runs the retrieval
-# tests (the gemm crate's NEON kernels, float64-reference equality, masks, duplicates,
-# thread and tile independence) under qemu-user. Not part of every CI run: it builds the
-# whole dependency tree a second time (about 25 minutes on 2 cores from cold; BENCHMARKS.md).
+# Cross-builds the retrieval crate's tests (synth-retrieval) for aarch64-unknown-linux-gnu and
+# runs them (the gemm crate's NEON kernels, float64-reference equality, masks, duplicates,
+# thread and tile independence) under qemu-user. Not part of every CI run. Before the
+# workspace move it built the whole library for the target (about 25 minutes on 2 cores from
+# cold; BENCHMARKS.md); now only synth-retrieval and its few dependencies (not re-timed).
 #
 # Installs what it needs: Debian's cross gcc (linker, libc), clang 19 (the C/C++ compiler for
 # the -sys crates: gcc 12 and clang 14 cannot build usearch's numkong SIMD kernels for aarch64) and
 # qemu-user; the Rust standard library for the target through rustup.
 #
-# Usage: benches/aarch64.sh [test filter, default "retrieval"]
+# Usage: benches/aarch64.sh [test filter within synth-retrieval, default: all its tests]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-filter="${1:-retrieval}"
+filter="${1:-}"
 target=aarch64-unknown-linux-gnu
 
 need=()
@@ -61,8 +62,8 @@ export CFLAGS_aarch64_unknown_linux_gnu="--target=aarch64-linux-gnu"
 export CXXFLAGS_aarch64_unknown_linux_gnu="--target=aarch64-linux-gnu"
 
 started=$(date +%s)
-cargo test --release --locked --target "$target" --lib --no-run
+cargo test --release --locked --target "$target" -p synth-retrieval --lib --no-run
 built=$(date +%s)
-cargo test --release --locked --target "$target" --lib "$filter"
+cargo test --release --locked --target "$target" -p synth-retrieval --lib $filter
 done_=$(date +%s)
 echo "aarch64: build $((built - started)) s, tests under qemu $((done_ - built)) s"

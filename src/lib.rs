@@ -4,9 +4,9 @@
 //!
 //! synth is a Cargo workspace along its layer map (ARCHITECTURE.md, "Crates"); Cargo's
 //! dependency graph keeps each crate to the ones below it. This crate is the top: the
-//! front ends ([`cli`], [`bench`]), the built-in [`registry`] (the only place that knows
-//! every method) and, for the library's users and the tests, every lower crate's modules
-//! under their one-crate names (`synth::config`, `synth::llm`, `synth::dag`, ...).
+//! built-in [`registry`] (the only place that knows every method), the binary (which hands
+//! it to `synth-cli`) and, for the library's users and the tests, every lower crate's
+//! modules under their one-crate names (`synth::config`, `synth::llm`, `synth::dag`, ...).
 //! - L0 `synth-core`: [`data`], [`rng`], [`secrets`], [`template`], [`progress`],
 //!   [`config`], [`store`], [`onnx`], [`hub`], [`fetch`]; beside it `synth-eval`
 //!   ([`eval`]), `synth-retrieval` ([`retrieval`]), `synth-quality` ([`quality`]).
@@ -14,14 +14,13 @@
 //! - L2-L3 `synth-engine`: [`services`], [`stages`] (the stage API), the registry type.
 //! - L4 `synth-kinds` ([`kinds`]), the method crates ([`methods`]).
 //! - L5 `synth-runner`: [`pipeline`], [`dag`], [`regen`].
-//! - L6 `synth-view` ([`view`]), then this crate: [`bench`], [`cli`].
+//! - L6 `synth-view` ([`view`]), `synth-cli` ([`cli`], [`bench`]), then this crate.
 
-pub mod bench;
-pub mod cli;
 pub mod methods;
 pub mod pipeline;
 pub mod registry;
 
+pub use synth_cli::{self as cli, bench};
 pub use synth_core::{config, data, fetch, hub, onnx, progress, rng, secrets, store, template};
 pub use synth_embed as embed;
 pub use synth_engine::{services, stages};

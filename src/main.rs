@@ -18,5 +18,5 @@ fn main() {
     unsafe {
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
     }
-    std::process::exit(synth::cli::main());
+    std::process::exit(synth::cli::main(synth::registry::builtin()));
 }

@@ -18,7 +18,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("L2-L3 run services and stage API", &["synth-engine"]),
     ("L4 kinds and methods", &["synth-kinds", "<method>"]),
     ("L5 compile and run", &["synth-runner"]),
-    ("L6 front ends", &["synth-view", "synth"]),
+    ("L6 front ends", &["synth-view", "synth-cli", "synth"]),
 ];
 
 const ALLOWED: &[(&str, &[&str])] = &[
@@ -35,6 +35,20 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     ("synth-runner", &["synth-core", "synth-quality", "synth-llm", "synth-embed", "synth-engine"]),
     ("synth-view", &["synth-core", "synth-quality", "synth-runner"]),
+    (
+        "synth-cli",
+        &[
+            "synth-core",
+            "synth-eval",
+            "synth-retrieval",
+            "synth-quality",
+            "synth-llm",
+            "synth-embed",
+            "synth-engine",
+            "synth-runner",
+            "synth-view",
+        ],
+    ),
 ];
 
 const METHOD_ALLOWED: &[&str] = &[
@@ -779,8 +793,8 @@ fn rust_root(first: &str) -> Option<&'static str> {
         "view" | "synth_view" => "src/view",
         "kinds" | "synth_kinds" => "src/kinds",
         "methods" => "src/methods",
-        "cli" => "src/cli",
-        "bench" => "src/bench",
+        "cli" | "synth_cli" => "src/cli",
+        "bench" => "src/cli/bench",
         "registry" => "src/registry",
         "synth_core" => "src/core",
         "synth_engine" => "src/engine",

@@ -319,10 +319,10 @@ pub enum BenchCommand {
         #[arg(long, value_parser = ["exact", "hnsw"], default_value = "exact")]
         method: String,
         /// exact: queries per GEMM.
-        #[arg(long, default_value_t = crate::retrieval::gemm::QUERY_BLOCK)]
+        #[arg(long, default_value_t = synth_retrieval::gemm::QUERY_BLOCK)]
         query_block: usize,
         /// exact: corpus vectors per score tile.
-        #[arg(long, default_value_t = crate::retrieval::gemm::CORPUS_TILE)]
+        #[arg(long, default_value_t = synth_retrieval::gemm::CORPUS_TILE)]
         corpus_tile: usize,
         #[arg(long, default_value_t = 42)]
         seed: u64,
@@ -378,8 +378,8 @@ pub struct PipelineArgs {
 }
 
 impl PipelineArgs {
-    pub fn load_options(&self) -> crate::pipeline::LoadOptions {
-        crate::pipeline::LoadOptions {
+    pub fn load_options(&self) -> synth_runner::pipeline::LoadOptions {
+        synth_runner::pipeline::LoadOptions {
             profile: match (self.offline, &self.profile) {
                 (true, Some(p)) => Some(format!("offline,{p}")),
                 (true, None) => Some("offline".into()),
@@ -704,7 +704,7 @@ pub struct ScoreArgs {
     #[arg(long)]
     pub group_by: Option<String>,
     /// WordNet 3.0 dict files (for METEOR).
-    #[arg(long, default_value = crate::eval::score::DEFAULT_WORDNET)]
+    #[arg(long, default_value = synth_eval::score::DEFAULT_WORDNET)]
     pub wordnet_dir: PathBuf,
     /// NLTK punkt_tab/english directory for METEOR's sentence splitting (default: untrained Punkt).
     #[arg(long)]

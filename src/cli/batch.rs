@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use super::args::BatchCommand;
 use super::common::{EXIT_OK, EXIT_RUNTIME};
-use crate::llm::batch::{BatchApi, BatchInfo};
-use crate::store::batch::{BatchLog, PartState, Phase, Record};
-use crate::store::state::INTERNAL_DIR;
+use synth_core::store::batch::{BatchLog, PartState, Phase, Record};
+use synth_core::store::state::INTERNAL_DIR;
+use synth_llm::batch::{BatchApi, BatchInfo};
 
 pub fn run(cmd: BatchCommand) -> i32 {
     let result = match cmd {
@@ -21,7 +21,7 @@ pub fn run(cmd: BatchCommand) -> i32 {
     match result {
         Ok(()) => EXIT_OK,
         Err(e) => {
-            eprintln!("error: {}", crate::secrets::scrub(&format!("{e:#}")));
+            eprintln!("error: {}", synth_core::secrets::scrub(&format!("{e:#}")));
             EXIT_RUNTIME
         }
     }
@@ -30,25 +30,25 @@ pub fn run(cmd: BatchCommand) -> i32 {
 /// The batch API a part was submitted to, its key read from the variable it names.
 fn api_of(p: &PartState, dir: &Path) -> anyhow::Result<Arc<dyn BatchApi>> {
     let i = &p.info;
-    let key = crate::secrets::key_from_env(&i.api_key_env);
+    let key = synth_core::secrets::key_from_env(&i.api_key_env);
     Ok(match i.api.as_str() {
         "openai" => Arc::new(
-            crate::llm::openai_batch::OpenAiBatches::new(
-                crate::llm::openai::Endpoint { base_url: i.base_url.clone(), model: i.model.clone(), api_key: key },
+            synth_llm::openai_batch::OpenAiBatches::new(
+                synth_llm::openai::Endpoint { base_url: i.base_url.clone(), model: i.model.clone(), api_key: key },
                 "24h",
             )
             .map_err(anyhow::Error::msg)?,
         ),
         "anthropic" => Arc::new(
-            crate::llm::anthropic::AnthropicBatches::new(crate::llm::anthropic::AnthropicEndpoint {
+            synth_llm::anthropic::AnthropicBatches::new(synth_llm::anthropic::AnthropicEndpoint {
                 base_url: i.base_url.clone(),
                 model: i.model.clone(),
                 api_key: key,
-                version: crate::llm::anthropic::API_VERSION.into(),
+                version: synth_llm::anthropic::API_VERSION.into(),
             })
             .map_err(anyhow::Error::msg)?,
         ),
-        _ => Arc::new(crate::llm::local_batch::LocalBatch::new(Vec::new(), &i.model, dir)),
+        _ => Arc::new(synth_llm::local_batch::LocalBatch::new(Vec::new(), &i.model, dir)),
     })
 }
 
@@ -73,7 +73,7 @@ fn status(out: &Path, json: bool, refresh: bool) -> anyhow::Result<()> {
     let mut orphans: Vec<BatchInfo> = Vec::new();
     if refresh {
         let rt = runtime()?;
-        let dir = internal.join(crate::store::batch::BATCH_DIR);
+        let dir = internal.join(synth_core::store::batch::BATCH_DIR);
         for p in parts.iter_mut().filter(|p| p.phase == Phase::Created) {
             let (Ok(api), Some(id)) = (api_of(p, &dir), p.batch.clone()) else { continue };
             match rt.block_on(api.retrieve(&id)) {
@@ -85,7 +85,7 @@ fn status(out: &Path, json: bool, refresh: bool) -> anyhow::Result<()> {
             }
         }
         // Batches of this directory the journal does not hold (a create whose answer was lost).
-        let tag = crate::services::batch::dir_tag(out);
+        let tag = synth_engine::services::batch::dir_tag(out);
         let known: std::collections::HashSet<String> = parts.iter().flat_map(|p| p.batches.iter().cloned()).collect();
         let mut seen_endpoints = std::collections::HashSet::new();
         for p in parts.iter().filter(|p| p.info.api == "openai") {
@@ -189,7 +189,7 @@ fn cancel(out: &Path) -> anyhow::Result<()> {
             total: info.total.max(p.info.requests),
             completed: info.completed,
             failed: info.failed,
-            at: crate::llm::batch::now(),
+            at: synth_llm::batch::now(),
         })?;
         println!("batch {id} (stage \"{}\"): {}", p.info.stage, info.state.as_str());
         n += 1;

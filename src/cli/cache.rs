@@ -6,17 +6,17 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::data::arrow::array::{Float64Array, Int64Array, RecordBatch, StringArray};
-use crate::data::arrow::datatypes::{DataType, Field, Schema};
 use anyhow::{Context, Result};
+use synth_core::data::arrow::array::{Float64Array, Int64Array, RecordBatch, StringArray};
+use synth_core::data::arrow::datatypes::{DataType, Field, Schema};
 use tokio_util::sync::CancellationToken;
 
 use super::args::CacheCommand;
 use super::common::{EXIT_OK, EXIT_RUNTIME};
-use crate::dag::runner::{RunOptions, run as run_pipeline};
-use crate::progress::{Mode, ProgressHub};
-use crate::store::cache::admin;
-use crate::store::state::StageState;
+use synth_core::progress::{Mode, ProgressHub};
+use synth_core::store::cache::admin;
+use synth_core::store::state::StageState;
+use synth_runner::dag::runner::{RunOptions, run as run_pipeline};
 
 pub fn run(cmd: CacheCommand) -> i32 {
     let result = match cmd {
@@ -36,7 +36,7 @@ fn fail(e: anyhow::Error) -> i32 {
 }
 
 fn stats(dir: &Path, json: bool) -> Result<(), i32> {
-    let s = admin::stats(&dir.join(crate::store::state::INTERNAL_DIR)).map_err(fail)?;
+    let s = admin::stats(&dir.join(synth_core::store::state::INTERNAL_DIR)).map_err(fail)?;
     if json {
         println!("{}", serde_json::to_string(&s).map_err(|e| fail(e.into()))?);
         return Ok(());
@@ -94,7 +94,7 @@ fn gc(pipeline: &super::args::PipelineArgs, out: Option<&Path>, dry_run: bool) -
         }
     }
     let (responses, vectors) =
-        admin::gc(&out_dir.join(crate::store::state::INTERNAL_DIR), &keep, dry_run).map_err(fail)?;
+        admin::gc(&out_dir.join(synth_core::store::state::INTERNAL_DIR), &keep, dry_run).map_err(fail)?;
     let verb = if dry_run { "would remove" } else { "removed" };
     println!("{verb} {responses} response(s) and {vectors} vector(s) that no current stage of {} uses", p.name);
     Ok(())
@@ -105,7 +105,7 @@ fn export(dir: &Path, dest: &Path) -> Result<(), i32> {
 }
 
 fn export_inner(dir: &Path, dest: &Path) -> Result<()> {
-    let conn = admin::open_existing(&dir.join(crate::store::state::INTERNAL_DIR))?;
+    let conn = admin::open_existing(&dir.join(synth_core::store::state::INTERNAL_DIR))?;
     let mut stmt = conn.prepare(
         "SELECT key, provider, base_url, model, request, response, tokens_in, tokens_out, cost_usd, created_at, hits
          FROM responses ORDER BY created_at, key",
@@ -137,7 +137,7 @@ fn export_inner(dir: &Path, dest: &Path) -> Result<()> {
         created: i64,
         hits: i64,
     }
-    let write = |b: &[Entry], out: &mut crate::store::parquet::ParquetOut| -> Result<()> {
+    let write = |b: &[Entry], out: &mut synth_core::store::parquet::ParquetOut| -> Result<()> {
         let strings = |f: fn(&Entry) -> &str| Arc::new(StringArray::from_iter_values(b.iter().map(f)));
         let text: StringArray = b
             .iter()
@@ -166,7 +166,7 @@ fn export_inner(dir: &Path, dest: &Path) -> Result<()> {
         )?;
         out.write(&batch)
     };
-    let mut out = crate::store::parquet::ParquetOut::create(dest, schema.clone(), vec![], false)?;
+    let mut out = synth_core::store::parquet::ParquetOut::create(dest, schema.clone(), vec![], false)?;
     let mut rows = stmt.query([])?;
     let mut buf: Vec<Entry> = Vec::new();
     let mut total = 0u64;

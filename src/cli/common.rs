@@ -2,6 +2,7 @@
 //! bad config, 130 interrupted) and loading a pipeline with its diagnostics printed.
 
 use super::args::PipelineArgs;
+use super::registry::registry;
 
 pub const EXIT_OK: i32 = 0;
 pub const EXIT_RUNTIME: i32 = 2;
@@ -13,7 +14,7 @@ pub const EXIT_INTERRUPTED: i32 = 130;
 pub const EXIT_NOT_READY: i32 = 75;
 
 /// Print config diagnostics; returns true when there were errors.
-pub fn report_diagnostics(diags: &crate::config::diag::Diagnostics) -> bool {
+pub fn report_diagnostics(diags: &synth_core::config::diag::Diagnostics) -> bool {
     for d in diags.iter() {
         eprintln!("{d}");
     }
@@ -21,8 +22,8 @@ pub fn report_diagnostics(diags: &crate::config::diag::Diagnostics) -> bool {
 }
 
 /// Load a pipeline or print why not.
-pub fn load_or_report(args: &PipelineArgs) -> Result<crate::pipeline::Pipeline, i32> {
-    let (pipeline, diags) = crate::pipeline::load(&args.pipeline, &args.load_options());
+pub fn load_or_report(args: &PipelineArgs) -> Result<synth_runner::pipeline::Pipeline, i32> {
+    let (pipeline, diags) = synth_runner::pipeline::load(&args.pipeline, &args.load_options(), registry());
     report_diagnostics(&diags);
     match pipeline {
         Some(p) if !diags.has_errors() => Ok(p),

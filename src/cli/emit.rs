@@ -14,8 +14,8 @@ use serde_json::{Value, json};
 
 use super::args::{EmitArgs, EmitCommand, EmitScheduleArgs, ScheduleTarget};
 use super::common::{EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME};
-use crate::regen::config::RegenConfig;
-use crate::regen::schedule::{self, Recipe, Target};
+use synth_runner::regen::config::RegenConfig;
+use synth_runner::regen::schedule::{self, Recipe, Target};
 
 pub fn run(cmd: &EmitCommand) -> i32 {
     let (common, text) = match cmd {
@@ -32,7 +32,7 @@ pub fn run(cmd: &EmitCommand) -> i32 {
             print!("{text}");
             EXIT_OK
         }
-        Some(path) => match crate::store::atomic::write_atomic(path, text.as_bytes()) {
+        Some(path) => match synth_core::store::atomic::write_atomic(path, text.as_bytes()) {
             Ok(()) => {
                 eprintln!("wrote {}", path.display());
                 EXIT_OK
@@ -55,7 +55,7 @@ struct Plan {
 
 fn plan(a: &EmitArgs) -> Result<Plan, i32> {
     let p = super::common::load_or_report(&a.pipeline)?;
-    let waves = crate::dag::shard::waves(&p).n_waves;
+    let waves = synth_runner::dag::shard::waves(&p).n_waves;
     let mut args = vec!["run".to_string(), a.pipeline.pipeline.to_string_lossy().to_string()];
     if a.pipeline.offline {
         args.push("--offline".into());

@@ -4,8 +4,8 @@ use std::fmt::Write;
 
 use super::args::{GraphArgs, GraphFormat};
 use super::common::EXIT_OK;
-use crate::pipeline::Pipeline;
-use crate::stages::Role;
+use synth_engine::stages::Role;
+use synth_runner::pipeline::Pipeline;
 
 pub fn run(args: &GraphArgs) -> i32 {
     let p = match super::common::load_or_report(&args.pipeline) {

@@ -3,14 +3,14 @@
 
 use std::path::Path;
 
-use crate::data::arrow::array::{Array, RecordBatch, StringArray};
-use crate::data::arrow::datatypes::DataType;
 use anyhow::{Context, Result};
+use synth_core::data::arrow::array::{Array, RecordBatch, StringArray};
+use synth_core::data::arrow::datatypes::DataType;
 
 use super::args::InspectArgs;
 use super::common::{EXIT_OK, EXIT_RUNTIME};
-use crate::data;
-use crate::store::parquet::{open_reader, read_footer};
+use synth_core::data;
+use synth_core::store::parquet::{open_reader, read_footer};
 
 pub fn run(args: &InspectArgs) -> i32 {
     match inspect(args) {
@@ -47,11 +47,11 @@ pub fn inspect(args: &InspectArgs) -> Result<String> {
         let batch = match filter {
             Some((col, value)) => {
                 let idx = batch.schema().index_of(col)?;
-                let text = crate::data::arrow::compute::cast(batch.column(idx), &DataType::Utf8)?;
+                let text = synth_core::data::arrow::compute::cast(batch.column(idx), &DataType::Utf8)?;
                 let text = text.as_any().downcast_ref::<StringArray>().expect("utf8");
-                let mask: crate::data::arrow::array::BooleanArray =
+                let mask: synth_core::data::arrow::array::BooleanArray =
                     (0..text.len()).map(|i| Some(text.is_valid(i) && text.value(i) == value)).collect();
-                crate::data::arrow::compute::filter_record_batch(&batch, &mask)?
+                synth_core::data::arrow::compute::filter_record_batch(&batch, &mask)?
             }
             None => batch,
         };
@@ -76,7 +76,7 @@ pub fn inspect(args: &InspectArgs) -> Result<String> {
         return Ok(out);
     }
     let truncated: Vec<RecordBatch> = picked.iter().map(|b| truncate(b, args.width)).collect::<Result<_>>()?;
-    out.push_str(&crate::data::arrow::util::pretty::pretty_format_batches(&truncated)?.to_string());
+    out.push_str(&synth_core::data::arrow::util::pretty::pretty_format_batches(&truncated)?.to_string());
     out.push('\n');
     let total = if filter.is_some() {
         format!("{matched} matching of {}", footer.num_rows)
@@ -108,10 +108,10 @@ fn truncate(batch: &RecordBatch, width: usize) -> Result<RecordBatch> {
                 })
             })
             .collect();
-        fields.push(crate::data::arrow::datatypes::Field::new(f.name(), DataType::Utf8, true));
+        fields.push(synth_core::data::arrow::datatypes::Field::new(f.name(), DataType::Utf8, true));
         cols.push(std::sync::Arc::new(values));
     }
-    Ok(RecordBatch::try_new(std::sync::Arc::new(crate::data::arrow::datatypes::Schema::new(fields)), cols)?)
+    Ok(RecordBatch::try_new(std::sync::Arc::new(synth_core::data::arrow::datatypes::Schema::new(fields)), cols)?)
 }
 
 fn schema_text(path: &Path) -> Result<String> {

@@ -4,8 +4,8 @@
 //! text, or as the Markdown page `docs/reference.md`.
 
 use super::common::EXIT_OK;
-use crate::config::options::describe_specs;
-use crate::stages::{Arity, COMMON_OPTIONS, KindInfo, Role};
+use synth_core::config::options::describe_specs;
+use synth_engine::stages::{Arity, COMMON_OPTIONS, KindInfo, Role};
 
 pub fn run(markdown: bool) -> i32 {
     print!("{}", if markdown { render_markdown() } else { render() });
@@ -50,10 +50,10 @@ pub fn render_markdown() -> String {
 pub fn render() -> String {
     let mut out = String::new();
     out.push_str("[pipeline] options:\n");
-    describe_specs(crate::pipeline::pipeline_options(), "    ", &mut out);
+    describe_specs(synth_runner::pipeline::pipeline_options(), "    ", &mut out);
     out.push_str("\noptions of every stage:\n");
     describe_specs(COMMON_OPTIONS, "    ", &mut out);
-    let registry = crate::registry::builtin();
+    let registry = crate::registry::registry();
     out.push_str("\nengine stage kinds:\n");
     for k in registry.kinds.iter().filter(|k| registry.method_of(k.name).is_none()) {
         describe_kind(k, &mut out);
@@ -65,20 +65,20 @@ pub fn render() -> String {
         }
     }
     out.push_str("\nprovider kinds ([providers.NAME] kind = ...):\n");
-    for k in crate::llm::provider::PROVIDER_KINDS {
+    for k in synth_llm::provider::PROVIDER_KINDS {
         out.push_str(&format!("\n  {}: {}\n", k.name, k.about));
         describe_specs(k.options, "    ", &mut out);
     }
     out.push_str("\nembedder kinds ([embedders.NAME] kind = ...):\n");
-    for k in crate::embed::EMBEDDER_KINDS {
+    for k in synth_embed::EMBEDDER_KINDS {
         out.push_str(&format!("\n  {}: {}\n", k.name, k.about));
         describe_specs(k.options, "    ", &mut out);
     }
     out.push_str(
         "\ncontent checks (llm and check stages: checks = { NAME = { kind, ... } }; options of every check):\n",
     );
-    describe_specs(crate::quality::checks::COMMON, "    ", &mut out);
-    for k in crate::quality::KINDS {
+    describe_specs(synth_quality::checks::COMMON, "    ", &mut out);
+    for k in synth_quality::KINDS {
         out.push_str(&format!("\n  {}: {}\n", k.name, k.about));
         describe_specs(k.options, "    ", &mut out);
     }
@@ -87,7 +87,7 @@ pub fn render() -> String {
         out.push_str(&format!("\n  {}: {}\n", k.name, k.about));
         // The keys a structured answer needs (with the default options; `json` names none
         // until its `fields` are given).
-        let keys = (k.build)(&crate::llm::parse::with_defaults(k.options, &serde_json::Value::Null))
+        let keys = (k.build)(&synth_llm::parse::with_defaults(k.options, &serde_json::Value::Null))
             .map(|p| p.json_keys())
             .unwrap_or_default();
         if !keys.is_empty() {

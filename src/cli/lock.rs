@@ -10,9 +10,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::args::LockArgs;
 use super::common::{EXIT_BUSY, EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_OK, EXIT_RUNTIME};
-use crate::regen::{self, RegenError};
-use crate::store::lock::{LockFile, PipelineLock, changes};
-use crate::store::state::Manifest;
+use synth_core::store::lock::{LockFile, PipelineLock, changes};
+use synth_core::store::state::Manifest;
+use synth_runner::regen::{self, RegenError};
 
 pub fn run(args: &LockArgs) -> i32 {
     let p = match super::common::load_or_report(&args.pipeline) {

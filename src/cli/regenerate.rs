@@ -9,9 +9,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::args::RegenerateArgs;
 use super::common::EXIT_OK;
-use crate::progress::ProgressHub;
-use crate::regen::hooks::Status;
-use crate::regen::{self, RegenError, RegenOptions};
+use synth_core::progress::ProgressHub;
+use synth_runner::regen::hooks::Status;
+use synth_runner::regen::{self, RegenError, RegenOptions};
 
 pub fn run(args: &RegenerateArgs, quiet: bool) -> i32 {
     let p = match super::common::load_or_report(&args.pipeline) {
@@ -84,14 +84,14 @@ pub fn run(args: &RegenerateArgs, quiet: bool) -> i32 {
         }
     }
     for w in &result.warnings {
-        eprintln!("warning: {}", crate::secrets::scrub(w));
+        eprintln!("warning: {}", synth_core::secrets::scrub(w));
     }
     match &result.error {
         None => EXIT_OK,
         Some(e) => {
             match e {
                 RegenError::Interrupted(m) => eprintln!("{m}"),
-                other => eprintln!("error: {}", crate::secrets::scrub(&other.to_string())),
+                other => eprintln!("error: {}", synth_core::secrets::scrub(&other.to_string())),
             }
             if !matches!(e, RegenError::Busy(_)) {
                 eprintln!("nothing was published and `latest` was not moved");

@@ -4,7 +4,7 @@
 
 use super::args::ReviewArgs;
 use super::common::{EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME};
-use crate::quality::review::{self, Decision, Review, Verdict};
+use synth_quality::review::{self, Decision, Review, Verdict};
 
 pub fn run(args: &ReviewArgs) -> i32 {
     let path = args.output_dir.join(review::FILE);
@@ -89,15 +89,15 @@ fn show(review: &Review, json: bool) -> i32 {
 
 /// The ids among `ids` that are not records of `stage`'s output.
 fn missing_ids(dir: &std::path::Path, stage: &str, ids: &[String]) -> anyhow::Result<Vec<String>> {
-    use crate::data::arrow::array::Array;
-    let path = crate::stages::output_path(dir, stage);
+    use synth_core::data::arrow::array::Array;
+    let path = synth_engine::stages::output_path(dir, stage);
     if !path.exists() {
         anyhow::bail!("no output of stage \"{stage}\" in {} ({} is missing)", dir.display(), path.display());
     }
     let mut want: std::collections::BTreeSet<&str> = ids.iter().map(String::as_str).collect();
-    for batch in crate::store::parquet::open_reader(&path, 8192)? {
+    for batch in synth_core::store::parquet::open_reader(&path, 8192)? {
         let batch = batch?;
-        let col = crate::data::ids(&batch);
+        let col = synth_core::data::ids(&batch);
         for i in 0..col.len() {
             want.remove(col.value(i));
         }

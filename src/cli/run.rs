@@ -8,11 +8,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::args::RunArgs;
 use super::common::{EXIT_BUSY, EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_NOT_READY, EXIT_OK, EXIT_RUNTIME};
-use crate::dag::runner::{self, RunError, RunOptions, RunSummary};
-use crate::dag::shard::{self, ShardOutcome, Sharding};
-use crate::progress::ProgressHub;
-use crate::store::object::StateStore;
-use crate::store::state::StageStatus;
+use synth_core::progress::ProgressHub;
+use synth_core::store::object::StateStore;
+use synth_core::store::state::StageStatus;
+use synth_runner::dag::runner::{self, RunError, RunOptions, RunSummary};
+use synth_runner::dag::shard::{self, ShardOutcome, Sharding};
 
 /// What this process is in a sharded run.
 enum Part {
@@ -31,8 +31,9 @@ pub fn run(args: &RunArgs, quiet: bool, log_format: super::args::LogFormat) -> i
     let lock = match args.locked {
         false => None,
         true => {
-            let (path, key) = crate::regen::lock::location(&args.pipeline.pipeline, args.lockfile.lockfile.as_deref());
-            match crate::regen::locked_entry(&path, &key, p.profile.as_deref()) {
+            let (path, key) =
+                synth_runner::regen::lock::location(&args.pipeline.pipeline, args.lockfile.lockfile.as_deref());
+            match synth_runner::regen::locked_entry(&path, &key, p.profile.as_deref()) {
                 Ok(entry) => Some(Arc::new(entry)),
                 Err(e) => {
                     eprintln!("error: {e}");
@@ -43,7 +44,7 @@ pub fn run(args: &RunArgs, quiet: bool, log_format: super::args::LogFormat) -> i
     };
     // `local` models read through the hub come from the locked commit.
     if let Some(lock) = &lock
-        && let Err(e) = crate::regen::lock::pin_models(&mut p, lock)
+        && let Err(e) = synth_runner::regen::lock::pin_models(&mut p, lock)
     {
         eprintln!("error: {e}");
         return EXIT_CONFIG;
@@ -163,9 +164,9 @@ pub fn run(args: &RunArgs, quiet: bool, log_format: super::args::LogFormat) -> i
             // (The manifest of where this process ran: the --out directory, the work
             // mirror of --state, a shard's own work directory.)
             if let Some(lock) = &lock
-                && let Ok(manifest) = crate::store::state::Manifest::load(&summary.out_dir)
+                && let Ok(manifest) = synth_core::store::state::Manifest::load(&summary.out_dir)
             {
-                let bad = crate::regen::lock::served_mismatches(lock, &manifest);
+                let bad = synth_runner::regen::lock::served_mismatches(lock, &manifest);
                 if !bad.is_empty() {
                     eprintln!(
                         "error: {}\nthe outputs are kept; run `synth lock --update` to accept the model that answered",
@@ -200,7 +201,7 @@ pub fn run(args: &RunArgs, quiet: bool, log_format: super::args::LogFormat) -> i
 }
 
 /// A stage a dry run's plan says would run.
-fn would_run(l: &crate::dag::runner::StageLine) -> bool {
+fn would_run(l: &synth_runner::dag::runner::StageLine) -> bool {
     !matches!(l.status, StageStatus::UpToDate | StageStatus::Skipped | StageStatus::Failed | StageStatus::Cancelled)
 }
 
@@ -209,13 +210,13 @@ fn would_run(l: &crate::dag::runner::StageLine) -> bool {
 /// stage's sent), then a table per stage of requests, tokens, cost and time.
 fn estimate(
     runtime: &tokio::runtime::Runtime,
-    p: Arc<crate::pipeline::Pipeline>,
+    p: Arc<synth_runner::pipeline::Pipeline>,
     args: &RunArgs,
     out_dir: &std::path::Path,
     quiet: bool,
 ) -> i32 {
-    use crate::services::estimate::{Estimator, table};
-    use crate::store::state::INTERNAL_DIR;
+    use synth_core::store::state::INTERNAL_DIR;
+    use synth_engine::services::estimate::{Estimator, table};
     let scratch = match tempfile::Builder::new().prefix("synth-estimate-").tempdir() {
         Ok(d) => d,
         Err(e) => {
@@ -224,7 +225,7 @@ fn estimate(
         }
     };
     let internal = out_dir.join(INTERNAL_DIR);
-    let real_cache = internal.join(crate::store::cache::CACHE_FILE).exists();
+    let real_cache = internal.join(synth_core::store::cache::CACHE_FILE).exists();
     let result = runtime.block_on(async {
         // The run's response cache says which calls are paid already; a sample fills it. It
         // is used under the run's lock (a run in progress owns it).
@@ -254,12 +255,12 @@ fn estimate(
                 if args.sample > 0 { format!(", except {} a stage", args.sample) } else { String::new() }
             );
         }
-        let hub = ProgressHub::new(crate::progress::Mode::Quiet);
+        let hub = ProgressHub::new(synth_core::progress::Mode::Quiet);
         // The simulated stages' "starts" / "done" lines are not the user's run (warnings and
         // errors still show).
-        crate::progress::mute_info(true);
+        synth_core::progress::mute_info(true);
         let outcome = runner::run(p.clone(), opts, hub, cancel).await;
-        crate::progress::mute_info(false);
+        synth_core::progress::mute_info(false);
         Ok::<_, RunError>((outcome, estimator))
     });
     let (outcome, estimator) = match result {
@@ -396,7 +397,7 @@ fn launcher(
         base.extend(["--log-format".into(), "json".into()]);
     }
     let _ = quiet;
-    let logs = sh.work.join(crate::store::state::INTERNAL_DIR).join("logs");
+    let logs = sh.work.join(synth_core::store::state::INTERNAL_DIR).join("logs");
     move |k: usize, i: usize| {
         let mut cmd = tokio::process::Command::new(&exe);
         cmd.args(&base).args(["--wave", &k.to_string(), "--shard", &i.to_string(), "-q"]);
@@ -519,22 +520,25 @@ fn print_summary(summary: &RunSummary) {
                 "warning: stage \"{}\": {} record(s) failed (first: {}); all are in {}",
                 l.stage,
                 f.count,
-                crate::store::failures::one_line(&f.first, 300),
+                synth_core::store::failures::one_line(&f.first, 300),
                 f.path.display()
             );
         }
     }
 }
 
-fn print_plan(summary: &RunSummary, waves: Option<(&crate::dag::waves::Waves, &crate::pipeline::Pipeline, u32)>) {
+fn print_plan(
+    summary: &RunSummary,
+    waves: Option<(&synth_runner::dag::waves::Waves, &synth_runner::pipeline::Pipeline, u32)>,
+) {
     let width = summary.lines.iter().map(|l| l.stage.len()).max().unwrap_or(5);
     if let Some((w, p, n)) = waves {
         println!("{} wave(s) of {n} shards; steps 0 to {} run once:", w.n_waves, w.n_waves);
         for l in &summary.lines {
             let Some(i) = p.stage_index(&l.stage) else { continue };
             let at = match w.placement[i] {
-                crate::dag::waves::Placement::Wave(k) => format!("wave {k} ({n} shards)"),
-                crate::dag::waves::Placement::Step(k) => format!("step {k}"),
+                synth_runner::dag::waves::Placement::Wave(k) => format!("wave {k} ({n} shards)"),
+                synth_runner::dag::waves::Placement::Step(k) => format!("step {k}"),
             };
             println!("{:width$}  {at}", l.stage);
         }

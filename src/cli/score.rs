@@ -6,21 +6,21 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::data::arrow::array::{ArrayRef, Float64Array, RecordBatch, StringArray};
-use crate::data::arrow::datatypes::{DataType, Field};
 use anyhow::{Context, Result, bail};
 use rayon::prelude::*;
 use serde_json::{Value, json};
+use synth_core::data::arrow::array::{ArrayRef, Float64Array, RecordBatch, StringArray};
+use synth_core::data::arrow::datatypes::{DataType, Field};
 
 use super::args::ScoreArgs;
 use super::common::{EXIT_OK, EXIT_RUNTIME};
-use crate::data;
-use crate::eval::bertscore::BertScoreConfig;
-use crate::eval::rouge::RougeTarget;
-use crate::eval::score::{OVERALL, Scorer, per_sample, summarize};
-use crate::store::atomic::{create_tmp, finish_file};
-use crate::store::failures::{Failure, FailureKind, write_failures};
-use crate::store::parquet::{ParquetOut, read_all};
+use synth_core::data;
+use synth_core::store::atomic::{create_tmp, finish_file};
+use synth_core::store::failures::{Failure, FailureKind, write_failures};
+use synth_core::store::parquet::{ParquetOut, read_all};
+use synth_eval::bertscore::BertScoreConfig;
+use synth_eval::rouge::RougeTarget;
+use synth_eval::score::{OVERALL, Scorer, per_sample, summarize};
 
 pub fn run(args: &ScoreArgs) -> i32 {
     match score(args) {

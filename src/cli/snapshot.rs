@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use super::args::{PipelineArgs, SnapshotCommand, SnapshotsArg};
 use super::common::{EXIT_BUSY, EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME};
-use crate::regen::config::RegenConfig;
-use crate::regen::snapshot::{self, Snapshots};
+use synth_runner::regen::config::RegenConfig;
+use synth_runner::regen::snapshot::{self, Snapshots};
 
 /// The snapshots directory (and the output directory it belongs to, for the lock).
 fn locate(at: &SnapshotsArg) -> Result<(Snapshots, Option<PathBuf>), i32> {
@@ -21,7 +21,7 @@ fn locate(at: &SnapshotsArg) -> Result<(Snapshots, Option<PathBuf>), i32> {
         })?;
         return Ok((Snapshots::new(cfg.snapshots_dir(&p.output_dir)), Some(p.output_dir.clone())));
     }
-    if t.join(crate::store::state::MANIFEST).exists() && !t.join(snapshot::LATEST).exists() {
+    if t.join(synth_core::store::state::MANIFEST).exists() && !t.join(snapshot::LATEST).exists() {
         // An output directory.
         return Ok((Snapshots::new(t.join("snapshots")), Some(t.clone())));
     }
@@ -162,7 +162,7 @@ fn gc(at: &SnapshotsArg, keep: usize, dry_run: bool) -> i32 {
     };
     // Never beside a regeneration that is writing a snapshot.
     let _guard = match out_dir {
-        Some(dir) if !dry_run => match crate::regen::guard::acquire(&dir, "regenerate or snapshot gc") {
+        Some(dir) if !dry_run => match synth_runner::regen::guard::acquire(&dir, "regenerate or snapshot gc") {
             Ok(g) => Some(g),
             Err(m) => {
                 eprintln!("error: {m}");

@@ -3,7 +3,7 @@
 
 use super::args::StatsArgs;
 use super::common::{EXIT_OK, EXIT_RUNTIME};
-use crate::store::state::{Manifest, StageStatus};
+use synth_core::store::state::{Manifest, StageStatus};
 
 pub fn run(args: &StatsArgs) -> i32 {
     let manifest = match Manifest::load(&args.output_dir) {

@@ -5,8 +5,8 @@
 
 use super::args::StatusArgs;
 use super::common::{EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME};
-use crate::dag::status::{Report, report};
-use crate::store::object::StateStore;
+use synth_core::store::object::StateStore;
+use synth_runner::dag::status::{Report, report};
 
 pub fn run(args: &StatusArgs) -> i32 {
     let store = match (&args.state, &args.dir) {

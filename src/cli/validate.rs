@@ -6,20 +6,20 @@ use std::collections::BTreeSet;
 
 use super::args::ValidateArgs;
 use super::common::{EXIT_CONFIG, EXIT_OK};
-use crate::config;
-use crate::config::diag::Diagnostics;
-use crate::pipeline;
+use synth_core::config;
+use synth_core::config::diag::Diagnostics;
+use synth_runner::pipeline;
 
 pub fn run(args: &ValidateArgs) -> i32 {
     let opts = args.pipeline.load_options();
-    let (pipeline, mut diags) = pipeline::load(&args.pipeline.pipeline, &opts);
+    let (pipeline, mut diags) = pipeline::load(&args.pipeline.pipeline, &opts, crate::registry::registry());
     // Without an explicit profile, every profile must be valid too.
     if opts.profile.is_none() {
         let mut seen: BTreeSet<String> = diags.iter().map(|d| d.to_string()).collect();
         for name in profile_names(&args.pipeline.pipeline) {
             let mut o = opts.clone();
             o.profile = Some(name.clone());
-            let (_, more) = pipeline::load(&args.pipeline.pipeline, &o);
+            let (_, more) = pipeline::load(&args.pipeline.pipeline, &o, crate::registry::registry());
             let mut extra = Diagnostics::default();
             for d in more.iter() {
                 if seen.insert(d.to_string()) {

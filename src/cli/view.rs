@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 
 use super::args::{PipelineArgs, ViewArgs};
 use super::common::{EXIT_CONFIG, EXIT_RUNTIME};
-use crate::view::Viewed;
+use synth_view::Viewed;
 
 pub fn run(args: &ViewArgs) -> i32 {
     let viewed = if args.target.is_file() {
@@ -19,7 +19,7 @@ pub fn run(args: &ViewArgs) -> i32 {
             Ok(p) => p,
             Err(code) => return code,
         };
-        let snapshots = crate::regen::config::RegenConfig::of(&p).ok().map(|c| c.snapshots_dir(&p.output_dir));
+        let snapshots = synth_runner::regen::config::RegenConfig::of(&p).ok().map(|c| c.snapshots_dir(&p.output_dir));
         Viewed::dir(&p.output_dir, snapshots)
     } else {
         Viewed::dir(&args.target, None)
@@ -50,7 +50,7 @@ pub fn run(args: &ViewArgs) -> i32 {
     let addr = SocketAddr::new(args.host, args.port);
     let dir = viewed.dir.clone();
     let result = runtime.block_on(async move {
-        let serve = crate::view::serve(viewed, addr, |bound| {
+        let serve = synth_view::serve(viewed, addr, |bound| {
             println!("synth view: {} at http://{bound}/", dir.display());
             use std::io::Write;
             let _ = std::io::stdout().flush();

@@ -1,6 +1,9 @@
 //! The `synth` command line: argument definitions, logging setup and the mapping
 //! from outcomes to exit codes (0 ok, 2 runtime failure, 75 another run holds the
-//! output directory, 78 bad config, 130 interrupted). Each subcommand lives in its own file.
+//! output directory, 78 bad config, 130 interrupted). Each subcommand lives in its own file;
+//! [`bench`] holds `synth bench`'s measurements. The registry pipelines are checked against
+//! is handed to [`main`] (the `synth` crate passes the built-in one), so this crate names no
+//! method and a change in one never rebuilds it.
 
 use clap::Parser;
 
@@ -8,6 +11,9 @@ pub use args::*;
 pub use common::{
     EXIT_BUSY, EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_NOT_READY, EXIT_OK, EXIT_RUNTIME, load_or_report, report_diagnostics,
 };
+pub use registry::registry;
+
+pub mod bench;
 
 mod args;
 mod batch;
@@ -20,6 +26,7 @@ mod inspect;
 mod list;
 mod lock;
 mod regenerate;
+mod registry;
 mod review;
 mod run;
 mod score;
@@ -54,8 +61,9 @@ fn quiet_on_closed_stdout() {
     }
 }
 
-/// Parse arguments, run the command, return the exit code.
-pub fn main() -> i32 {
+/// Parse arguments, run the command against `registry`, return the exit code.
+pub fn main(registry: &'static synth_engine::registry::Registry) -> i32 {
+    registry::set_registry(registry);
     let cli = Cli::parse();
     init_logging(&cli);
     if only_prints(&cli.command) {
@@ -116,7 +124,7 @@ fn bench(cmd: BenchCommand) -> i32 {
                 passages,
                 dim,
                 method,
-                tiles: crate::retrieval::gemm::Tiles { query_block, corpus_tile },
+                tiles: synth_retrieval::gemm::Tiles { query_block, corpus_tile },
                 seed,
                 threads,
                 recall_sample,
@@ -154,7 +162,7 @@ fn init_logging(cli: &Cli) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(crate::progress::LogSink);
+        .with_writer(synth_core::progress::LogSink);
     match cli.log_format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.with_target(false).compact().init(),

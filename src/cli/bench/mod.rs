@@ -6,14 +6,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::data::arrow::array::{Float64Array, Int64Array, RecordBatch, StringArray};
-use crate::data::arrow::datatypes::{DataType, Field, Schema};
 use anyhow::{Context, Result};
+use synth_core::data::arrow::array::{Float64Array, Int64Array, RecordBatch, StringArray};
+use synth_core::data::arrow::datatypes::{DataType, Field, Schema};
 use tokio_util::sync::CancellationToken;
 
-use crate::dag::runner::{RunOptions, run};
-use crate::pipeline::{LoadOptions, load};
-use crate::progress::{Mode, ProgressHub};
+use synth_core::progress::{Mode, ProgressHub};
+use synth_runner::dag::runner::{RunOptions, run};
+use synth_runner::pipeline::{LoadOptions, load};
 
 /// Peak resident set size of this process in MiB (Linux VmHWM).
 pub fn peak_rss_mib() -> Option<f64> {
@@ -45,7 +45,7 @@ fn write_records(path: &Path, n: usize) -> Result<()> {
         Field::new("score", DataType::Float64, false),
     ]));
     let file = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
-    let props = crate::store::parquet::writer_properties(vec![]);
+    let props = synth_core::store::parquet::writer_properties(vec![]);
     let mut w = parquet::arrow::ArrowWriter::try_new(file, schema.clone(), Some(props))?;
     let chunk = 65_536;
     let mut start = 0;
@@ -93,8 +93,8 @@ fn engine_in(records: usize, dir: &Path) -> Result<serde_json::Value> {
     let out_dir = dir.join("out");
     let _ = std::fs::remove_dir_all(&out_dir);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let run_once = |label: &str| -> Result<(f64, crate::dag::runner::RunSummary)> {
-        let (p, diags) = load(&pipeline, &LoadOptions::default());
+    let run_once = |label: &str| -> Result<(f64, synth_runner::dag::runner::RunSummary)> {
+        let (p, diags) = load(&pipeline, &LoadOptions::default(), crate::registry::registry());
         let p = Arc::new(p.with_context(|| format!("bench pipeline invalid: {diags}"))?);
         let opts = RunOptions { out_dir: out_dir.clone(), ..Default::default() };
         let started = Instant::now();
@@ -173,7 +173,7 @@ pub struct LlmBench {
 }
 
 /// Options of an option list with their defaults filled in.
-fn defaults_of(specs: &[crate::config::options::OptionSpec]) -> serde_json::Map<String, serde_json::Value> {
+fn defaults_of(specs: &[synth_core::config::options::OptionSpec]) -> serde_json::Map<String, serde_json::Value> {
     specs.iter().filter_map(|s| s.default_json().map(|d| (s.name.to_string(), d))).collect()
 }
 
@@ -182,10 +182,10 @@ fn defaults_of(specs: &[crate::config::options::OptionSpec]) -> serde_json::Map<
 pub fn llm(args: &LlmBench) -> Result<serde_json::Value> {
     use futures::StreamExt;
 
-    use crate::config::decl::Decl;
-    use crate::llm::provider::OPENAI;
-    use crate::llm::{CallCtx, ChatRequest, Message};
-    use crate::services::Services;
+    use synth_core::config::decl::Decl;
+    use synth_engine::services::Services;
+    use synth_llm::provider::OPENAI;
+    use synth_llm::{CallCtx, ChatRequest, Message};
 
     let dir = tempdir()?;
     let mut options = defaults_of(OPENAI.options);
@@ -206,14 +206,14 @@ pub fn llm(args: &LlmBench) -> Result<serde_json::Value> {
         &dir,
         [("bench".to_string(), decl)].into(),
         Default::default(),
-        crate::registry::builtin().shapes.clone(),
+        crate::registry::registry().shapes.clone(),
     );
     // The same runtimes `synth run` uses: the engine's, and the network runtime that
     // network-bound stages (an `llm` stage on an `openai` provider) run on.
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let provider = services.provider("bench")?;
     let net = services.net()?;
-    let call = CallCtx::new("bench", "bench", crate::progress::StageProgress::new("bench"));
+    let call = CallCtx::new("bench", "bench", synth_core::progress::StageProgress::new("bench"));
     let nonce: u64 = rand::random();
     reset_peak_rss();
     let cpu0 = cpu_seconds();
@@ -229,7 +229,7 @@ pub fn llm(args: &LlmBench) -> Result<serde_json::Value> {
                 .map(|i| {
                     let req = ChatRequest {
                         messages: vec![Message::new(
-                            crate::llm::Role::User,
+                            synth_llm::Role::User,
                             format!("Benchmark request {i} ({nonce:x}): reply with one short sentence."),
                         )],
                         params: Default::default(),
@@ -305,7 +305,7 @@ pub fn llm_baseline(args: &LlmBench) -> Result<serde_json::Value> {
                 "max_tokens": max_tokens,
             });
             set.spawn(async move {
-                let ok = crate::llm::openai::bare_chat(&http, &base_url, &key, &body).await;
+                let ok = synth_llm::openai::bare_chat(&http, &base_url, &key, &body).await;
                 drop(permit);
                 ok
             });
@@ -381,7 +381,7 @@ pub fn embed(
         "batch_size": batch, "ort_dylib": ort,
     });
     let cwd = std::env::current_dir()?;
-    let e = crate::embed::fastembed::FastEmbed::from_options("bench", &options, &cwd)?;
+    let e = synth_embed::fastembed::FastEmbed::from_options("bench", &options, &cwd)?;
     // Load the model outside the measurement.
     e.embed_blocking(&texts[..1])?;
     reset_peak_rss();
@@ -410,7 +410,7 @@ pub struct RetrieveBench {
     /// "exact" (the GEMM search, with its sgemm peak) or "hnsw".
     pub method: String,
     /// The GEMM shape of the exact search.
-    pub tiles: crate::retrieval::gemm::Tiles,
+    pub tiles: synth_retrieval::gemm::Tiles,
     pub seed: u64,
     pub threads: Option<usize>,
     pub recall_sample: usize,
@@ -419,7 +419,7 @@ pub struct RetrieveBench {
 /// Exact (or HNSW) most/least similar passage per query on seeded random unit vectors.
 /// Effective GFLOP/s counts the 2·Q·N·D multiply-adds of the full score matrix.
 pub fn retrieve(a: &RetrieveBench) -> Result<serde_json::Value> {
-    use crate::retrieval;
+    use synth_retrieval as retrieval;
     let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
     let queries = retrieval::random_unit_vectors(a.queries, a.dim, a.seed);
     if a.method != "hnsw" {
@@ -441,7 +441,7 @@ pub fn retrieve(a: &RetrieveBench) -> Result<serde_json::Value> {
         // Fewer queries than a block: every GEMM of the search has that many rows, so
         // the peak of that shape too (reported beside the full block's, not instead).
         let small = (a.queries < a.tiles.query_block).then(|| {
-            let rows = crate::retrieval::gemm::Tiles { query_block: a.queries.max(1), ..a.tiles };
+            let rows = synth_retrieval::gemm::Tiles { query_block: a.queries.max(1), ..a.tiles };
             let p = retrieval::gemm::sgemm_peak(a.dim, threads, 3.0, rows);
             serde_json::json!({ "query_rows": a.queries, "sgemm_peak_gflops": round(p), "ratio_to_peak": round(gflops / p) })
         });
@@ -499,7 +499,7 @@ async fn timed_get(http: &reqwest::Client, url: &str) -> Result<(f64, serde_json
 }
 
 fn write_chat_samples(path: &Path, rows: usize) -> Result<()> {
-    use crate::data::arrow::datatypes::Fields;
+    use synth_core::data::arrow::datatypes::Fields;
     let message =
         Fields::from(vec![Field::new("role", DataType::Utf8, false), Field::new("content", DataType::Utf8, false)]);
     let schema = Arc::new(Schema::new(vec![
@@ -523,7 +523,7 @@ fn write_chat_samples(path: &Path, rows: usize) -> Result<()> {
     let mut writer = parquet::arrow::ArrowWriter::try_new(
         file,
         schema.clone(),
-        Some(crate::store::parquet::writer_properties(vec![])),
+        Some(synth_core::store::parquet::writer_properties(vec![])),
     )?;
     let mut done = 0;
     while done < rows {
@@ -551,7 +551,7 @@ fn write_chat_samples(path: &Path, rows: usize) -> Result<()> {
             json.push('\n');
         }
         let mut decoder =
-            crate::data::arrow::json::ReaderBuilder::new(schema.clone()).with_batch_size(n).build_decoder()?;
+            synth_core::data::arrow::json::ReaderBuilder::new(schema.clone()).with_batch_size(n).build_decoder()?;
         decoder.decode(json.as_bytes())?;
         if let Some(batch) = decoder.flush()? {
             writer.write(&batch)?;
@@ -573,24 +573,24 @@ pub fn view(rows: usize, dir: Option<PathBuf>) -> Result<serde_json::Value> {
         Some(d) => d,
         None => tempdir()?,
     };
-    std::fs::create_dir_all(dir.join(crate::store::state::INTERNAL_DIR).join("state"))?;
+    std::fs::create_dir_all(dir.join(synth_core::store::state::INTERNAL_DIR).join("state"))?;
     let file = dir.join("samples.parquet");
     let gen0 = Instant::now();
     if std::fs::metadata(&file).map(|m| m.len() == 0).unwrap_or(true)
-        || crate::store::parquet::read_footer(&file).map(|f| f.num_rows as usize != rows).unwrap_or(true)
+        || synth_core::store::parquet::read_footer(&file).map(|f| f.num_rows as usize != rows).unwrap_or(true)
     {
         write_chat_samples(&file, rows)?;
     }
     let generate = gen0.elapsed().as_secs_f64();
     let bytes = std::fs::metadata(&file)?.len();
-    let viewed = crate::view::Viewed::dir(&dir, None)?;
+    let viewed = synth_view::Viewed::dir(&dir, None)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     reset_peak_rss();
     let rss0 = peak_rss_mib();
     let timings = runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        tokio::spawn(async move { axum::serve(listener, crate::view::router(viewed)).await });
+        tokio::spawn(async move { axum::serve(listener, synth_view::router(viewed)).await });
         let http = reqwest::Client::new();
         let mut out = serde_json::Map::new();
         let pages = [
