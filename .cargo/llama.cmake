@@ -21,7 +21,7 @@ endif()
 #    `-C target-cpu=native`, which would change every Rust crate too). AMX stays off: its
 #    kernels take over quantized matrix products and compute a many-column product in
 #    another order than a one-column one, which would make a sequence's numbers depend on
-#    what else is decoded (src/llm/local/engine.rs, the batch invariant). OFF (the default):
+#    what else is decoded (src/providers/local/engine.rs, the batch invariant). OFF (the default):
 #    AVX2 + FMA + F16C, the baseline of every x86-64 machine since 2013-2015, whose numbers
 #    every machine computes alike.
 if(PROJECT_NAME STREQUAL "ggml" AND GGML_SYNTH_NATIVE

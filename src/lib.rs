@@ -11,6 +11,8 @@
 //!   [`config`], [`store`], [`onnx`], [`hub`], [`fetch`]; beside it `synth-eval`
 //!   ([`eval`]), `synth-retrieval` ([`retrieval`]), `synth-quality` ([`quality`]).
 //! - L1 `synth-llm` ([`llm`]), `synth-embed` ([`embed`]).
+//! - `synth-providers` ([`providers`]): the provider kinds beside `offline`, which only
+//!   this crate depends on (the registry hands them down).
 //! - L2-L3 `synth-engine`: [`services`], [`stages`] (the stage API), the registry type.
 //! - L4 `synth-kinds` ([`kinds`]), the method crates ([`methods`]).
 //! - L5 `synth-runner`: [`pipeline`], [`dag`], [`regen`].
@@ -27,6 +29,7 @@ pub use synth_engine::{services, stages};
 pub use synth_eval as eval;
 pub use synth_kinds as kinds;
 pub use synth_llm as llm;
+pub use synth_providers as providers;
 pub use synth_quality as quality;
 pub use synth_retrieval as retrieval;
 pub use synth_runner::{dag, regen};

@@ -1,6 +1,7 @@
 //! The built-in registry: the engine's kinds ([`synth_kinds::KINDS`]), parsers
 //! ([`synth_llm::parse::GENERIC`]) and offline shapes ([`synth_llm::offline::SHAPES`]),
-//! followed by every method's ([`crate::methods::METHODS`]). The compiler and `synth list`
+//! followed by every method's ([`crate::methods::METHODS`]); the provider kinds
+//! ([`synth_providers::PROVIDERS`], then `offline`). The compiler and `synth list`
 //! read it (the `Registry` type is `synth_engine::registry`'s); this crate is the only
 //! one that knows every method.
 
@@ -11,6 +12,7 @@ pub use synth_engine::registry::{Method, Registry};
 use synth_engine::stages::KindInfo;
 use synth_llm::offline::OfflineShape;
 use synth_llm::parse::ParserKind;
+use synth_llm::provider::ProviderDesc;
 
 use crate::methods::METHODS;
 
@@ -24,7 +26,9 @@ static BUILTIN: LazyLock<Registry> = LazyLock::new(|| {
         parsers.extend(m.parsers.iter().copied());
         shapes.extend(m.shapes.iter().copied());
     }
-    Registry { kinds, parsers, shapes: shapes.into(), methods }
+    let mut providers: Vec<&'static ProviderDesc> = synth_providers::PROVIDERS.to_vec();
+    providers.push(&synth_llm::offline::PROVIDER);
+    Registry { kinds, parsers, shapes: shapes.into(), methods, providers: providers.into() }
 });
 
 /// The engine and every method.

@@ -14,9 +14,9 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 use support::{Project, failures, parquet_rows};
-use synth::llm::local::{LocalChat, LocalOptions};
 use synth::llm::schema::{Form, SchemaFile, Structured};
 use synth::llm::{ChatBackend, ChatRequest, GenParams, LoglikRequest, Message, Role};
+use synth::providers::local::{LocalChat, LocalOptions};
 
 /// The model the project's set-up installs (a test without it fails: `.ci/test` runs the set-up).
 pub fn model() -> PathBuf {

@@ -16,7 +16,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("L0 leaves", &["synth-core", "synth-eval", "synth-retrieval", "synth-quality"]),
     ("L1 capabilities", &["synth-llm", "synth-embed"]),
     ("L2-L3 run services and stage API", &["synth-engine"]),
-    ("L4 kinds and methods", &["synth-kinds", "<method>"]),
+    ("L4 kinds, methods and provider kinds", &["synth-kinds", "<method>", "synth-providers"]),
     ("L5 compile and run", &["synth-runner"]),
     ("L6 front ends", &["synth-view", "synth-cli", "synth"]),
 ];
@@ -33,6 +33,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "synth-kinds",
         &["synth-core", "synth-eval", "synth-retrieval", "synth-quality", "synth-llm", "synth-embed", "synth-engine"],
     ),
+    ("synth-providers", &["synth-core", "synth-llm"]),
     ("synth-runner", &["synth-core", "synth-quality", "synth-llm", "synth-embed", "synth-engine"]),
     ("synth-view", &["synth-core", "synth-quality", "synth-runner"]),
     (
@@ -303,6 +304,66 @@ fn engine_never_names_a_method() {
     assert!(methods().contains(&"rolemrc".to_string()));
     let bad = method_mentions(&src());
     assert!(bad.is_empty(), "engine code that knows a method:\n{}", bad.join("\n"));
+}
+
+/// The provider kinds: the `name` of every `ProviderDesc` static under `src/`.
+fn provider_kinds() -> Vec<String> {
+    let mut files = Vec::new();
+    crate::support::rust_files(&src(), &mut files);
+    let mut out = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        for (i, _) in text.match_indices(": ProviderDesc = ProviderDesc {") {
+            if let Some(name) = text[i..].split("name: \"").nth(1).and_then(|s| s.split('"').next()) {
+                out.push(name.to_string());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Code outside a provider kind's own module that tests a provider kind's name (`== "local"`,
+/// `"openai" =>`): what a kind does is its descriptor's, which the registry lists. The
+/// embedder kinds are `synth-embed`'s own (some share a name with a provider kind).
+fn kind_name_checks(root: &Path, kinds: &[String]) -> Vec<String> {
+    let mut files = Vec::new();
+    crate::support::rust_files(root, &mut files);
+    let mut bad = Vec::new();
+    for f in files {
+        let rel = f.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
+        if rel.starts_with("providers/") || rel == "llm/offline.rs" || rel.starts_with("embed/") {
+            continue;
+        }
+        let c = code(&std::fs::read_to_string(&f).unwrap());
+        for k in kinds {
+            let q = format!("\"{k}\"");
+            for pat in [format!("== {q}"), format!("!= {q}"), format!("{q} =>"), format!("{q} |")] {
+                if c.contains(&pat) {
+                    bad.push(format!("src/{rel}: `{pat}` (a provider kind's name tested outside its module)"));
+                }
+            }
+        }
+    }
+    bad
+}
+
+#[test]
+fn provider_kinds_are_named_only_in_their_modules() {
+    let kinds = provider_kinds();
+    assert_eq!(kinds, ["anthropic", "local", "offline", "openai"]);
+    let bad = kind_name_checks(&src(), &kinds);
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+    // A check planted outside is caught.
+    let tmp = tempfile::tempdir().unwrap();
+    copy_dir(&src(), tmp.path());
+    std::fs::write(
+        tmp.path().join("engine/shortcut.rs"),
+        "//! A shortcut.\npub fn paid(kind: &str) -> bool { kind == \"openai\" }\n",
+    )
+    .unwrap();
+    let bad = kind_name_checks(tmp.path(), &kinds);
+    assert!(bad.iter().any(|b| b.contains("src/engine/shortcut.rs")), "{bad:?}");
 }
 
 #[test]
@@ -706,13 +767,13 @@ fn a_circle_of_files_is_caught() {
     assert!(circles.iter().any(|c| c.contains("src/llm/batch.rs") && c.contains("src/llm/openai.rs")), "{circles:?}");
     // Nested groups and `super::super::` resolve to files too.
     let set = imported_files(
-        &tmp.path().join("llm"),
+        &tmp.path().join("providers"),
         "local/engine.rs",
-        "use super::super::{batch::{A, B}, rate};\nuse crate::local::template::X;",
+        "use super::super::{openai::{A, B}, anthropic};\nuse crate::local::template::X;",
     );
     assert_eq!(
         set.into_iter().collect::<Vec<_>>(),
-        ["batch.rs", "local/template.rs", "rate.rs"].map(String::from).to_vec()
+        ["anthropic.rs", "local/template.rs", "openai/mod.rs"].map(String::from).to_vec()
     );
 }
 
@@ -793,6 +854,7 @@ fn rust_root(first: &str) -> Option<&'static str> {
         "view" | "synth_view" => "src/view",
         "kinds" | "synth_kinds" => "src/kinds",
         "methods" => "src/methods",
+        "providers" | "synth_providers" => "src/providers",
         "cli" | "synth_cli" => "src/cli",
         "bench" => "src/cli/bench",
         "registry" => "src/registry",

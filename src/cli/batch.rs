@@ -27,29 +27,17 @@ pub fn run(cmd: BatchCommand) -> i32 {
     }
 }
 
-/// The batch API a part was submitted to, its key read from the variable it names.
+/// The batch API a part was submitted to (the provider kind that lists it by the name the
+/// part records), its key read from the variable it names.
 fn api_of(p: &PartState, dir: &Path) -> anyhow::Result<Arc<dyn BatchApi>> {
     let i = &p.info;
-    let key = synth_core::secrets::key_from_env(&i.api_key_env);
-    Ok(match i.api.as_str() {
-        "openai" => Arc::new(
-            synth_llm::openai_batch::OpenAiBatches::new(
-                synth_llm::openai::Endpoint { base_url: i.base_url.clone(), model: i.model.clone(), api_key: key },
-                "24h",
-            )
-            .map_err(anyhow::Error::msg)?,
-        ),
-        "anthropic" => Arc::new(
-            synth_llm::anthropic::AnthropicBatches::new(synth_llm::anthropic::AnthropicEndpoint {
-                base_url: i.base_url.clone(),
-                model: i.model.clone(),
-                api_key: key,
-                version: synth_llm::anthropic::API_VERSION.into(),
-            })
-            .map_err(anyhow::Error::msg)?,
-        ),
-        _ => Arc::new(synth_llm::local_batch::LocalBatch::new(Vec::new(), &i.model, dir)),
-    })
+    let kind = crate::registry::registry()
+        .providers
+        .iter()
+        .flat_map(|k| k.batch_apis.iter())
+        .find(|a| a.name == i.api)
+        .ok_or_else(|| anyhow::anyhow!("part {}: no provider kind has the batch API \"{}\"", i.part, i.api))?;
+    (kind.open)(i, synth_core::secrets::key_from_env(&i.api_key_env), dir)
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -84,12 +72,13 @@ fn status(out: &Path, json: bool, refresh: bool) -> anyhow::Result<()> {
                 Err(e) => eprintln!("warning: batch {id}: {e}"),
             }
         }
-        // Batches of this directory the journal does not hold (a create whose answer was lost).
+        // Batches of this directory the journal does not hold (a create whose answer was lost;
+        // only APIs whose batches carry metadata can tell).
         let tag = synth_engine::services::batch::dir_tag(out);
         let known: std::collections::HashSet<String> = parts.iter().flat_map(|p| p.batches.iter().cloned()).collect();
         let mut seen_endpoints = std::collections::HashSet::new();
-        for p in parts.iter().filter(|p| p.info.api == "openai") {
-            if !seen_endpoints.insert((p.info.base_url.clone(), p.info.api_key_env.clone())) {
+        for p in parts.iter() {
+            if !seen_endpoints.insert((p.info.api.clone(), p.info.base_url.clone(), p.info.api_key_env.clone())) {
                 continue;
             }
             if let Ok(api) = api_of(p, &dir) {

@@ -65,7 +65,7 @@ pub fn render() -> String {
         }
     }
     out.push_str("\nprovider kinds ([providers.NAME] kind = ...):\n");
-    for k in synth_llm::provider::PROVIDER_KINDS {
+    for k in registry.providers.iter().map(|p| &p.kind) {
         out.push_str(&format!("\n  {}: {}\n", k.name, k.about));
         describe_specs(k.options, "    ", &mut out);
     }

@@ -317,6 +317,49 @@ async fn lock_cache(path: &Path) -> Result<std::fs::File> {
     .context("cache lock panicked")?
 }
 
+/// A GGUF file in a Hugging Face model repository.
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HubModel {
+    pub repo: String,
+    pub file: String,
+    #[serde(default = "main_revision")]
+    pub revision: String,
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    #[serde(default)]
+    pub cache_dir: Option<String>,
+}
+
+fn main_revision() -> String {
+    "main".into()
+}
+
+impl HubModel {
+    /// The model repository as the hub code resolves it (one file, `repo_type = "model"`).
+    pub fn spec(&self) -> HubSpec {
+        HubSpec {
+            repo: self.repo.clone(),
+            revision: self.revision.clone(),
+            files: Some(vec![self.file.clone()]),
+            config: None,
+            split: None,
+            repo_type: "model".into(),
+            endpoint: self.endpoint.clone(),
+            cache_dir: self.cache_dir.clone(),
+            token_env: "HF_TOKEN".into(),
+        }
+    }
+}
+
+/// Whether a file starts with GGUF's magic bytes.
+pub fn is_gguf(path: &Path) -> std::io::Result<bool> {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    let mut f = std::fs::File::open(path)?;
+    Ok(f.read_exact(&mut magic).is_ok() && &magic == b"GGUF")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

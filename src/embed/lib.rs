@@ -90,7 +90,7 @@ pub static OPENAI: ProviderKind = ProviderKind {
     name: "openai",
     about: "an OpenAI-compatible /embeddings endpoint (OpenAI, TEI, vLLM)",
     options: OPENAI_EMBED_OPTIONS,
-    check: None,
+    check: Some(synth_llm::endpoint::check_model),
 };
 
 pub static EMBEDDER_KINDS: &[&ProviderKind] = &[&HASHING, &FASTEMBED, &OPENAI];

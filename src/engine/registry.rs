@@ -1,5 +1,5 @@
-//! The registry type: every stage kind, parser and offline shape a pipeline may name,
-//! and the methods they come from. The compiler checks a pipeline against one and the
+//! The registry type: every stage kind, parser, offline shape and provider kind a
+//! pipeline may name, and the methods they come from. The compiler checks a pipeline against one and the
 //! checked pipeline carries it; the runner hands its offline shapes to the run services.
 //! This crate only defines it: the `synth` crate assembles the built-in one (the engine's
 //! kinds, parsers and shapes, then every method's), so nothing below it knows which
@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use synth_llm::offline::OfflineShape;
 use synth_llm::parse::ParserKind;
+use synth_llm::provider::ProviderDesc;
 
 use crate::stages::KindInfo;
 
@@ -21,6 +22,8 @@ pub struct Registry {
     pub parsers: Vec<&'static ParserKind>,
     pub shapes: Arc<[&'static OfflineShape]>,
     pub methods: Vec<&'static Method>,
+    /// The provider kinds (`[providers.NAME]`'s `kind`), in `synth list` order.
+    pub providers: Arc<[&'static ProviderDesc]>,
 }
 
 impl Registry {
@@ -33,6 +36,16 @@ impl Registry {
 
     pub fn kind(&self, name: &str) -> Option<&'static KindInfo> {
         self.kinds.iter().copied().find(|k| k.name == name)
+    }
+
+    /// The provider kind called `name`.
+    pub fn provider(&self, name: &str) -> Option<&'static ProviderDesc> {
+        synth_llm::provider::find_kind(&self.providers, name)
+    }
+
+    /// What a run's services build providers from: the provider kinds and the offline shapes.
+    pub fn catalog(&self) -> crate::services::Catalog {
+        crate::services::Catalog { kinds: self.providers.clone(), shapes: self.shapes.clone() }
     }
 
     pub fn parser(&self, name: &str) -> Option<&'static ParserKind> {
@@ -69,6 +82,7 @@ impl Registry {
         dups("parser", self.parsers.iter().map(|k| k.name), &mut out);
         dups("offline shape", self.shapes.iter().map(|k| k.name), &mut out);
         dups("method", self.methods.iter().map(|k| k.name), &mut out);
+        dups("provider kind", self.providers.iter().map(|k| k.name()), &mut out);
         out
     }
 }

@@ -25,7 +25,7 @@ use synth_core::store::cache::{Cache, ResponseRow, Use};
 use synth_llm::batch::{Deferred, Route};
 use synth_llm::net::NetRuntime;
 use synth_llm::offline::OfflineShape;
-use synth_llm::provider::{Provider, networked_kind};
+use synth_llm::provider::{BuildCtx, Provider, ProviderDesc, find_kind};
 use synth_llm::rate::{RateControl, RateRegistry};
 use synth_llm::{
     Call, CallCtx, ChatRequest, ChatResponse, Completed, ErrorKind, LlmError, LoglikRequest, estimate_tokens,
@@ -52,7 +52,7 @@ pub struct Services {
     cache: Mutex<Option<Arc<Cache>>>,
     built: Mutex<HashMap<String, Arc<Provider>>>,
     rates: RateRegistry,
-    shapes: Arc<[&'static OfflineShape]>,
+    catalog: Catalog,
     built_embedders: Mutex<HashMap<String, Arc<dyn synth_embed::Embedder>>>,
     inflight: Mutex<HashMap<String, Flight>>,
     warned_price: Mutex<std::collections::BTreeSet<String>>,
@@ -75,14 +75,29 @@ pub struct Services {
     cache_dir: std::sync::OnceLock<PathBuf>,
 }
 
+/// What providers are built from: the provider kinds a run knows (the registry's) and the
+/// shapes the offline provider imitates (the engine's and every method's).
+#[derive(Debug, Clone)]
+pub struct Catalog {
+    pub kinds: Arc<[&'static ProviderDesc]>,
+    pub shapes: Arc<[&'static OfflineShape]>,
+}
+
+impl Catalog {
+    /// The kind of a declaration, or an error naming it.
+    pub fn kind_of(&self, decl: &Decl) -> Result<&'static ProviderDesc> {
+        find_kind(&self.kinds, &decl.kind)
+            .ok_or_else(|| anyhow!("provider \"{}\": unknown kind \"{}\"", decl.name, decl.kind))
+    }
+}
+
 impl Services {
-    /// `shapes`: what the offline provider imitates (the registry's: the engine's and every method's).
     pub fn new(
         out_dir: &Path,
         root: &Path,
         providers: BTreeMap<String, Decl>,
         embedders: BTreeMap<String, Decl>,
-        shapes: Arc<[&'static OfflineShape]>,
+        catalog: Catalog,
     ) -> Arc<Services> {
         Arc::new(Services {
             out_dir: out_dir.to_path_buf(),
@@ -92,7 +107,7 @@ impl Services {
             cache: Mutex::new(None),
             built: Mutex::new(HashMap::new()),
             rates: RateRegistry::default(),
-            shapes,
+            catalog,
             built_embedders: Mutex::new(HashMap::new()),
             inflight: Mutex::new(HashMap::new()),
             warned_price: Mutex::new(Default::default()),
@@ -216,7 +231,7 @@ impl Services {
         }
         let decl = self.provider_decl(name)?.clone();
         let keyless = self.estimate.get().is_some_and(|e| e.sample == 0);
-        let provider = Arc::new(Provider::build_with(&decl, &self.root, &self.rates, &self.shapes, keyless)?);
+        let provider = Arc::new(self.build_provider(&decl, keyless)?);
         self.built.lock().expect("built").insert(name.to_string(), provider.clone());
         Ok(provider)
     }
@@ -230,29 +245,37 @@ impl Services {
             return Ok(p.clone());
         }
         let mut decl = self.provider_decl(name)?.clone();
-        if decl.kind != "local" {
+        let Some(with_model) = self.catalog.kind_of(&decl)?.with_model else {
             anyhow::bail!(
                 "provider \"{name}\" is of kind \"{}\": a checkpoint's model runs on a \"local\" provider",
                 decl.kind
             );
-        }
-        if let Some(o) = decl.options.as_object_mut() {
-            o.insert("model".into(), model.display().to_string().into());
-            // The checkpoint is this file, not the hub's, and has its own hash.
-            o.remove("hub");
-            o.remove("sha256");
-        }
+        };
+        // The checkpoint is this file, not the declared one (nor the hub's), and has its own hash.
+        with_model(&mut decl, model);
         let provider = Arc::new(
-            Provider::build(&decl, &self.root, &self.rates, &self.shapes)
+            self.build_provider(&decl, false)
                 .with_context(|| format!("loading the checkpoint {} on provider \"{name}\"", model.display()))?,
         );
         self.built.lock().expect("built").insert(key, provider.clone());
         Ok(provider)
     }
 
+    /// Build a provider from its declaration (`keyless`: an API that needs a key builds without one).
+    fn build_provider(&self, decl: &Decl, keyless: bool) -> Result<Provider> {
+        let ctx = BuildCtx { root: &self.root, rates: &self.rates, shapes: &self.catalog.shapes, keyless };
+        (self.catalog.kind_of(decl)?.build)(decl, &ctx)
+    }
+
     /// What a provider's answers depend on, without building it (for fingerprints).
     pub fn provider_identity(&self, name: &str) -> Result<serde_json::Value> {
-        Provider::identity(self.provider_decl(name)?, &self.root)
+        let decl = self.provider_decl(name)?;
+        (self.catalog.kind_of(decl)?.identity)(decl, &self.root)
+    }
+
+    /// The provider kinds this run knows.
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
     }
 
     /// The network runtime (started on first use).
@@ -268,7 +291,7 @@ impl Services {
 
     /// Whether calls to this provider go over the network (an unknown name: no).
     pub fn provider_networked(&self, name: &str) -> bool {
-        self.providers.get(name).is_some_and(|d| networked_kind(&d.kind))
+        self.providers.get(name).and_then(|d| find_kind(&self.catalog.kinds, &d.kind)).is_some_and(|k| k.networked)
     }
 
     /// One chat call through cache, single-flight, journal and rate control: on the
@@ -312,33 +335,11 @@ impl Services {
             .unwrap_or_else(|e| Err(LlmError::new(ErrorKind::Unavailable, e.to_string())))
     }
 
+    /// One call in this process's runtime: the cache (and a shard's run cache), the
+    /// estimate's stand-in, the batch route, then the paid call. Each step is its own
+    /// function below; the order is the invariant (nothing is sent that a cache holds).
     async fn call_here(&self, provider: &Arc<Provider>, call: Call, ctx: &CallCtx) -> Result<Completed, LlmError> {
-        let no_params = synth_llm::GenParams::default();
-        let params = provider.params.overlay(match &call {
-            Call::Chat(req) => &req.params,
-            Call::Loglik(_) => &no_params,
-        });
-        // The prompt's tokens (an estimate), the most they can be (UTF-8 bytes: no
-        // byte-level tokenizer makes more), and the most the answer may take.
-        let (doc, prompt, max_in, max_out) = match &call {
-            Call::Chat(req) => (
-                Provider::request_doc(provider, req, &params),
-                req.messages.iter().map(|m| estimate_tokens(&m.content)).sum::<u64>(),
-                req.messages.iter().map(|m| m.content.len() as u64 + MESSAGE_OVERHEAD).sum::<u64>(),
-                params.max_tokens.map(u64::from),
-            ),
-            Call::Loglik(req) => (
-                Provider::loglik_doc(provider, req, &params),
-                estimate_tokens(&req.context) + estimate_tokens(&req.continuation),
-                (req.context.len() + req.continuation.len()) as u64 + MESSAGE_OVERHEAD,
-                Some(1),
-            ),
-        };
-        // What the rate limiter counts (as it always has: 256 when max_tokens is unset).
-        let estimate = prompt + max_out.unwrap_or(256);
-        let max_out = max_out.unwrap_or(DEFAULT_MAX_OUT as u64);
-        let doc_text = doc.to_string();
-        let key = blake3::hash(doc_text.as_bytes()).to_hex().to_string();
+        let req = Request::of(provider, &call);
         let cache = self.cache().map_err(|e| LlmError::new(ErrorKind::Unavailable, format!("{e:#}")))?;
         let usage = Use { stage: ctx.stage.clone(), fingerprint: ctx.fingerprint.clone() };
         let estimating = self.estimate.get();
@@ -354,98 +355,165 @@ impl Services {
             batch_factor,
             rate: &provider.rate.cfg,
         };
-        match cache.get_response(&key, &usage) {
-            Ok(Some(hit)) => {
-                if let Ok(response) = serde_json::from_str::<ChatResponse>(&hit.response) {
-                    if let Some(est) = estimating {
-                        est.cached(&caller);
-                    }
-                    ctx.progress.cache_hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    ctx.progress.note_served(&response.model, response.system_fingerprint.as_deref());
-                    return Ok(Completed { response, cached: true, retries: 0 });
-                }
-            }
-            Ok(None) => {}
-            Err(e) => return Err(LlmError::new(ErrorKind::Unavailable, format!("cache: {e:#}"))),
-        }
-        if let Some(fallback) = &self.fallback {
-            match fallback.get(&key) {
-                Ok(Some(row)) => {
-                    if let Ok(response) = serde_json::from_str::<ChatResponse>(&row.response) {
-                        // Kept in this run's own cache too (a shard's cache is merged into its run's).
-                        keep_answer(&cache, &key, row, &usage, ctx, "a cached response").await?;
-                        return Ok(Completed { response, cached: true, retries: 0 });
-                    }
-                }
-                Ok(None) => {}
-                Err(e) => tracing::warn!("the run's cache: {e:#}"),
-            }
+        if let Some(done) = self.lookup(&cache, &req.key, &usage, ctx, estimating, &caller).await? {
+            return Ok(done);
         }
         // The estimate: a stand-in answers (nothing sent), unless the call is one of the
         // stage's sample (sent online, then measured).
         let sampling = match estimating {
             None => None,
             Some(est) if est.take_sample(&caller) => Some((est, std::time::Instant::now())),
-            Some(est) => {
-                // Prompt tokens by the rule, plus what a chat format adds per message.
-                let messages = match &call {
-                    Call::Chat(req) => req.messages.len() as u64,
-                    Call::Loglik(_) => 1,
-                };
-                if est.first_time(&key) {
-                    est.stood_in(&caller, prompt + ESTIMATE_MESSAGE_TOKENS * messages, max_out);
-                } else {
-                    // The run answers an identical request from its cache.
-                    est.cached(&caller);
-                }
-                use synth_llm::ChatBackend;
-                let stand_in = synth_llm::offline::Offline { seed: 0, score_one: 0.5, shapes: self.shapes.clone() };
-                let response = match &call {
-                    // A structured request: a JSON value valid against its schema.
-                    Call::Chat(req) if req.structured.is_some() => {
-                        use rand::SeedableRng;
-                        let schema = &req.structured.as_ref().expect("structured").schema.schema;
-                        let asked = req.messages.iter().map(|m| m.content.as_str()).collect::<Vec<_>>().join("\n");
-                        let mut rng = rand_chacha::ChaCha8Rng::from_seed(*blake3::hash(key.as_bytes()).as_bytes());
-                        let text = synth_llm::offline::schema_instance(schema, &asked, &mut rng).to_string();
-                        ChatResponse {
-                            usage: synth_llm::Usage {
-                                prompt_tokens: prompt,
-                                completion_tokens: estimate_tokens(&text),
-                            },
-                            text,
-                            finish_reason: "stop".into(),
-                            model: synth_llm::offline::MODEL.into(),
-                            system_fingerprint: None,
-                        }
-                    }
-                    Call::Chat(req) => stand_in.chat_once(req, &params).await?,
-                    Call::Loglik(req) => stand_in.loglik_once(req, &params).await?,
-                };
-                return Ok(Completed { response, cached: false, retries: 0 });
-            }
+            Some(est) => return self.stand_in(est, &caller, &call, &req).await,
         };
-        if let Some(route) = ctx.batch.as_ref().filter(|_| sampling.is_none()) {
-            match route.route(&key) {
-                Route::Defer => {
-                    let body = provider.backend.batch_body(&call, &params).ok_or_else(|| {
-                        LlmError::new(
-                            ErrorKind::Rejected,
-                            format!("provider \"{}\" cannot send this request in a batch", provider.name),
-                        )
-                    })?;
-                    route.defer(Deferred { key, doc: doc_text, body, tokens_in: prompt, max_in, max_out })?;
-                    return Err(synth_llm::batch::deferred());
+        if sampling.is_none() {
+            Self::route_to_batch(provider, &call, &req, ctx)?;
+        }
+        let result = self.paid_call(provider, &call, &req, ctx, &cache, &usage).await;
+        if let Some((est, started)) = sampling {
+            match &result {
+                Ok(done) => {
+                    let u = &done.response.usage;
+                    est.measured(
+                        &caller,
+                        u.prompt_tokens,
+                        u.completion_tokens,
+                        req.prompt + ESTIMATE_MESSAGE_TOKENS * messages_of(&call),
+                        started.elapsed().as_secs_f64(),
+                    );
                 }
-                Route::Fail(e) => return Err(e),
-                Route::Online => {}
+                Err(_) => est.sample_failed(&caller),
             }
         }
+        result
+    }
+
+    /// The answer this run's cache (or a shard's run cache) holds for `key`.
+    async fn lookup(
+        &self,
+        cache: &Cache,
+        key: &str,
+        usage: &Use,
+        ctx: &CallCtx,
+        estimating: Option<&Arc<estimate::Estimator>>,
+        caller: &estimate::Caller<'_>,
+    ) -> Result<Option<Completed>, LlmError> {
+        match cache.get_response(key, usage) {
+            Ok(Some(hit)) => {
+                if let Ok(response) = serde_json::from_str::<ChatResponse>(&hit.response) {
+                    if let Some(est) = estimating {
+                        est.cached(caller);
+                    }
+                    ctx.progress.cache_hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    ctx.progress.note_served(&response.model, response.system_fingerprint.as_deref());
+                    return Ok(Some(Completed { response, cached: true, retries: 0 }));
+                }
+            }
+            Ok(None) => {}
+            Err(e) => return Err(LlmError::new(ErrorKind::Unavailable, format!("cache: {e:#}"))),
+        }
+        if let Some(fallback) = &self.fallback {
+            match fallback.get(key) {
+                Ok(Some(row)) => {
+                    if let Ok(response) = serde_json::from_str::<ChatResponse>(&row.response) {
+                        // Kept in this run's own cache too (a shard's cache is merged into its run's).
+                        keep_answer(cache, key, row, usage, ctx, "a cached response").await?;
+                        return Ok(Some(Completed { response, cached: true, retries: 0 }));
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!("the run's cache: {e:#}"),
+            }
+        }
+        Ok(None)
+    }
+
+    /// `--dry-run`'s estimate of a call outside the sample: counted, and answered by a
+    /// stand-in (a JSON value valid against a structured request's schema, else the
+    /// offline generator), nothing sent.
+    async fn stand_in(
+        &self,
+        est: &estimate::Estimator,
+        caller: &estimate::Caller<'_>,
+        call: &Call,
+        req: &Request,
+    ) -> Result<Completed, LlmError> {
+        if est.first_time(&req.key) {
+            // Prompt tokens by the rule, plus what a chat format adds per message.
+            est.stood_in(caller, req.prompt + ESTIMATE_MESSAGE_TOKENS * messages_of(call), req.max_out);
+        } else {
+            // The run answers an identical request from its cache.
+            est.cached(caller);
+        }
+        use synth_llm::ChatBackend;
+        let stand_in = synth_llm::offline::Offline { seed: 0, score_one: 0.5, shapes: self.catalog.shapes.clone() };
+        let response = match call {
+            // A structured request: a JSON value valid against its schema.
+            Call::Chat(chat) if chat.structured.is_some() => {
+                use rand::SeedableRng;
+                let schema = &chat.structured.as_ref().expect("structured").schema.schema;
+                let asked = chat.messages.iter().map(|m| m.content.as_str()).collect::<Vec<_>>().join("\n");
+                let mut rng = rand_chacha::ChaCha8Rng::from_seed(*blake3::hash(req.key.as_bytes()).as_bytes());
+                let text = synth_llm::offline::schema_instance(schema, &asked, &mut rng).to_string();
+                ChatResponse {
+                    usage: synth_llm::Usage { prompt_tokens: req.prompt, completion_tokens: estimate_tokens(&text) },
+                    text,
+                    finish_reason: "stop".into(),
+                    model: synth_llm::offline::MODEL.into(),
+                    system_fingerprint: None,
+                }
+            }
+            Call::Chat(chat) => stand_in.chat_once(chat, &req.params).await?,
+            Call::Loglik(ll) => stand_in.loglik_once(ll, &req.params).await?,
+        };
+        Ok(Completed { response, cached: false, retries: 0 })
+    }
+
+    /// In batch mode, where a call that is not cached goes: deferred to the stage's batch
+    /// (an error the stage's loop knows), failed, or `Ok` to be sent online.
+    fn route_to_batch(provider: &Provider, call: &Call, req: &Request, ctx: &CallCtx) -> Result<(), LlmError> {
+        let Some(route) = ctx.batch.as_ref() else { return Ok(()) };
+        match route.route(&req.key) {
+            Route::Defer => {
+                let body = provider.backend.batch_body(call, &req.params).ok_or_else(|| {
+                    LlmError::new(
+                        ErrorKind::Rejected,
+                        format!("provider \"{}\" cannot send this request in a batch", provider.name),
+                    )
+                })?;
+                route.defer(Deferred {
+                    key: req.key.clone(),
+                    doc: req.doc_text.clone(),
+                    body,
+                    tokens_in: req.prompt,
+                    max_in: req.max_in,
+                    max_out: req.max_out,
+                })?;
+                Err(synth_llm::batch::deferred())
+            }
+            Route::Fail(e) => Err(e),
+            Route::Online => Ok(()),
+        }
+    }
+
+    /// The paid call: its slot, its most cost reserved against `max_cost_usd`, sent once
+    /// however many records ask it at the same time (and once over a wave's shards: a
+    /// claim), journaled before it leaves, through the provider's rate control, and stored
+    /// durably before it counts as done.
+    async fn paid_call(
+        &self,
+        provider: &Arc<Provider>,
+        call: &Call,
+        req: &Request,
+        ctx: &CallCtx,
+        cache: &Arc<Cache>,
+        usage: &Use,
+    ) -> Result<Completed, LlmError> {
+        let key = &req.key;
         // A record that gave its slot back after an earlier answer takes one again.
         synth_llm::slot::sending().await;
         // The most this call may cost, held against `max_cost_usd` until it is paid.
         let reserved = if self.costs.capped(&ctx.stage) {
-            let most = provider.price.map(|p| p.cost(max_in, max_out)).unwrap_or(0.0);
+            let most = provider.price.map(|p| p.cost(req.max_in, req.max_out)).unwrap_or(0.0);
             self.costs.reserve(&ctx.stage, most)?
         } else {
             cost::Reserved(0.0)
@@ -458,7 +526,7 @@ impl Services {
         let result = flight
             .get_or_init(|| async {
                 if let Some(claims) = claims {
-                    match claims.claim(&key).await {
+                    match claims.claim(key).await {
                         Ok(synth_core::store::claims::Claim::Mine) => {}
                         Ok(synth_core::store::claims::Claim::Answered(bytes)) => {
                             // Another shard paid for it: keep its answer in this cache too.
@@ -468,7 +536,7 @@ impl Services {
                                 .map_err(|e| LlmError::new(ErrorKind::Unavailable, format!("a shared answer: {e}")))?;
                             // Another shard paid: nothing of this reservation is spent here.
                             self.costs.settle(&ctx.stage, reserved, 0.0);
-                            keep_answer(&cache, &key, row, &usage, ctx, "a shared answer").await?;
+                            keep_answer(cache, key, row, usage, ctx, "a shared answer").await?;
                             return Ok(Completed { response, cached: true, retries: 0 });
                         }
                         Err(e) => {
@@ -477,19 +545,19 @@ impl Services {
                         }
                     }
                 }
-                if let Err(e) = cache.journal_start(&key, &ctx.stage) {
+                if let Err(e) = cache.journal_start(key, &ctx.stage) {
                     return Err(LlmError::new(ErrorKind::Unavailable, format!("cache journal: {e:#}")));
                 }
                 let outcome = provider
                     .rate
-                    .call(estimate, Some(&ctx.progress), || {
+                    .call(req.estimate, Some(&ctx.progress), || {
                         // From here an answer may be billed: journaled apart from queued.
-                        if let Err(e) = cache.journal_sent(&key) {
+                        if let Err(e) = cache.journal_sent(key) {
                             tracing::warn!("cache journal: {e:#}");
                         }
-                        match &call {
-                            Call::Chat(req) => provider.backend.chat_once(req, &params),
-                            Call::Loglik(req) => provider.backend.loglik_once(req, &params),
+                        match call {
+                            Call::Chat(chat) => provider.backend.chat_once(chat, &req.params),
+                            Call::Loglik(ll) => provider.backend.loglik_once(ll, &req.params),
                         }
                     })
                     .await;
@@ -498,46 +566,14 @@ impl Services {
                         // Answered: the record's slot goes to the next one while the
                         // answer is made durable.
                         synth_llm::slot::answered();
-                        let (tin, tout) = (response.usage.prompt_tokens, response.usage.completion_tokens);
-                        let cost = self.cost(provider, tin, tout);
-                        let row = ResponseRow {
-                            key: key.clone(),
-                            provider: provider.kind.to_string(),
-                            base_url: synth_core::secrets::scrub(&provider.base_url),
-                            model: provider.model.clone(),
-                            request: synth_core::secrets::scrub(&doc_text),
-                            response: serde_json::to_string(&response).expect("serializable"),
-                            tokens_in: tin,
-                            tokens_out: tout,
-                            cost_usd: cost,
-                        };
-                        // Shared with the wave's other shards before it is journaled: once
-                        // journaled here, nobody sends it again.
-                        if let Some(claims) = claims
-                            && let Err(e) = claims.answer(&key, &serde_json::to_vec(&row).expect("serializable")).await
-                        {
-                            tracing::warn!("sharing an answer with the other shards: {e:#}");
-                        }
-                        // Durable before the record counts as done.
-                        if let Err(e) = cache.put_response(row, &usage).await {
-                            return Err(LlmError::new(
-                                ErrorKind::Unavailable,
-                                format!("storing a paid response: {e:#}"),
-                            ));
-                        }
-                        self.costs.settle(&ctx.stage, reserved, cost);
-                        let p = &ctx.progress;
-                        p.tokens_in.fetch_add(tin, std::sync::atomic::Ordering::Relaxed);
-                        p.tokens_out.fetch_add(tout, std::sync::atomic::Ordering::Relaxed);
-                        p.cost_micro_usd.fetch_add((cost * 1e6).round() as u64, std::sync::atomic::Ordering::Relaxed);
-                        p.note_served(&response.model, response.system_fingerprint.as_deref());
+                        self.store_answer(provider, req, ctx, cache, usage, claims, reserved, &response).await?;
                         Ok(Completed { response, cached: false, retries })
                     }
                     Err(e) => {
                         self.costs.settle(&ctx.stage, reserved, 0.0);
-                        cache.journal_end(&key);
+                        cache.journal_end(key);
                         if let Some(claims) = claims {
-                            claims.release(&key).await;
+                            claims.release(key).await;
                         }
                         Err(e)
                     }
@@ -545,27 +581,55 @@ impl Services {
             })
             .await
             .clone();
-        self.inflight.lock().expect("inflight").remove(&key);
-        if let Some((est, started)) = sampling {
-            match &result {
-                Ok(done) => {
-                    let messages = match &call {
-                        Call::Chat(req) => req.messages.len() as u64,
-                        Call::Loglik(_) => 1,
-                    };
-                    let u = &done.response.usage;
-                    est.measured(
-                        &caller,
-                        u.prompt_tokens,
-                        u.completion_tokens,
-                        prompt + ESTIMATE_MESSAGE_TOKENS * messages,
-                        started.elapsed().as_secs_f64(),
-                    );
-                }
-                Err(_) => est.sample_failed(&caller),
-            }
-        }
+        self.inflight.lock().expect("inflight").remove(key);
         result
+    }
+
+    /// A paid answer made durable: shared with the wave's other shards, stored in the cache
+    /// (the record counts as done only then), its cost settled and counted.
+    #[allow(clippy::too_many_arguments)]
+    async fn store_answer(
+        &self,
+        provider: &Provider,
+        req: &Request,
+        ctx: &CallCtx,
+        cache: &Cache,
+        usage: &Use,
+        claims: Option<&synth_core::store::claims::Claims>,
+        reserved: cost::Reserved,
+        response: &ChatResponse,
+    ) -> Result<(), LlmError> {
+        let (tin, tout) = (response.usage.prompt_tokens, response.usage.completion_tokens);
+        let cost = self.cost(provider, tin, tout);
+        let row = ResponseRow {
+            key: req.key.clone(),
+            provider: provider.kind.to_string(),
+            base_url: synth_core::secrets::scrub(&provider.base_url),
+            model: provider.model.clone(),
+            request: synth_core::secrets::scrub(&req.doc_text),
+            response: serde_json::to_string(response).expect("serializable"),
+            tokens_in: tin,
+            tokens_out: tout,
+            cost_usd: cost,
+        };
+        // Shared with the wave's other shards before it is journaled: once journaled here,
+        // nobody sends it again.
+        if let Some(claims) = claims
+            && let Err(e) = claims.answer(&req.key, &serde_json::to_vec(&row).expect("serializable")).await
+        {
+            tracing::warn!("sharing an answer with the other shards: {e:#}");
+        }
+        // Durable before the record counts as done.
+        if let Err(e) = cache.put_response(row, usage).await {
+            return Err(LlmError::new(ErrorKind::Unavailable, format!("storing a paid response: {e:#}")));
+        }
+        self.costs.settle(&ctx.stage, reserved, cost);
+        let p = &ctx.progress;
+        p.tokens_in.fetch_add(tin, std::sync::atomic::Ordering::Relaxed);
+        p.tokens_out.fetch_add(tout, std::sync::atomic::Ordering::Relaxed);
+        p.cost_micro_usd.fetch_add((cost * 1e6).round() as u64, std::sync::atomic::Ordering::Relaxed);
+        p.note_served(&response.model, response.system_fingerprint.as_deref());
+        Ok(())
     }
 
     fn cost(&self, provider: &Provider, tin: u64, tout: u64) -> f64 {
@@ -598,6 +662,59 @@ impl Services {
     /// Rate-control counters of every endpoint used so far (for benchmarks and logs).
     pub fn rate_controls(&self) -> Vec<Arc<RateControl>> {
         self.rates.all()
+    }
+}
+
+/// A call as the call path sees it: its parameters (the provider's, overlaid by the
+/// request's), its cache document and key, and its token counts.
+struct Request {
+    params: synth_llm::GenParams,
+    /// The cache document (JSON text) and its BLAKE3: the cache key and batch `custom_id`.
+    doc_text: String,
+    key: String,
+    /// The prompt's tokens (an estimate).
+    prompt: u64,
+    /// The most the prompt can be (UTF-8 bytes: no byte-level tokenizer makes more).
+    max_in: u64,
+    /// The most the answer may take (`DEFAULT_MAX_OUT` when `max_tokens` is unset).
+    max_out: u64,
+    /// What the rate limiter counts (as it always has: 256 when `max_tokens` is unset).
+    estimate: u64,
+}
+
+impl Request {
+    fn of(provider: &Provider, call: &Call) -> Request {
+        let no_params = synth_llm::GenParams::default();
+        let params = provider.params.overlay(match call {
+            Call::Chat(req) => &req.params,
+            Call::Loglik(_) => &no_params,
+        });
+        let (doc, prompt, max_in, max_out) = match call {
+            Call::Chat(req) => (
+                Provider::request_doc(provider, req, &params),
+                req.messages.iter().map(|m| estimate_tokens(&m.content)).sum::<u64>(),
+                req.messages.iter().map(|m| m.content.len() as u64 + MESSAGE_OVERHEAD).sum::<u64>(),
+                params.max_tokens.map(u64::from),
+            ),
+            Call::Loglik(req) => (
+                Provider::loglik_doc(provider, req, &params),
+                estimate_tokens(&req.context) + estimate_tokens(&req.continuation),
+                (req.context.len() + req.continuation.len()) as u64 + MESSAGE_OVERHEAD,
+                Some(1),
+            ),
+        };
+        let estimate = prompt + max_out.unwrap_or(256);
+        let doc_text = doc.to_string();
+        let key = blake3::hash(doc_text.as_bytes()).to_hex().to_string();
+        Request { params, doc_text, key, prompt, max_in, max_out: max_out.unwrap_or(DEFAULT_MAX_OUT as u64), estimate }
+    }
+}
+
+/// Messages of a call (a log-likelihood is one), for the estimate's per-message tokens.
+fn messages_of(call: &Call) -> u64 {
+    match call {
+        Call::Chat(req) => req.messages.len() as u64,
+        Call::Loglik(_) => 1,
     }
 }
 

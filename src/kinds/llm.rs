@@ -552,7 +552,7 @@ impl Stage for Llm {
             (Some(_), 2) => {
                 ctx.require_columns("checkpoint", 1, ["phase", "gguf"]);
                 let kind = ctx.providers.get(&self.opts.provider).map(|d| d.kind.clone());
-                if let Some(kind) = kind.filter(|k| k != "local") {
+                if let Some(kind) = kind.filter(|k| ctx.provider_kind(k).is_some_and(|k| k.with_model.is_none())) {
                     ctx.error(
                         "checkpoint",
                         format!(
@@ -604,7 +604,7 @@ impl Stage for Llm {
         let services = ctx.services.clone();
         let this = &*self;
         let structured = StructuredRun::start(ctx, self.schema.clone(), &self.opts.structured, &provider)?;
-        let local_before = provider.local.as_ref().map(|l| l.stats());
+        let local_before = provider.backend.engine_stats();
         // Rejected answers (the re-asks) per record, for the report: the last pass over a
         // record sees them all (batch mode passes over a record more than once).
         let rejected: std::sync::Mutex<BTreeMap<String, Vec<Outcome>>> = Default::default();
@@ -634,13 +634,12 @@ impl Stage for Llm {
     }
 }
 
-/// A `local` provider's engine figures over the stage's run into its report: decode calls and
+/// An in-process provider's engine figures (a `local` provider's) over the stage's run into its report: decode calls and
 /// seconds, prompt tokens (and how many of them were copied from another sequence's cache),
 /// generated tokens, generated tokens per decode second (the engine is
 /// shared: stages running at the same time on the provider count each other's work too).
-pub fn report_local(ctx: &mut RunCtx, provider: &Provider, before: Option<synth_llm::local::engine::Stats>) {
-    let (Some(local), Some(before)) = (&provider.local, before) else { return };
-    let now = local.stats();
+pub fn report_local(ctx: &mut RunCtx, provider: &Provider, before: Option<synth_llm::EngineStats>) {
+    let (Some(now), Some(before)) = (provider.backend.engine_stats(), before) else { return };
     let m = &mut ctx.report.metrics;
     m.insert("local_engine.decode_calls".into(), (now.decode_calls - before.decode_calls) as f64);
     let seconds = now.decode_seconds - before.decode_seconds;
@@ -777,7 +776,8 @@ impl StructuredRun {
         if fallback.is_some() {
             return;
         }
-        if provider.kind != "offline" {
+        // A stand-in (the offline generator) has no structured mode by design: nothing to say.
+        if provider.offline_identity.is_none() {
             tracing::warn!("stage \"{}\": {why}: answers use the parser's text protocol", self.stage);
         }
         *fallback = Some(why);

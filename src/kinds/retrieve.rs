@@ -37,7 +37,8 @@ use synth_core::config::options::{OptionSpec, POSITIVE, Ty};
 use synth_core::data::{self, ID};
 use synth_core::store::parquet::stream_batches;
 use synth_engine::stages::{
-    Arity, BuildCtx, Cancelled, KindInfo, PartitionCtx, Partitioning, PlanCtx, PrepareCtx, Prepared, RunCtx, Stage,
+    Arity, BuildCtx, Cancelled, Input, KindInfo, PartitionCtx, Partitioning, PlanCtx, PrepareCtx, Prepared, RunCtx,
+    Stage,
 };
 use synth_retrieval::{Extremes, hnsw};
 
@@ -144,6 +145,181 @@ fn vector_dim(schema: &synth_core::data::arrow::datatypes::Schema, column: &str)
 }
 
 impl Retrieve {
+    /// Step 1: stream the corpus in, row-major (exact, and HNSW with its exact recall
+    /// check), with each record's eligibility (`most_where`, `least_where`) and id.
+    async fn read_corpus(
+        &self,
+        ctx: &RunCtx,
+        corpus_in: &Input,
+        dim: usize,
+    ) -> Result<(synth_retrieval::gemm::RowCorpus, Vec<String>)> {
+        let mut row_corpus = synth_retrieval::gemm::RowCorpus::with_capacity(dim, corpus_in.num_rows as usize);
+        let mut corpus_ids: Vec<String> = Vec::with_capacity(corpus_in.num_rows as usize);
+        let mut rx = stream_batches(corpus_in.path.clone(), 8192);
+        while let Some(batch) = rx.recv().await {
+            if ctx.cancel.is_cancelled() {
+                bail!(Cancelled);
+            }
+            let batch = batch?;
+            let (values, offsets) = vectors(&batch, &self.opts.corpus_column, dim)?;
+            let flag = |col: &Option<String>| -> Result<Option<BooleanArray>> {
+                match col {
+                    None => Ok(None),
+                    Some(c) => Ok(Some(
+                        batch
+                            .column_by_name(c)
+                            .and_then(|a| a.as_any().downcast_ref::<BooleanArray>())
+                            .with_context(|| format!("corpus column \"{c}\" is not bool"))?
+                            .clone(),
+                    )),
+                }
+            };
+            let (mx, mn) = (flag(&self.opts.most_where)?, flag(&self.opts.least_where)?);
+            let ids = data::ids(&batch);
+            for i in 0..batch.num_rows() {
+                let v = &values[offsets[i]..offsets[i] + dim];
+                let ok = |f: &Option<BooleanArray>| f.as_ref().is_none_or(|a| a.is_valid(i) && a.value(i));
+                let (a, b) = (ok(&mx), ok(&mn));
+                row_corpus.push(v, a, b);
+                corpus_ids.push(ids.value(i).to_string());
+            }
+            ctx.progress.inc(batch.num_rows() as u64);
+        }
+        Ok((row_corpus, corpus_ids))
+    }
+
+    /// Step 2: the queries (small: one vector per profile), their batches and their vectors.
+    fn read_queries(&self, queries_in: &Input, dim: usize) -> Result<(Vec<RecordBatch>, Vec<f32>)> {
+        let (_, qbatches) = synth_core::store::parquet::read_all(&queries_in.path)?;
+        let mut qvec: Vec<f32> = Vec::with_capacity(queries_in.num_rows as usize * dim);
+        for b in &qbatches {
+            let (values, offsets) = vectors(b, &self.opts.query_column, dim)?;
+            for i in 0..b.num_rows() {
+                qvec.extend_from_slice(&values[offsets[i]..offsets[i] + dim]);
+            }
+        }
+        Ok((qbatches, qvec))
+    }
+
+    /// Step 4: the matched corpus rows' carried columns, in a second streaming pass.
+    async fn fetch_matches(&self, corpus_in: &Input, extremes: &[Extremes]) -> Result<Matches> {
+        let carried = self.carried(&corpus_in.schema);
+        let mut wanted: Vec<u32> =
+            extremes.iter().flat_map(|e| [e.max_idx, e.min_idx]).filter(|i| *i != u32::MAX).collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        let mut picked: Vec<Vec<ArrayRef>> = vec![Vec::new(); carried.len()];
+        let mut rx = stream_batches(corpus_in.path.clone(), 8192);
+        let (mut base, mut w) = (0u32, 0usize);
+        while let Some(batch) = rx.recv().await {
+            let batch = batch?;
+            let end = base + batch.num_rows() as u32;
+            let mut take = Vec::new();
+            while w < wanted.len() && wanted[w] < end {
+                take.push(wanted[w] - base);
+                w += 1;
+            }
+            if !take.is_empty() {
+                let idx = UInt32Array::from(take);
+                for (k, f) in carried.iter().enumerate() {
+                    let col = batch.column_by_name(f.name()).context("carried column")?;
+                    picked[k].push(synth_core::data::arrow::compute::take(col, &idx, None)?);
+                }
+            }
+            base = end;
+        }
+        let picked: Vec<ArrayRef> = picked
+            .into_iter()
+            .zip(&carried)
+            .map(|(parts, f)| {
+                if parts.is_empty() {
+                    Ok(synth_core::data::arrow::array::new_empty_array(f.data_type()))
+                } else {
+                    let refs: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
+                    Ok(synth_core::data::arrow::compute::concat(&refs)?)
+                }
+            })
+            .collect::<Result<_>>()?;
+        Ok(Matches { wanted, picked })
+    }
+
+    /// Step 5: the query rows with both matches (a shard's part: and its winners' global
+    /// positions and f64 scores).
+    fn write_rows(
+        &self,
+        ctx: &mut RunCtx,
+        queries_in: &Input,
+        corpus_in: &Input,
+        qbatches: &[RecordBatch],
+        found: &Found,
+    ) -> Result<()> {
+        let Found { extremes, scores64, corpus_ids, matches, partial } = found;
+        let position = |idx: u32| -> Option<u32> {
+            (idx != u32::MAX).then(|| matches.wanted.binary_search(&idx).expect("wanted holds every match") as u32)
+        };
+        let mut fields = self.output_fields(&queries_in.schema, &corpus_in.schema);
+        if partial.is_some() {
+            fields.extend(PARTIAL.iter().map(|(name, ty)| Field::new(*name, ty.clone(), true)));
+        }
+        let schema = data::schema_with_id(fields);
+        let mut out = ctx.create_output_keeping_ids(schema.clone())?;
+        let mut q0 = 0usize;
+        for b in qbatches {
+            let n = b.num_rows();
+            let ex = &extremes[q0..q0 + n];
+            let mut cols: Vec<ArrayRef> = vec![b.column(0).clone()];
+            for (f, c) in b.schema().fields().iter().zip(b.columns()).skip(1) {
+                if self.opts.keep_vector || f.name() != &self.opts.query_column {
+                    cols.push(c.clone());
+                }
+            }
+            for most in [true, false] {
+                let pos: UInt32Array = ex.iter().map(|e| position(if most { e.max_idx } else { e.min_idx })).collect();
+                let ids: StringArray = ex
+                    .iter()
+                    .map(|e| {
+                        let i = if most { e.max_idx } else { e.min_idx };
+                        (i != u32::MAX).then(|| corpus_ids[i as usize].as_str())
+                    })
+                    .collect();
+                let scores: Float32Array = ex
+                    .iter()
+                    .map(|e| {
+                        let (i, s) = if most { (e.max_idx, e.max) } else { (e.min_idx, e.min) };
+                        (i != u32::MAX).then_some(s)
+                    })
+                    .collect();
+                cols.push(Arc::new(ids));
+                cols.push(Arc::new(scores));
+                for p in &matches.picked {
+                    cols.push(synth_core::data::arrow::compute::take(p, &pos, None)?);
+                }
+            }
+            if let Some(global) = partial {
+                let s64 = &scores64[q0..q0 + n];
+                let picks: [fn(&Extremes) -> u32; 2] = [|e| e.max_idx, |e| e.min_idx];
+                for (k, idx) in picks.iter().enumerate() {
+                    let positions: UInt64Array =
+                        ex.iter().map(|e| (idx(e) != u32::MAX).then(|| global[idx(e) as usize])).collect();
+                    let scores: Float64Array =
+                        ex.iter().zip(s64).map(|(e, s)| (idx(e) != u32::MAX).then_some(s[k])).collect();
+                    cols.push(Arc::new(positions));
+                    cols.push(Arc::new(scores));
+                }
+            }
+            out.write(&RecordBatch::try_new(schema.clone(), cols)?)?;
+            for e in ex {
+                if e.max_idx == u32::MAX || e.min_idx == u32::MAX {
+                    tracing::warn!(stage = %ctx.name, "a query found no eligible corpus record (empty corpus or masks)");
+                    break;
+                }
+            }
+            q0 += n;
+            ctx.progress.inc(n as u64);
+        }
+        ctx.set_output(out)
+    }
+
     /// Corpus columns copied per match, with their fields.
     fn carried(&self, corpus: &synth_core::data::arrow::datatypes::Schema) -> Vec<Field> {
         match &self.opts.carry {
@@ -253,54 +429,9 @@ impl Stage for Retrieve {
         let (queries_in, corpus_in) = (ctx.inputs[0].clone(), ctx.inputs[1].clone());
         let dim = vector_dim(&corpus_in.schema, &self.opts.corpus_column).map_err(anyhow::Error::msg)?;
         ctx.progress.set_total(corpus_in.num_rows + queries_in.num_rows);
-
-        // 1. Stream the corpus in, row-major (exact, and HNSW with its exact recall check).
-        let hnsw_mode = self.opts.method == "hnsw";
-        let mut row_corpus = synth_retrieval::gemm::RowCorpus::with_capacity(dim, corpus_in.num_rows as usize);
-        let mut corpus_ids: Vec<String> = Vec::with_capacity(corpus_in.num_rows as usize);
-        let mut rx = stream_batches(corpus_in.path.clone(), 8192);
-        while let Some(batch) = rx.recv().await {
-            if ctx.cancel.is_cancelled() {
-                bail!(Cancelled);
-            }
-            let batch = batch?;
-            let (values, offsets) = vectors(&batch, &self.opts.corpus_column, dim)?;
-            let flag = |col: &Option<String>| -> Result<Option<BooleanArray>> {
-                match col {
-                    None => Ok(None),
-                    Some(c) => Ok(Some(
-                        batch
-                            .column_by_name(c)
-                            .and_then(|a| a.as_any().downcast_ref::<BooleanArray>())
-                            .with_context(|| format!("corpus column \"{c}\" is not bool"))?
-                            .clone(),
-                    )),
-                }
-            };
-            let (mx, mn) = (flag(&self.opts.most_where)?, flag(&self.opts.least_where)?);
-            let ids = data::ids(&batch);
-            for i in 0..batch.num_rows() {
-                let v = &values[offsets[i]..offsets[i] + dim];
-                let ok = |f: &Option<BooleanArray>| f.as_ref().is_none_or(|a| a.is_valid(i) && a.value(i));
-                let (a, b) = (ok(&mx), ok(&mn));
-                row_corpus.push(v, a, b);
-                corpus_ids.push(ids.value(i).to_string());
-            }
-            ctx.progress.inc(batch.num_rows() as u64);
-        }
-
-        // 2. Queries (small: one vector per profile).
-        let (_, qbatches) = synth_core::store::parquet::read_all(&queries_in.path)?;
-        let mut qvec: Vec<f32> = Vec::with_capacity(queries_in.num_rows as usize * dim);
-        for b in &qbatches {
-            let (values, offsets) = vectors(b, &self.opts.query_column, dim)?;
-            for i in 0..b.num_rows() {
-                qvec.extend_from_slice(&values[offsets[i]..offsets[i] + dim]);
-            }
-        }
-
-        // 3. Search, off the async runtime. A shard's part also keeps the f64 scores of
-        // its winners for the exact merge.
+        let (row_corpus, corpus_ids) = self.read_corpus(ctx, &corpus_in, dim).await?;
+        let (qbatches, qvec) = self.read_queries(&queries_in, dim)?;
+        // A shard's part also keeps the f64 scores of its winners for the exact merge.
         let partial = ctx.part_positions.take();
         if let Some(pos) = &partial
             && pos.len() != row_corpus.len
@@ -308,163 +439,16 @@ impl Stage for Retrieve {
             bail!("the shard's part of the corpus has {} records but {} positions", row_corpus.len, pos.len());
         }
         let started = std::time::Instant::now();
-        let opts = self.opts.clone();
-        let want64 = partial.is_some();
-        type Found = (Vec<Extremes>, BTreeMap<String, String>, Vec<[f64; 2]>);
-        let (extremes, info, scores64) = tokio::task::spawn_blocking(move || -> Result<Found> {
-            let mut info = BTreeMap::new();
-            if !hnsw_mode {
-                info.insert("kernel".into(), synth_retrieval::gemm::kernel_name().to_string());
-                let found = synth_retrieval::gemm::exact_max_min(&qvec, &row_corpus, threads);
-                let scores64 = if want64 {
-                    let score = |q: usize, i: u32| {
-                        if i == u32::MAX {
-                            f64::NAN
-                        } else {
-                            row_corpus.score64(&qvec[q * dim..(q + 1) * dim], i as usize)
-                        }
-                    };
-                    found.iter().enumerate().map(|(q, e)| [score(q, e.max_idx), score(q, e.min_idx)]).collect()
-                } else {
-                    Vec::new()
-                };
-                return Ok((found, info, scores64));
-            }
-            let params = hnsw::HnswParams {
-                connectivity: opts.connectivity,
-                expansion_add: opts.expansion_add,
-                expansion_search: opts.expansion_search,
-            };
-            let (max_ok, min_ok) = row_corpus.eligibility();
-            let index = hnsw::Hnsw::build(row_corpus.rows(), dim, max_ok, min_ok, params, threads)?;
-            let approx = index.max_min(&qvec, threads)?;
-            let sample = opts.recall_sample.min(approx.len());
-            if sample > 0 {
-                // An evenly spread sample of queries, checked against the exact kernel.
-                let step = approx.len() as f64 / sample as f64;
-                let picks: Vec<usize> = (0..sample).map(|k| (k as f64 * step) as usize).collect();
-                let q: Vec<f32> = picks.iter().flat_map(|&i| qvec[i * dim..(i + 1) * dim].iter().copied()).collect();
-                let exact = synth_retrieval::gemm::exact_max_min(&q, &row_corpus, threads);
-                let got: Vec<Extremes> = picks.iter().map(|&i| approx[i]).collect();
-                let (rmax, rmin) = hnsw::recall(&got, &exact);
-                info.insert("recall_sample".into(), sample.to_string());
-                info.insert("recall_max".into(), format!("{rmax:.4}"));
-                info.insert("recall_min".into(), format!("{rmin:.4}"));
-                tracing::info!(recall_max = rmax, recall_min = rmin, sample, "hnsw recall against exact");
-            }
-            Ok((approx, info, Vec::new()))
-        })
-        .await??;
+        let (opts, want64) = (self.opts.clone(), partial.is_some());
+        let (extremes, info, scores64) =
+            tokio::task::spawn_blocking(move || search(&opts, &qvec, &row_corpus, dim, threads, want64)).await??;
         ctx.report.info.insert("method".into(), self.opts.method.clone());
         ctx.report.info.insert("search_seconds".into(), format!("{:.3}", started.elapsed().as_secs_f64()));
         ctx.report.info.extend(info);
-
-        // 4. Fetch the matched corpus rows in a second streaming pass.
-        let carried = self.carried(&corpus_in.schema);
-        let mut wanted: Vec<u32> =
-            extremes.iter().flat_map(|e| [e.max_idx, e.min_idx]).filter(|i| *i != u32::MAX).collect();
-        wanted.sort_unstable();
-        wanted.dedup();
-        let mut picked: Vec<Vec<ArrayRef>> = vec![Vec::new(); carried.len()];
-        let mut rx = stream_batches(corpus_in.path.clone(), 8192);
-        let (mut base, mut w) = (0u32, 0usize);
-        while let Some(batch) = rx.recv().await {
-            let batch = batch?;
-            let end = base + batch.num_rows() as u32;
-            let mut take = Vec::new();
-            while w < wanted.len() && wanted[w] < end {
-                take.push(wanted[w] - base);
-                w += 1;
-            }
-            if !take.is_empty() {
-                let idx = UInt32Array::from(take);
-                for (k, f) in carried.iter().enumerate() {
-                    let col = batch.column_by_name(f.name()).context("carried column")?;
-                    picked[k].push(synth_core::data::arrow::compute::take(col, &idx, None)?);
-                }
-            }
-            base = end;
-        }
-        let picked: Vec<ArrayRef> = picked
-            .into_iter()
-            .zip(&carried)
-            .map(|(parts, f)| {
-                if parts.is_empty() {
-                    Ok(synth_core::data::arrow::array::new_empty_array(f.data_type()))
-                } else {
-                    let refs: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
-                    Ok(synth_core::data::arrow::compute::concat(&refs)?)
-                }
-            })
-            .collect::<Result<_>>()?;
-        let position = |idx: u32| -> Option<u32> {
-            (idx != u32::MAX).then(|| wanted.binary_search(&idx).expect("wanted holds every match") as u32)
-        };
-
-        // 5. Write query rows with both matches (a shard: and its winners' global
-        // positions and f64 scores).
-        let mut fields = self.output_fields(&queries_in.schema, &corpus_in.schema);
-        if partial.is_some() {
-            fields.extend(PARTIAL.iter().map(|(name, ty)| Field::new(*name, ty.clone(), true)));
-        }
-        let schema = data::schema_with_id(fields);
-        let mut out = ctx.create_output_keeping_ids(schema.clone())?;
-        let mut q0 = 0usize;
-        for b in &qbatches {
-            let n = b.num_rows();
-            let ex = &extremes[q0..q0 + n];
-            let mut cols: Vec<ArrayRef> = vec![b.column(0).clone()];
-            for (f, c) in b.schema().fields().iter().zip(b.columns()).skip(1) {
-                if self.opts.keep_vector || f.name() != &self.opts.query_column {
-                    cols.push(c.clone());
-                }
-            }
-            for most in [true, false] {
-                let pos: UInt32Array = ex.iter().map(|e| position(if most { e.max_idx } else { e.min_idx })).collect();
-                let ids: StringArray = ex
-                    .iter()
-                    .map(|e| {
-                        let i = if most { e.max_idx } else { e.min_idx };
-                        (i != u32::MAX).then(|| corpus_ids[i as usize].as_str())
-                    })
-                    .collect();
-                let scores: Float32Array = ex
-                    .iter()
-                    .map(|e| {
-                        let (i, s) = if most { (e.max_idx, e.max) } else { (e.min_idx, e.min) };
-                        (i != u32::MAX).then_some(s)
-                    })
-                    .collect();
-                cols.push(Arc::new(ids));
-                cols.push(Arc::new(scores));
-                for p in &picked {
-                    cols.push(synth_core::data::arrow::compute::take(p, &pos, None)?);
-                }
-            }
-            if let Some(global) = &partial {
-                let s64 = &scores64[q0..q0 + n];
-                let picks: [fn(&Extremes) -> u32; 2] = [|e| e.max_idx, |e| e.min_idx];
-                for (k, idx) in picks.iter().enumerate() {
-                    let positions: UInt64Array =
-                        ex.iter().map(|e| (idx(e) != u32::MAX).then(|| global[idx(e) as usize])).collect();
-                    let scores: Float64Array =
-                        ex.iter().zip(s64).map(|(e, s)| (idx(e) != u32::MAX).then_some(s[k])).collect();
-                    cols.push(Arc::new(positions));
-                    cols.push(Arc::new(scores));
-                }
-            }
-            out.write(&RecordBatch::try_new(schema.clone(), cols)?)?;
-            for e in ex {
-                if e.max_idx == u32::MAX || e.min_idx == u32::MAX {
-                    tracing::warn!(stage = %ctx.name, "a query found no eligible corpus record (empty corpus or masks)");
-                    break;
-                }
-            }
-            q0 += n;
-            ctx.progress.inc(n as u64);
-        }
+        let matches = self.fetch_matches(&corpus_in, &extremes).await?;
+        let found = Found { extremes, scores64, corpus_ids, matches, partial };
         ctx.report.rows_in = queries_in.num_rows;
-        ctx.set_output(out)
+        self.write_rows(ctx, &queries_in, &corpus_in, &qbatches, &found)
     }
 
     /// The shards' partial results, row by row (every part holds every query, in
@@ -570,6 +554,77 @@ impl Stage for Retrieve {
         ctx.report.rows_in = rows_in;
         ctx.set_output(out)
     }
+}
+
+/// The matched corpus rows ([`Retrieve::fetch_matches`]): the sorted corpus positions of
+/// every match, and each carried column's values at those positions.
+struct Matches {
+    wanted: Vec<u32>,
+    picked: Vec<ArrayRef>,
+}
+
+/// What the search found, for the output ([`Retrieve::write_rows`]).
+struct Found {
+    extremes: Vec<Extremes>,
+    /// A shard's part: the f64 scores of each query's winners.
+    scores64: Vec<[f64; 2]>,
+    corpus_ids: Vec<String>,
+    matches: Matches,
+    /// A shard's part: the global corpus position of each of its records.
+    partial: Option<Vec<u64>>,
+}
+
+/// What [`search`] gives: each query's extremes, what the report says, the winners' f64 scores.
+type Searched = (Vec<Extremes>, BTreeMap<String, String>, Vec<[f64; 2]>);
+
+/// Step 3, off the async runtime: each query's most and least similar eligible record,
+/// exact (a blocked GEMM; with `want64`, the f64 scores of the winners too) or HNSW (with
+/// its recall against the exact kernel on a sample); what the report says of it.
+fn search(
+    opts: &Options,
+    qvec: &[f32],
+    row_corpus: &synth_retrieval::gemm::RowCorpus,
+    dim: usize,
+    threads: usize,
+    want64: bool,
+) -> Result<Searched> {
+    let mut info = BTreeMap::new();
+    if opts.method != "hnsw" {
+        info.insert("kernel".into(), synth_retrieval::gemm::kernel_name().to_string());
+        let found = synth_retrieval::gemm::exact_max_min(qvec, row_corpus, threads);
+        let scores64 = if want64 {
+            let score = |q: usize, i: u32| {
+                if i == u32::MAX { f64::NAN } else { row_corpus.score64(&qvec[q * dim..(q + 1) * dim], i as usize) }
+            };
+            found.iter().enumerate().map(|(q, e)| [score(q, e.max_idx), score(q, e.min_idx)]).collect()
+        } else {
+            Vec::new()
+        };
+        return Ok((found, info, scores64));
+    }
+    let params = hnsw::HnswParams {
+        connectivity: opts.connectivity,
+        expansion_add: opts.expansion_add,
+        expansion_search: opts.expansion_search,
+    };
+    let (max_ok, min_ok) = row_corpus.eligibility();
+    let index = hnsw::Hnsw::build(row_corpus.rows(), dim, max_ok, min_ok, params, threads)?;
+    let approx = index.max_min(qvec, threads)?;
+    let sample = opts.recall_sample.min(approx.len());
+    if sample > 0 {
+        // An evenly spread sample of queries, checked against the exact kernel.
+        let step = approx.len() as f64 / sample as f64;
+        let picks: Vec<usize> = (0..sample).map(|k| (k as f64 * step) as usize).collect();
+        let q: Vec<f32> = picks.iter().flat_map(|&i| qvec[i * dim..(i + 1) * dim].iter().copied()).collect();
+        let exact = synth_retrieval::gemm::exact_max_min(&q, row_corpus, threads);
+        let got: Vec<Extremes> = picks.iter().map(|&i| approx[i]).collect();
+        let (rmax, rmin) = hnsw::recall(&got, &exact);
+        info.insert("recall_sample".into(), sample.to_string());
+        info.insert("recall_max".into(), format!("{rmax:.4}"));
+        info.insert("recall_min".into(), format!("{rmin:.4}"));
+        tracing::info!(recall_max = rmax, recall_min = rmin, sample, "hnsw recall against exact");
+    }
+    Ok((approx, info, Vec::new()))
 }
 
 /// The flat values of a vector column and each row's start offset into them.

@@ -503,7 +503,7 @@ impl Stage for Train {
         // An exported checkpoint the local provider is to load: a GGUF file, or an error naming it.
         for c in reported.checkpoints.iter().filter(|c| c.gguf.is_some()) {
             let file = out_dir.join(c.gguf.as_deref().unwrap_or_default());
-            match synth_llm::local::is_gguf(&file) {
+            match synth_core::hub::is_gguf(&file) {
                 Ok(true) => {}
                 Ok(false) => bail!("the trainer's {} checkpoint {} is not a GGUF file", c.phase, file.display()),
                 Err(e) => bail!("the trainer's {} checkpoint {} cannot be read: {e}", c.phase, file.display()),

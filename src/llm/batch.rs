@@ -1,8 +1,8 @@
 //! Provider batch APIs: what one batch line carries, the normalised state of a
-//! batch, the [`BatchApi`] a provider kind implements (OpenAI Files + Batches through
-//! async-openai in `openai_batch.rs`, Anthropic Message Batches in `anthropic.rs`, a
-//! local `vllm run-batch` in `local_batch.rs`), how a result line becomes the same
-//! [`ChatResponse`] an online call returns, and [`BatchRoute`]: where the call path
+//! batch, the [`BatchApi`] a provider kind implements (in `synth-providers`: OpenAI's Files
+//! and Batches through async-openai, Anthropic Message Batches, a local `vllm run-batch`),
+//! including how a result line becomes the same [`ChatResponse`] an online call returns,
+//! and [`BatchRoute`]: where the call path
 //! (`synth_engine::services`) sends a request that is not cached when a stage runs in batch
 //! mode. Every line's `custom_id` is the request's cache key, so results land in the
 //! cache under the key an online call would have used.
@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use super::error::{ErrorKind, LlmError};
+use super::response::ChatResponse;
 
 /// The online endpoint a batch line stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -151,7 +152,7 @@ pub struct BatchInfo {
 #[derive(Debug, Clone)]
 pub enum LineOutcome {
     /// The endpoint's answer body (a chat completion, a text completion, a message),
-    /// as its JSON text: parsed once, into the endpoint's own type, by [`answer_response`].
+    /// as its JSON text: parsed once, into the endpoint's own type, by [`BatchApi::answer`].
     Answer(Box<RawValue>),
     /// No answer: why, and whether sending it again may succeed.
     Error { kind: ErrorKind, message: String },
@@ -240,6 +241,14 @@ pub trait BatchApi: Send + Sync {
 
     /// One result line: its `custom_id` and outcome.
     fn parse_line(&self, line: &str) -> Result<(String, LineOutcome), String>;
+
+    /// The answer body of a line for `endpoint` as the same [`ChatResponse`] the online
+    /// call returns; `doc` is the request's cache document (JSON text), read only where
+    /// the answer needs it (an answer without usage, a log-likelihood).
+    fn answer(&self, endpoint: Endpoint, body: &RawValue, doc: &str, model: &str) -> Result<ChatResponse, LlmError>;
+
+    /// The API's own limits of one batch: (most requests, most bytes of its file).
+    fn limits(&self) -> (u64, u64);
 
     /// When batches are run by the user rather than by synth: what to tell them for
     /// a part (`None`: synth runs them).

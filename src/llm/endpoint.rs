@@ -26,6 +26,18 @@ pub const ENDPOINT_OPTIONS: [OptionSpec; 5] = [
         .runtime_only(),
 ];
 
+/// The plan-time check of an OpenAI-compatible provider or embedder: a model is named, here
+/// or through an environment variable.
+pub fn check_model(
+    options: &serde_json::Map<String, serde_json::Value>,
+    _root: &std::path::Path,
+) -> Vec<(&'static str, String)> {
+    if options.contains_key("model") || options.contains_key("model_env") {
+        return Vec::new();
+    }
+    vec![("model", "set \"model\" or \"model_env\" (an environment variable holding the model name)".into())]
+}
+
 /// Where an OpenAI-compatible provider points, resolved from config and environment.
 #[derive(Debug, Clone)]
 pub struct Resolved {

@@ -1,35 +1,37 @@
-//! LLM providers: the request/response types, the provider kinds (`openai` over
-//! async-openai, `anthropic` over plain HTTP, `local` in-process through llama.cpp,
-//! `offline` for demos and CI), structured answers (`schema`), their
-//! batch APIs, rate control and retries, output parsers, prices. The call path every
+//! The LLM provider API: the request/response types, the backend trait, the provider
+//! descriptor and built provider (`provider`), structured answers (`schema`), the batch
+//! API trait, rate control and retries, output parsers, prices, the OpenAI wire format
+//! (`openai`: the client, bodies and answers the `openai` kind, vLLM batches, embedders
+//! and `synth bench` share), and the `offline` kind for demos and CI. The other kinds
+//! (`openai`, `anthropic`, `local`) are the `synth-providers` crate's. The call path every
 //! LLM stage goes through (cache lookup, single-flight, journal, rate-limited provider
 //! call, durable store; batch mode) is `synth_engine::services`, a layer above.
 //!
 //! **Invariant:** the only modules that do network I/O are `llm/openai.rs`,
-//! `llm/openai_batch.rs`, `llm/anthropic.rs`, `embed/openai.rs`, `embed/fastembed.rs`
-//! (model download), `hub.rs` (with `hub/commit.rs`) and `fetch.rs`; `llm/local_batch.rs`
-//! runs a local batch command; `llm/local/` reaches the Hub only through `hub.rs`.
+//! `providers/openai/`, `providers/anthropic.rs`, `embed/openai.rs`, `embed/fastembed.rs`
+//! (model download), `hub.rs` (with `hub/commit.rs`) and `fetch.rs`;
+//! `providers/openai/vllm.rs` runs a local batch command; `providers/local/` reaches the
+//! Hub only through `hub.rs`.
 
-pub mod anthropic;
 pub mod batch;
 pub mod endpoint;
 pub mod error;
-pub mod local;
-pub mod local_batch;
 pub mod net;
 pub mod offline;
 pub mod openai;
-pub mod openai_batch;
 pub mod parse;
 pub mod pricing;
 pub mod provider;
 pub mod rate;
+pub mod response;
 pub mod schema;
+pub mod shape;
 pub mod slot;
 
 use serde::{Deserialize, Serialize};
 
 pub use self::error::{ErrorKind, LlmError};
+pub use self::response::{ChatResponse, Usage};
 pub use synth_core::data::chat::Role;
 
 /// One chat message.
@@ -123,25 +125,6 @@ impl Loglik {
     }
 }
 
-/// Token usage reported by the server (or estimated).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Usage {
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ChatResponse {
-    pub text: String,
-    pub finish_reason: String,
-    pub usage: Usage,
-    /// The model the server says answered.
-    pub model: String,
-    /// The backend configuration the server says answered (OpenAI's `system_fingerprint`), when given.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub system_fingerprint: Option<String>,
-}
-
 /// What a call asks of a provider.
 #[derive(Debug, Clone)]
 pub enum Call {
@@ -166,6 +149,26 @@ pub trait ChatBackend: Send + Sync {
     fn batch_body(&self, _call: &Call, _params: &GenParams) -> Option<batch::BatchBody> {
         None
     }
+
+    /// The counters of an in-process engine (`None`: the backend has none): a stage
+    /// reports the difference over its run.
+    fn engine_stats(&self) -> Option<EngineStats> {
+        None
+    }
+}
+
+/// An in-process engine's counters since it started.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EngineStats {
+    pub requests: u64,
+    pub prompt_tokens: u64,
+    pub generated_tokens: u64,
+    /// Prompt tokens copied from another sequence's cache instead of decoded.
+    pub reused_prompt_tokens: u64,
+    pub decode_calls: u64,
+    pub decode_seconds: f64,
+    pub sample_seconds: f64,
+    pub load_seconds: f64,
 }
 
 /// Rough token count of a text (4 characters per token, as OpenAI's rule of thumb).

@@ -11,34 +11,81 @@ use std::sync::Arc;
 
 use rand::{Rng, RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use synth_core::config::decl::{Decl, ProviderKind};
+use synth_core::config::options::{OptionSpec, POSITIVE, RATIO, Ty};
+
+use super::pricing::Price;
+use super::provider::{BuildCtx, Provider, ProviderDesc};
+use super::rate::RateConfig;
 
 use super::{
     ChatBackend, ChatRequest, ChatResponse, GenParams, LlmError, Loglik, LoglikRequest, Usage, estimate_tokens,
 };
 
+pub use super::shape::{OfflineShape, ShapeInput};
+
 pub const MODEL: &str = "offline";
 
-/// What a shape generator sees.
-pub struct ShapeInput<'a> {
-    /// Every message's content, joined by newlines.
-    pub prompt: &'a str,
-    /// What follows `name:` in the expected shape (`a,b` of `json:a,b`), else empty.
-    pub args: &'a str,
-    /// The provider's probability that a judge answers 1 (`score_one`).
-    pub score_one: f64,
+/// The `offline` kind's options.
+const OFFLINE_OPTIONS: &[OptionSpec] = &[
+    OptionSpec::default("model", Ty::Str, "\"offline\"", "name recorded in outputs"),
+    OptionSpec::default("seed", Ty::Int(i64::MIN, i64::MAX), "0", "generator seed"),
+    OptionSpec::default("score_one", RATIO, "0.7", "probability that a judge score is 1"),
+    crate::provider::GEN_OPTIONS[0],
+    crate::provider::GEN_OPTIONS[1],
+    crate::provider::GEN_OPTIONS[2],
+    crate::provider::GEN_OPTIONS[4],
+    crate::provider::GEN_OPTIONS[5],
+    OptionSpec::default("max_concurrency", POSITIVE, "64", "most requests in flight").runtime_only(),
+];
+
+/// The `offline` provider kind.
+pub static PROVIDER: ProviderDesc = ProviderDesc {
+    kind: ProviderKind {
+        name: "offline",
+        about: "deterministic generator without network, for demos and CI (its output is not training data)",
+        options: OFFLINE_OPTIONS,
+        check: None,
+    },
+    networked: false,
+    identity,
+    build,
+    with_model: None,
+    hub_model: None,
+    pin_hub_model: None,
+    batch_apis: &[],
+};
+
+#[derive(Debug, Clone, serde::Deserialize)]
+struct OfflineOptions {
+    model: String,
+    seed: i64,
+    score_one: f64,
+    #[serde(flatten)]
+    generation: GenParams,
+    max_concurrency: usize,
 }
 
-/// An answer shape the offline provider can imitate: the name a parser's
-/// [`super::parse::Parser::expect`] returns (before any `:`), and its generator.
-pub struct OfflineShape {
-    pub name: &'static str,
-    pub generate: fn(&ShapeInput<'_>, &mut ChaCha8Rng) -> String,
+fn identity(decl: &Decl, _root: &std::path::Path) -> anyhow::Result<serde_json::Value> {
+    let o: OfflineOptions = serde_json::from_value(decl.options.clone())?;
+    Ok(
+        serde_json::json!({"kind": "offline", "model": o.model, "seed": o.seed, "score_one": o.score_one, "params": o.generation}),
+    )
 }
 
-impl std::fmt::Debug for OfflineShape {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "OfflineShape({})", self.name)
-    }
+fn build(decl: &Decl, ctx: &BuildCtx) -> anyhow::Result<Provider> {
+    use anyhow::Context;
+    let name = decl.name.as_str();
+    let o: OfflineOptions = serde_json::from_value(decl.options.clone()).context("provider options")?;
+    let cfg =
+        RateConfig { max_concurrency: o.max_concurrency, initial_concurrency: o.max_concurrency, ..Default::default() };
+    let rate = ctx.rates.get(&format!("offline|{name}"), name, cfg);
+    let backend = Offline { seed: o.seed as u64, score_one: o.score_one, shapes: ctx.shapes.clone() };
+    let mut p = Provider::new(name, &PROVIDER, o.model, o.generation, Arc::new(backend), rate);
+    p.price = Some(Price { input: 0.0, output: 0.0 });
+    p.offline_identity = Some(serde_json::json!({"seed": o.seed, "score_one": o.score_one}));
+    // A stand-in answers in the parser's text shape: no structured mode.
+    Ok(p)
 }
 
 /// The engine's shapes (those of the generic `text`, `json` and `score` parsers).

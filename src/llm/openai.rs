@@ -1,9 +1,10 @@
-//! The `openai` provider: chat completions and embeddings against any
-//! OpenAI-compatible server (OpenAI, vLLM, Ollama, LiteLLM, TGI) through the
-//! async-openai client. Requests are built as JSON (`byot`), so any extra body
-//! parameter passes through. async-openai's own retry layer is replaced by a tower
-//! service that sends each request exactly once and records the response status and
-//! rate-limit headers for the rate-control layer, which owns retries.
+//! The OpenAI wire format and client, shared by the `openai` provider kind
+//! (`synth-providers`), vLLM batch files, OpenAI-compatible embedders and `synth bench`:
+//! an async-openai client whose retry layer is replaced by a tower service that sends
+//! each request exactly once and records the response status and rate-limit headers for
+//! the rate-control layer (which owns retries); request bodies built as JSON (`byot`), so
+//! any extra body parameter passes through; lenient answer types (compatible servers
+//! differ in optional fields); and a batch result line read as the online answer.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -16,8 +17,7 @@ use serde::Deserialize;
 
 use super::batch::{BatchBody, Endpoint as BatchEndpoint};
 use super::{
-    Call, ChatBackend, ChatRequest, ChatResponse, ErrorKind, GenParams, LlmError, Loglik, LoglikRequest, Usage,
-    estimate_tokens,
+    Call, ChatRequest, ChatResponse, ErrorKind, GenParams, LlmError, Loglik, LoglikRequest, Usage, estimate_tokens,
 };
 
 /// Status and headers of the last HTTP response seen in this task.
@@ -100,17 +100,6 @@ pub fn client(endpoint: &Endpoint) -> Result<Client<OpenAIConfig>, String> {
     config = config.with_api_key(endpoint.api_key.clone().unwrap_or_default());
     // `Client::build` takes our HTTP client (`with_config` would build and discard one).
     Ok(Client::build(http.clone(), config).with_http_service(OnceService { http }))
-}
-
-pub struct OpenAiChat {
-    client: Client<OpenAIConfig>,
-    endpoint: Endpoint,
-}
-
-impl OpenAiChat {
-    pub fn new(endpoint: Endpoint) -> Result<OpenAiChat, String> {
-        Ok(OpenAiChat { client: client(&endpoint)?, endpoint })
-    }
 }
 
 #[derive(Deserialize)]
@@ -260,33 +249,74 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-#[async_trait::async_trait]
-impl ChatBackend for OpenAiChat {
-    async fn chat_once(&self, req: &ChatRequest, params: &GenParams) -> Result<ChatResponse, LlmError> {
-        let body = chat_body(&self.endpoint.model, req, params);
-        let body: CompletionBody =
-            observed(self.client.chat().create_byot(body)).await.map_err(|e| refused_form(req, e))?;
-        completion(body, &self.endpoint.model, || Usage {
-            prompt_tokens: req.messages.iter().map(|m| estimate_tokens(&m.content)).sum(),
-            completion_tokens: 0,
-        })
-    }
+/// One chat completion attempt of `model` (no retries: the rate-control layer owns them).
+pub async fn chat_once(
+    client: &Client<OpenAIConfig>,
+    model: &str,
+    req: &ChatRequest,
+    params: &GenParams,
+) -> Result<ChatResponse, LlmError> {
+    let body = chat_body(model, req, params);
+    let body: CompletionBody = observed(client.chat().create_byot(body)).await.map_err(|e| refused_form(req, e))?;
+    completion(body, model, || Usage {
+        prompt_tokens: req.messages.iter().map(|m| estimate_tokens(&m.content)).sum(),
+        completion_tokens: 0,
+    })
+}
 
-    async fn loglik_once(&self, req: &LoglikRequest, params: &GenParams) -> Result<ChatResponse, LlmError> {
-        let body = loglik_body(&self.endpoint.model, req, params);
-        let body: TextCompletionBody = observed(self.client.completions().create_byot(body)).await?;
-        text_completion(body, req, &self.endpoint.model)
-    }
+/// One log-likelihood attempt through `/completions` (echo and logprobs).
+pub async fn loglik_once(
+    client: &Client<OpenAIConfig>,
+    model: &str,
+    req: &LoglikRequest,
+    params: &GenParams,
+) -> Result<ChatResponse, LlmError> {
+    let body = loglik_body(model, req, params);
+    let body: TextCompletionBody = observed(client.completions().create_byot(body)).await?;
+    text_completion(body, req, model)
+}
 
-    fn batch_body(&self, call: &Call, params: &GenParams) -> Option<BatchBody> {
-        Some(match call {
-            Call::Chat(req) => {
-                BatchBody { endpoint: BatchEndpoint::Chat, body: chat_body(&self.endpoint.model, req, params) }
-            }
-            Call::Loglik(req) => {
-                BatchBody { endpoint: BatchEndpoint::Completions, body: loglik_body(&self.endpoint.model, req, params) }
-            }
-        })
+/// A call's body as a batch line carries it, and its endpoint.
+pub fn batch_body(model: &str, call: &Call, params: &GenParams) -> BatchBody {
+    match call {
+        Call::Chat(req) => BatchBody { endpoint: BatchEndpoint::Chat, body: chat_body(model, req, params) },
+        Call::Loglik(req) => BatchBody { endpoint: BatchEndpoint::Completions, body: loglik_body(model, req, params) },
+    }
+}
+
+/// The answer of an OpenAI-format batch line as the same [`ChatResponse`] the online call
+/// returns. `doc` is the request's cache document (JSON text), read only where the answer
+/// needs it: a chat answer without usage (its prompt tokens are estimated), a
+/// log-likelihood (its request).
+pub fn answer_line(
+    endpoint: BatchEndpoint,
+    body: &serde_json::value::RawValue,
+    doc: &str,
+    model: &str,
+) -> Result<ChatResponse, LlmError> {
+    let doc = || serde_json::from_str::<serde_json::Value>(doc).unwrap_or_default();
+    match endpoint {
+        BatchEndpoint::Chat => {
+            let estimate = || Usage {
+                prompt_tokens: doc()["messages"]
+                    .as_array()
+                    .map(|m| m.iter().map(|x| estimate_tokens(x["content"].as_str().unwrap_or_default())).sum())
+                    .unwrap_or(1),
+                completion_tokens: 0,
+            };
+            chat_response(body.get(), model, estimate)
+        }
+        BatchEndpoint::Completions => {
+            let req: LoglikRequest = serde_json::from_value(doc()["loglik"].take()).map_err(|e| {
+                LlmError::new(ErrorKind::Malformed, format!("the cached request is not a log-likelihood request: {e}"))
+            })?;
+            let body = serde_json::from_str(body.get())
+                .map_err(|e| LlmError::new(ErrorKind::Malformed, format!("response is not valid JSON: {e}")))?;
+            loglik_response(body, &req, model)
+        }
+        other => {
+            Err(LlmError::new(ErrorKind::Malformed, format!("an OpenAI-format batch has no {} lines", other.path())))
+        }
     }
 }
 
@@ -522,6 +552,26 @@ impl OpenAiEmbed {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_answer_line_reads_as_the_online_answer() {
+        let body = serde_json::value::RawValue::from_string(
+            r#"{"choices":[{"message":{"content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1},"model":"m"}"#.into(),
+        )
+        .unwrap();
+        let r = answer_line(BatchEndpoint::Chat, &body, "{}", "x").unwrap();
+        assert_eq!((r.text.as_str(), r.usage.prompt_tokens, r.model.as_str()), ("hi", 3, "m"));
+        // Without usage, the prompt tokens are estimated from the cached request's messages.
+        let bare = serde_json::value::RawValue::from_string(
+            r#"{"choices":[{"message":{"content":"hi"},"finish_reason":"stop"}]}"#.into(),
+        )
+        .unwrap();
+        let doc = r#"{"messages":[{"role":"user","content":"a question of some length here"}]}"#;
+        let r = answer_line(BatchEndpoint::Chat, &bare, doc, "x").unwrap();
+        assert!(r.usage.prompt_tokens > 1, "{:?}", r.usage);
+        assert!(answer_line(BatchEndpoint::Completions, &bare, "{}", "x").is_err());
+        assert!(answer_line(BatchEndpoint::Messages, &bare, "{}", "x").is_err());
+    }
 
     #[test]
     fn continuation_tokens_by_offset() {

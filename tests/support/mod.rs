@@ -118,7 +118,7 @@ impl Project {
         // The suite runs two tests at once on CI's two cores: llama.cpp's two threads beside a
         // busy test spin at every barrier (8× slower, BENCHMARKS.md "llama.cpp's thread pool
         // vs OpenMP"); one thread has no barrier. Answers are the same bytes for any count.
-        cmd.env(synth::llm::local::THREADS_ENV, "1");
+        cmd.env(synth::providers::local::THREADS_ENV, "1");
         // The same for PyTorch's OpenMP threads (the trainer and the neuron analysis).
         cmd.env("OMP_NUM_THREADS", "1");
         for (k, v) in env {
@@ -134,7 +134,7 @@ impl Project {
         // The suite runs two tests at once on CI's two cores: llama.cpp's two threads beside a
         // busy test spin at every barrier (8× slower, BENCHMARKS.md "llama.cpp's thread pool
         // vs OpenMP"); one thread has no barrier. Answers are the same bytes for any count.
-        cmd.env(synth::llm::local::THREADS_ENV, "1");
+        cmd.env(synth::providers::local::THREADS_ENV, "1");
         // The same for PyTorch's OpenMP threads (the trainer and the neuron analysis).
         cmd.env("OMP_NUM_THREADS", "1");
         for (k, v) in env {

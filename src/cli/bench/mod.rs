@@ -184,11 +184,13 @@ pub fn llm(args: &LlmBench) -> Result<serde_json::Value> {
 
     use synth_core::config::decl::Decl;
     use synth_engine::services::Services;
-    use synth_llm::provider::OPENAI;
     use synth_llm::{CallCtx, ChatRequest, Message};
 
     let dir = tempdir()?;
-    let mut options = defaults_of(OPENAI.options);
+    // The kind this benchmark measures: the registry's `openai`.
+    let registry = crate::registry::registry();
+    let openai = registry.provider("openai").ok_or_else(|| anyhow::anyhow!("no \"openai\" provider kind"))?;
+    let mut options = defaults_of(openai.kind.options);
     options.insert("base_url".into(), args.base_url.clone().into());
     options.insert("model".into(), args.model.clone().into());
     options.insert("api_key_env".into(), args.api_key_env.clone().into());
@@ -200,14 +202,9 @@ pub fn llm(args: &LlmBench) -> Result<serde_json::Value> {
         options.insert("requests_per_minute".into(), rpm.into());
     }
     options.insert("learn_limits".into(), (!args.no_learn_limits).into());
-    let decl = Decl { name: "bench".into(), kind: "openai".into(), options: serde_json::Value::Object(options) };
-    let services = Services::new(
-        &dir,
-        &dir,
-        [("bench".to_string(), decl)].into(),
-        Default::default(),
-        crate::registry::registry().shapes.clone(),
-    );
+    let decl = Decl { name: "bench".into(), kind: openai.name().into(), options: serde_json::Value::Object(options) };
+    let services =
+        Services::new(&dir, &dir, [("bench".to_string(), decl)].into(), Default::default(), registry.catalog());
     // The same runtimes `synth run` uses: the engine's, and the network runtime that
     // network-bound stages (an `llm` stage on an `openai` provider) run on.
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

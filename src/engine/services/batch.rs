@@ -39,9 +39,9 @@ use synth_core::store::batch::{
 };
 use synth_core::store::cache::{ResponseRow, Use};
 use synth_llm::batch::{
-    BatchApi, BatchInfo, BatchRoute, BatchState, Deferred, Endpoint, LineOutcome, PartRef, Route, now,
+    BatchApi, BatchInfo, BatchRoute, BatchState, Deferred, Endpoint, LineOutcome, PartRef, Results, Route, now,
 };
-use synth_llm::provider::{Provider, answer_response};
+use synth_llm::provider::Provider;
 use synth_llm::{CallCtx, ChatResponse, ErrorKind, LlmError};
 
 /// A stage stopped once its batches were submitted (`synth run --detach`, or a batch
@@ -293,6 +293,29 @@ pub struct BatchStage {
     storing: Mutex<Vec<Storing>>,
 }
 
+/// A batch's lines read against its part's keys ([`BatchStage::read_results`]).
+#[derive(Default)]
+struct Read {
+    answers: Vec<(KeyLine, ChatResponse)>,
+    /// Keys to ask again, and why.
+    retry: Vec<(String, String)>,
+    /// Lines whose error fails their record.
+    rejected: u64,
+}
+
+/// Answers queued for the cache ([`BatchStage::store_answers`]): their commits, whether the
+/// cache holds them all in memory meanwhile, and their figures.
+#[derive(Default)]
+struct Stored {
+    commits: Vec<futures::future::BoxFuture<'static, Result<()>>>,
+    all_held: bool,
+    cost: f64,
+    online_cost: f64,
+    succeeded: u64,
+    tokens_in: u64,
+    tokens_out: u64,
+}
+
 /// A collected part waiting for its answers' commit: then it is journaled done, its
 /// files at the provider are deleted and its local files removed.
 struct Storing {
@@ -317,8 +340,7 @@ impl BatchStage {
             .ok_or_else(|| anyhow!("provider \"{}\" ({}) has no batch API", provider.name, provider.kind))?;
         let log = services.batch_log()?;
         let api = provider.batch_api(&log.dir())?;
-        let api_name = provider.batch_api_kind().unwrap_or("openai");
-        let (max_requests, max_bytes) = settings.limits(api_name);
+        let (max_requests, max_bytes) = settings.limits(api.as_ref());
         let collector = Arc::new(Collector {
             stage: call.stage.clone(),
             provider: provider.clone(),
@@ -706,25 +728,7 @@ impl BatchStage {
     /// An ended batch: download its lines, store every answer, plan what is left.
     async fn collect(&self, p: &PartState, info: BatchInfo) -> Result<()> {
         let part = p.info.part.clone();
-        let dir = self.log.dir();
-        if info.state == BatchState::Failed
-            && let Some((code, message)) = &info.failure
-            && (code.contains("token_limit") || message.contains("enqueued token"))
-        {
-            // Refused before it ran: nothing was processed or paid. Submit it again once
-            // the batches ahead of it have ended.
-            tracing::warn!(
-                "stage \"{}\": batch {} was refused ({code}: {message}); it is submitted again later",
-                self.stage,
-                info.id
-            );
-            self.journal(Record::Requeued { part: part.clone(), reason: format!("{code}: {message}"), at: now() })?;
-            self.release(&part, 0.0);
-            if self.enqueued.lock().expect("enqueued").is_empty() {
-                // Nothing of ours is ahead: wait a poll before trying again.
-                let poll = Duration::from_secs_f64(self.settings().poll_seconds.max(0.001));
-                tokio::time::sleep(poll).await;
-            }
+        if self.requeue_refused(&part, &info).await? {
             return Ok(());
         }
         let started = std::time::Instant::now();
@@ -734,175 +738,29 @@ impl BatchStage {
             Default::default()
         };
         let downloaded = started.elapsed();
-        let keys = read_keys(&dir, &part)?;
-        let mut by_key: HashMap<String, KeyLine> = keys.into_iter().map(|k| (k.key.clone(), k)).collect();
-        let cache = self.services.cache()?;
-        let usage = Use { stage: self.stage.clone(), fingerprint: self.fingerprint.clone() };
-        let price = self.provider.price.unwrap_or(synth_llm::pricing::Price { input: 0.0, output: 0.0 });
-        let factor = self.settings().price_factor;
-        let mut retry: Vec<(String, String)> = Vec::new();
-        let mut rejected = 0u64;
-        let mut answers: Vec<(KeyLine, ChatResponse)> = Vec::new();
-        let mut bad_lines = 0u64;
-        // A part's lines share one endpoint: its name is read once.
-        let mut endpoints: HashMap<String, Endpoint> = HashMap::new();
-        for (bytes, what) in [(&results.output, "results"), (&results.errors, "errors")] {
-            let Some(bytes) = bytes else { continue };
-            let text = std::str::from_utf8(bytes)
-                .with_context(|| format!("batch {}: its {what} file is not UTF-8", info.id))?;
-            for line in text.lines().filter(|l| !l.trim().is_empty()) {
-                let (key, outcome) = match self.api.parse_line(line) {
-                    Ok(x) => x,
-                    Err(e) => {
-                        bad_lines += 1;
-                        tracing::warn!("stage \"{}\": batch {}: {e}", self.stage, info.id);
-                        continue;
-                    }
-                };
-                let Some(k) = by_key.remove(&key) else { continue };
-                match outcome {
-                    LineOutcome::Answer(body) => {
-                        let endpoint = match endpoints.get(&k.endpoint) {
-                            Some(e) => *e,
-                            None => {
-                                let e = serde_json::from_value(serde_json::Value::String(k.endpoint.clone()))
-                                    .unwrap_or(Endpoint::Chat);
-                                endpoints.insert(k.endpoint.clone(), e);
-                                e
-                            }
-                        };
-                        match answer_response(endpoint, &body, &k.doc, &self.provider.model) {
-                            Ok(r) => answers.push((k, r)),
-                            Err(e) => retry.push((k.key, e.to_string())),
-                        }
-                    }
-                    LineOutcome::Error { kind, message } if !kind.retryable() => {
-                        rejected += 1;
-                        self.collector.set_route(
-                            &k.key,
-                            Route::Fail(LlmError::new(kind, format!("batch {}: {message}", info.id))),
-                        );
-                    }
-                    LineOutcome::Error { message, .. } => retry.push((k.key, message)),
-                }
-            }
-        }
+        let keys = read_keys(&self.log.dir(), &part)?;
+        let read = self.read_results(&info, &results, keys)?;
         drop(results);
         let parsed = started.elapsed();
-        let why_missing = match &info.failure {
-            Some((code, message)) => format!("the batch {} {}: {code}: {message}", info.id, info.state.as_str()),
-            None => format!("no result for this line (the batch {} ended {})", info.id, info.state.as_str()),
-        };
-        retry.extend(by_key.into_keys().map(|k| (k, why_missing.clone())));
-        if bad_lines > 0 {
-            tracing::warn!(
-                "stage \"{}\": batch {}: {bad_lines} result line(s) could not be read; their requests are asked again",
-                self.stage,
-                info.id
-            );
-        }
-        // Store every answer new to the cache, in bulk: chunks of one transaction each,
-        // queued while the next is prepared, all committed and fsynced before the part is
-        // journaled done. Until then the provider's result file is the answers' durable
-        // copy (a killed run downloads it again), so they are not journaled one by one.
-        // An answer already stored (an earlier run stored it, then stopped before
-        // journaling the part done) is neither stored nor counted again.
-        let keys: Vec<&str> = answers.iter().map(|(k, _)| k.key.as_str()).collect();
-        let missing = cache.missing(&keys)?;
-        drop(keys);
-        let provider = &self.provider;
-        let base_url = synth_core::secrets::scrub(&provider.base_url);
-        let (mut cost, mut online_cost, mut succeeded) = (0.0, 0.0, 0u64);
-        let (mut tokens_in, mut tokens_out) = (0u64, 0u64);
-        let mut commits = Vec::new();
-        let mut all_held = true;
-        let mut rows = Vec::with_capacity(STORE_CHUNK.min(answers.len()));
-        let new = answers.into_iter().zip(missing).filter_map(|(a, m)| m.then_some(a));
-        for (k, r) in new {
-            let (tin, tout) = (r.usage.prompt_tokens, r.usage.completion_tokens);
-            let online = price.cost(tin, tout);
-            cost += online * factor;
-            online_cost += online;
-            succeeded += 1;
-            tokens_in += tin;
-            tokens_out += tout;
-            rows.push(ResponseRow {
-                key: k.key,
-                provider: provider.kind.to_string(),
-                base_url: base_url.clone(),
-                model: provider.model.clone(),
-                request: synth_core::secrets::scrub_owned(k.doc),
-                response: serde_json::to_string(&r).expect("serializable"),
-                tokens_in: tin,
-                tokens_out: tout,
-                cost_usd: online * factor,
-            });
-            if rows.len() == STORE_CHUNK {
-                let (commit, held) = cache.put_many(std::mem::take(&mut rows), &usage)?;
-                commits.push(commit);
-                all_held &= held;
-            }
-        }
-        if !rows.is_empty() {
-            let (commit, held) = cache.put_many(rows, &usage)?;
-            commits.push(commit);
-            all_held &= held;
-        }
+        let Read { answers, retry, rejected } = read;
+        let stored = self.store_answers(answers).await?;
         tracing::debug!(
-            "stage \"{}\": batch {}: results downloaded in {:.0?}, read in {:.0?}, {succeeded} answer(s) queued for the cache in {:.0?}",
+            "stage \"{}\": batch {}: results downloaded in {:.0?}, read in {:.0?}, {} answer(s) queued for the cache in {:.0?}",
             self.stage,
             info.id,
             downloaded,
             parsed - downloaded,
+            stored.succeeded,
             started.elapsed() - parsed
         );
+        let Stored { commits, all_held, cost, online_cost, succeeded, tokens_in, tokens_out } = stored;
         let commits: futures::future::BoxFuture<'static, Result<()>> =
             Box::pin(async move { futures::future::try_join_all(commits).await.map(|_| ()) });
         let pr = &self.progress;
         pr.tokens_in.fetch_add(tokens_in, Ordering::Relaxed);
         pr.tokens_out.fetch_add(tokens_out, Ordering::Relaxed);
         pr.cost_micro_usd.fetch_add((cost * 1e6).round() as u64, Ordering::Relaxed);
-        // What is left: a new batch, online, or the record fails.
-        let mut resubmitted = 0;
-        let (mut online, mut gave_up) = (0, 0);
-        if !retry.is_empty() {
-            if self.opts.fallback_online {
-                for (k, _) in &retry {
-                    self.collector.set_route(k, Route::Online);
-                }
-                online = retry.len() as u64;
-            } else if p.info.attempt < self.settings().attempts {
-                if self.log.child_of(&part).is_none() {
-                    self.resubmit(p, &retry)?;
-                }
-                resubmitted = retry.len() as u64;
-            } else {
-                for (k, why) in &retry {
-                    self.collector.set_route(
-                        k,
-                        Route::Fail(LlmError::new(
-                            ErrorKind::Server,
-                            format!("no answer after {} batch attempt(s): {why}", p.info.attempt),
-                        )),
-                    );
-                }
-                gave_up = retry.len() as u64;
-            }
-            tracing::warn!(
-                "stage \"{}\": batch {}: {} line(s) without an answer ({}): {}",
-                self.stage,
-                info.id,
-                retry.len(),
-                retry[0].1,
-                if online > 0 {
-                    "sent online (batch_fallback = \"online\")".to_string()
-                } else if resubmitted > 0 {
-                    format!("resubmitted (attempt {} of {})", p.info.attempt + 1, self.settings().attempts)
-                } else {
-                    "their records fail".to_string()
-                }
-            );
-        }
+        let (resubmitted, online, gave_up) = self.plan_unanswered(p, &info, &retry)?;
         let done = Record::Done {
             part: part.clone(),
             done: DoneInfo { succeeded, failed: retry.len() as u64 + rejected, resubmitted, cost_usd: cost },
@@ -937,6 +795,195 @@ impl BatchStage {
             self.finish_stores().await?;
         }
         Ok(())
+    }
+
+    /// A batch the provider refused before it ran (its enqueued-token limit): nothing was
+    /// processed or paid; it is journaled to be submitted again once the batches ahead of it
+    /// have ended. Whether it was one.
+    async fn requeue_refused(&self, part: &str, info: &BatchInfo) -> Result<bool> {
+        let Some((code, message)) = info.failure.as_ref().filter(|_| info.state == BatchState::Failed) else {
+            return Ok(false);
+        };
+        if !(code.contains("token_limit") || message.contains("enqueued token")) {
+            return Ok(false);
+        }
+        tracing::warn!(
+            "stage \"{}\": batch {} was refused ({code}: {message}); it is submitted again later",
+            self.stage,
+            info.id
+        );
+        self.journal(Record::Requeued { part: part.to_string(), reason: format!("{code}: {message}"), at: now() })?;
+        self.release(part, 0.0);
+        if self.enqueued.lock().expect("enqueued").is_empty() {
+            // Nothing of ours is ahead: wait a poll before trying again.
+            let poll = Duration::from_secs_f64(self.settings().poll_seconds.max(0.001));
+            tokio::time::sleep(poll).await;
+        }
+        Ok(true)
+    }
+
+    /// A batch's result and error lines against the part's keys: the answers (read as the
+    /// online call's), the keys to ask again and why (a retryable error, an unreadable
+    /// answer, no line at all), and the count of lines that failed their record.
+    fn read_results(&self, info: &BatchInfo, results: &Results, keys: Vec<KeyLine>) -> Result<Read> {
+        let mut by_key: HashMap<String, KeyLine> = keys.into_iter().map(|k| (k.key.clone(), k)).collect();
+        let mut read = Read::default();
+        let mut bad_lines = 0u64;
+        // A part's lines share one endpoint: its name is read once.
+        let mut endpoints: HashMap<String, Endpoint> = HashMap::new();
+        for (bytes, what) in [(&results.output, "results"), (&results.errors, "errors")] {
+            let Some(bytes) = bytes else { continue };
+            let text = std::str::from_utf8(bytes)
+                .with_context(|| format!("batch {}: its {what} file is not UTF-8", info.id))?;
+            for line in text.lines().filter(|l| !l.trim().is_empty()) {
+                let (key, outcome) = match self.api.parse_line(line) {
+                    Ok(x) => x,
+                    Err(e) => {
+                        bad_lines += 1;
+                        tracing::warn!("stage \"{}\": batch {}: {e}", self.stage, info.id);
+                        continue;
+                    }
+                };
+                let Some(k) = by_key.remove(&key) else { continue };
+                match outcome {
+                    LineOutcome::Answer(body) => {
+                        let endpoint = match endpoints.get(&k.endpoint) {
+                            Some(e) => *e,
+                            None => {
+                                let e = serde_json::from_value(serde_json::Value::String(k.endpoint.clone()))
+                                    .unwrap_or(Endpoint::Chat);
+                                endpoints.insert(k.endpoint.clone(), e);
+                                e
+                            }
+                        };
+                        match self.api.answer(endpoint, &body, &k.doc, &self.provider.model) {
+                            Ok(r) => read.answers.push((k, r)),
+                            Err(e) => read.retry.push((k.key, e.to_string())),
+                        }
+                    }
+                    LineOutcome::Error { kind, message } if !kind.retryable() => {
+                        read.rejected += 1;
+                        self.collector.set_route(
+                            &k.key,
+                            Route::Fail(LlmError::new(kind, format!("batch {}: {message}", info.id))),
+                        );
+                    }
+                    LineOutcome::Error { message, .. } => read.retry.push((k.key, message)),
+                }
+            }
+        }
+        let why_missing = match &info.failure {
+            Some((code, message)) => format!("the batch {} {}: {code}: {message}", info.id, info.state.as_str()),
+            None => format!("no result for this line (the batch {} ended {})", info.id, info.state.as_str()),
+        };
+        read.retry.extend(by_key.into_keys().map(|k| (k, why_missing.clone())));
+        if bad_lines > 0 {
+            tracing::warn!(
+                "stage \"{}\": batch {}: {bad_lines} result line(s) could not be read; their requests are asked again",
+                self.stage,
+                info.id
+            );
+        }
+        Ok(read)
+    }
+
+    /// Store every answer new to the cache, in bulk: chunks of one transaction each,
+    /// queued while the next is prepared, all committed and fsynced before the part is
+    /// journaled done. Until then the provider's result file is the answers' durable
+    /// copy (a killed run downloads it again), so they are not journaled one by one.
+    /// An answer already stored (an earlier run stored it, then stopped before
+    /// journaling the part done) is neither stored nor counted again.
+    async fn store_answers(&self, answers: Vec<(KeyLine, ChatResponse)>) -> Result<Stored> {
+        let cache = self.services.cache()?;
+        let usage = Use { stage: self.stage.clone(), fingerprint: self.fingerprint.clone() };
+        let price = self.provider.price.unwrap_or(synth_llm::pricing::Price { input: 0.0, output: 0.0 });
+        let factor = self.settings().price_factor;
+        let keys: Vec<&str> = answers.iter().map(|(k, _)| k.key.as_str()).collect();
+        let missing = cache.missing(&keys)?;
+        drop(keys);
+        let provider = &self.provider;
+        let base_url = synth_core::secrets::scrub(&provider.base_url);
+        let mut s = Stored { all_held: true, ..Default::default() };
+        let mut rows = Vec::with_capacity(STORE_CHUNK.min(answers.len()));
+        let new = answers.into_iter().zip(missing).filter_map(|(a, m)| m.then_some(a));
+        for (k, r) in new {
+            let (tin, tout) = (r.usage.prompt_tokens, r.usage.completion_tokens);
+            let online = price.cost(tin, tout);
+            s.cost += online * factor;
+            s.online_cost += online;
+            s.succeeded += 1;
+            s.tokens_in += tin;
+            s.tokens_out += tout;
+            rows.push(ResponseRow {
+                key: k.key,
+                provider: provider.kind.to_string(),
+                base_url: base_url.clone(),
+                model: provider.model.clone(),
+                request: synth_core::secrets::scrub_owned(k.doc),
+                response: serde_json::to_string(&r).expect("serializable"),
+                tokens_in: tin,
+                tokens_out: tout,
+                cost_usd: online * factor,
+            });
+            if rows.len() == STORE_CHUNK {
+                let (commit, held) = cache.put_many(std::mem::take(&mut rows), &usage)?;
+                s.commits.push(Box::pin(commit));
+                s.all_held &= held;
+            }
+        }
+        if !rows.is_empty() {
+            let (commit, held) = cache.put_many(rows, &usage)?;
+            s.commits.push(Box::pin(commit));
+            s.all_held &= held;
+        }
+        Ok(s)
+    }
+
+    /// What is left of a part (`retry`: keys and why): a new batch (its child part, up to
+    /// `batch_attempts`), online (`batch_fallback = "online"`), or the records fail.
+    /// (resubmitted, sent online, given up).
+    fn plan_unanswered(&self, p: &PartState, info: &BatchInfo, retry: &[(String, String)]) -> Result<(u64, u64, u64)> {
+        let (mut resubmitted, mut online, mut gave_up) = (0, 0, 0);
+        if retry.is_empty() {
+            return Ok((resubmitted, online, gave_up));
+        }
+        if self.opts.fallback_online {
+            for (k, _) in retry {
+                self.collector.set_route(k, Route::Online);
+            }
+            online = retry.len() as u64;
+        } else if p.info.attempt < self.settings().attempts {
+            if self.log.child_of(&p.info.part).is_none() {
+                self.resubmit(p, retry)?;
+            }
+            resubmitted = retry.len() as u64;
+        } else {
+            for (k, why) in retry {
+                self.collector.set_route(
+                    k,
+                    Route::Fail(LlmError::new(
+                        ErrorKind::Server,
+                        format!("no answer after {} batch attempt(s): {why}", p.info.attempt),
+                    )),
+                );
+            }
+            gave_up = retry.len() as u64;
+        }
+        tracing::warn!(
+            "stage \"{}\": batch {}: {} line(s) without an answer ({}): {}",
+            self.stage,
+            info.id,
+            retry.len(),
+            retry[0].1,
+            if online > 0 {
+                "sent online (batch_fallback = \"online\")".to_string()
+            } else if resubmitted > 0 {
+                format!("resubmitted (attempt {} of {})", p.info.attempt + 1, self.settings().attempts)
+            } else {
+                "their records fail".to_string()
+            }
+        );
+        Ok((resubmitted, online, gave_up))
     }
 
     /// Plan a part of `parent`'s lines that got no answer (its child), then journal it.

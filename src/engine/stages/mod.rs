@@ -294,12 +294,19 @@ pub struct PlanCtx<'a> {
     /// Declared `[providers.*]` and `[embedders.*]`.
     pub providers: &'a BTreeMap<String, Decl>,
     pub embedders: &'a BTreeMap<String, Decl>,
+    /// The provider kinds the pipeline may name (the registry's).
+    pub provider_kinds: &'a [&'static synth_llm::provider::ProviderDesc],
     pub diags: &'a mut Diagnostics,
     /// Local files this stage reads; their content is part of the fingerprint.
     pub files: Vec<PathBuf>,
 }
 
 impl PlanCtx<'_> {
+    /// The provider kind called `name`.
+    pub fn provider_kind(&self, name: &str) -> Option<&'static synth_llm::provider::ProviderDesc> {
+        synth_llm::provider::find_kind(self.provider_kinds, name)
+    }
+
     pub fn subject(&self) -> String {
         stage_subject(self.name)
     }

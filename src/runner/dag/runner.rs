@@ -238,18 +238,50 @@ enum Node {
     Skipped,
 }
 
-/// Run (or plan) the pipeline.
+/// Run (or plan) the pipeline: choose which stages take part ([`select_modes`]), open
+/// the output directory ([`open_run`]), start each stage once its inputs are done and
+/// settle it when it ends ([`Scheduler`]), then close the run ([`Scheduler::finish`]).
 pub async fn run(
     p: Arc<Pipeline>,
     opts: RunOptions,
     hub: Arc<ProgressHub>,
     cancel: CancellationToken,
 ) -> Result<RunSummary, RunError> {
-    let n = p.stages.len();
-    let store = opts.state.clone().unwrap_or_else(|| StateStore::local(&opts.out_dir));
-    let out_dir = store.dir().to_path_buf();
+    let modes = select_modes(&p, &opts)?;
+    let opened = open_run(&p, &opts, &hub, &cancel).await?;
+    let mut s = Scheduler::new(p, opts, hub, cancel, modes, opened);
+    let mut tasks: JoinSet<TaskResult> = JoinSet::new();
+    loop {
+        if !s.stopping {
+            s.start_ready(&mut tasks);
+        }
+        if tasks.is_empty() {
+            break;
+        }
+        let joined = tokio::select! {
+            _ = s.cancel.cancelled(), if !s.stopping => {
+                s.stopping = true;
+                tracing::warn!("interrupted: no new stages start; stages in flight finish what they hold");
+                continue;
+            }
+            joined = tasks.join_next() => joined,
+        };
+        let Some(joined) = joined else { break };
+        match joined {
+            Ok(r) => s.settle(r).await,
+            Err(e) => {
+                s.errors.push(format!("a stage task panicked: {e}"));
+                s.stopping = true;
+            }
+        }
+    }
+    s.finish().await
+}
 
-    // Which stages take part, and how.
+/// Which stages take part, and how: every stage runs, unless `--from`, `--until`, `--only`,
+/// a shard's role or `--dry-run` say otherwise (`None`: not selected).
+fn select_modes(p: &Pipeline, opts: &RunOptions) -> Result<Vec<Option<Mode>>, RunError> {
+    let n = p.stages.len();
     let mut modes: Vec<Option<Mode>> = vec![Some(Mode::Run { forced: opts.force }); n];
     let find = |name: &str, flag: &str| {
         p.stage_index(name).ok_or_else(|| {
@@ -295,10 +327,35 @@ pub async fn run(
             }
         }
     }
+    Ok(modes)
+}
 
-    // Output directory: create, lock, clear debris of interrupted runs; on an object
-    // store, take the coordinator's lease and bring the state records into the mirror.
-    let _lock = if opts.dry_run { None } else { Some(prepare_out_dir(&out_dir).await?) };
+/// What a run holds from its start to its end besides the stages.
+struct Opened {
+    store: StateStore,
+    out_dir: PathBuf,
+    /// The output directory's lock (none in a dry run), held until the run ends.
+    _lock: Option<std::fs::File>,
+    /// The coordinator's lease on an object store.
+    lease: Option<Lease>,
+    review: Arc<synth_quality::review::Review>,
+    manifest: Manifest,
+    hasher: Arc<Mutex<FileHasher>>,
+    services: Arc<Services>,
+}
+
+/// Open the run: create, lock and clear the output directory (debris of interrupted runs);
+/// on an object store, take the coordinator's lease and bring the state records into the
+/// mirror; read the review decisions; write the manifest; make the run's services.
+async fn open_run(
+    p: &Arc<Pipeline>,
+    opts: &RunOptions,
+    hub: &Arc<ProgressHub>,
+    cancel: &CancellationToken,
+) -> Result<Opened, RunError> {
+    let store = opts.state.clone().unwrap_or_else(|| StateStore::local(&opts.out_dir));
+    let out_dir = store.dir().to_path_buf();
+    let lock = if opts.dry_run { None } else { Some(prepare_out_dir(&out_dir).await?) };
     if !opts.dry_run && opts.state.is_none() {
         hub.write_live_to(out_dir.join(INTERNAL_DIR).join(synth_core::progress::LIVE_FILE));
     }
@@ -326,132 +383,157 @@ pub async fn run(
             .map_err(|e| RunError::Usage(format!("{e}")))?,
     );
     let previous = Manifest::load(&out_dir).ok();
-    let mut manifest = new_manifest(&p, &previous);
+    let mut manifest = new_manifest(p, &previous);
     if !opts.dry_run {
         save_manifest(&mut manifest, &store).await.map_err(fail)?;
     }
     // A dry run reads the memo (an unchanged input is not read again) but never saves it.
     let hasher = Arc::new(Mutex::new(FileHasher::load(&out_dir)));
     let services = match &opts.role {
-        Some(role) => role.services(&p, &out_dir),
-        None => Services::new(&out_dir, &p.root, p.providers.clone(), p.embedders.clone(), p.registry.shapes.clone()),
+        Some(role) => role.services(p, &out_dir),
+        None => Services::new(&out_dir, &p.root, p.providers.clone(), p.embedders.clone(), p.registry.catalog()),
     };
     services.set_run_options(opts.detach, opts.max_cost_usd.or(p.max_cost_usd));
     if let Some((estimate, cache_dir)) = &opts.estimate {
         services.set_estimate(estimate.clone(), cache_dir.clone());
     }
-    let mut detached: Vec<String> = Vec::new();
+    Ok(Opened { store, out_dir, _lock: lock, lease, review, manifest, hasher, services })
+}
 
-    let mut nodes: Vec<Node> = (0..n)
-        .map(|i| match &modes[i] {
-            None => Node::Skipped,
-            Some(Mode::Given(fp)) => Node::Done(Some(fp.clone())),
-            Some(_) => Node::Pending,
-        })
-        .collect();
-    for (i, node) in nodes.iter().enumerate() {
-        if matches!(node, Node::Skipped | Node::Done(_))
-            && let Some(ms) = manifest.stages.get_mut(&p.stages[i].name)
-        {
-            ms.status = StageStatus::Skipped;
+/// The run's stages as they go: each node's state, the manifest kept current, a line per
+/// stage for the summary, the errors met, and whether new stages may still start.
+struct Scheduler {
+    p: Arc<Pipeline>,
+    opts: RunOptions,
+    hub: Arc<ProgressHub>,
+    cancel: CancellationToken,
+    modes: Vec<Option<Mode>>,
+    run: Opened,
+    nodes: Vec<Node>,
+    lines: BTreeMap<usize, StageLine>,
+    errors: Vec<String>,
+    /// Stages whose batches run at the provider (`--detach`).
+    detached: Vec<String>,
+    /// No new stage starts (a failure, an interruption).
+    stopping: bool,
+}
+
+impl Scheduler {
+    fn new(
+        p: Arc<Pipeline>,
+        opts: RunOptions,
+        hub: Arc<ProgressHub>,
+        cancel: CancellationToken,
+        modes: Vec<Option<Mode>>,
+        mut run: Opened,
+    ) -> Scheduler {
+        let nodes: Vec<Node> = modes
+            .iter()
+            .map(|m| match m {
+                None => Node::Skipped,
+                Some(Mode::Given(fp)) => Node::Done(Some(fp.clone())),
+                Some(_) => Node::Pending,
+            })
+            .collect();
+        for (i, node) in nodes.iter().enumerate() {
+            if matches!(node, Node::Skipped | Node::Done(_))
+                && let Some(ms) = run.manifest.stages.get_mut(&p.stages[i].name)
+            {
+                ms.status = StageStatus::Skipped;
+            }
+        }
+        Scheduler {
+            p,
+            opts,
+            hub,
+            cancel,
+            modes,
+            run,
+            nodes,
+            lines: BTreeMap::new(),
+            errors: Vec::new(),
+            detached: Vec::new(),
+            stopping: false,
         }
     }
-    let mut lines: BTreeMap<usize, StageLine> = BTreeMap::new();
-    let mut errors: Vec<String> = Vec::new();
-    let mut stopping = false;
-    let mut tasks: JoinSet<TaskResult> = JoinSet::new();
 
-    loop {
-        if !stopping {
-            for &i in &p.graph.order {
-                if nodes[i] != Node::Pending {
-                    continue;
-                }
-                let ins = &p.graph.inputs[i];
-                if ins.iter().any(|&k| matches!(nodes[k], Node::Failed | Node::Cancelled)) {
-                    nodes[i] = Node::Cancelled;
-                    continue;
-                }
-                if !ins.iter().all(|&k| matches!(nodes[k], Node::Done(_))) {
-                    continue;
-                }
-                let input_fps: BTreeMap<String, Option<String>> = ins
-                    .iter()
-                    .map(|&k| {
-                        let fp = match &nodes[k] {
-                            Node::Done(fp) => fp.clone(),
-                            _ => None,
-                        };
-                        (p.stages[k].name.clone(), fp)
-                    })
-                    .collect();
-                nodes[i] = Node::Running;
-                if let Some(ms) = manifest.stages.get_mut(&p.stages[i].name)
-                    && !opts.dry_run
-                {
-                    ms.status = StageStatus::Running;
-                }
-                let job = StageJob {
-                    p: p.clone(),
-                    idx: i,
-                    mode: modes[i].clone().expect("selected"),
-                    input_fps,
-                    out_dir: out_dir.clone(),
-                    limit: opts.limit,
-                    cancel: cancel.clone(),
-                    hub: hub.clone(),
-                    hasher: hasher.clone(),
-                    services: services.clone(),
-                    store: store.clone(),
-                    role: opts.role.clone(),
-                    dry_run: opts.dry_run,
-                    resolve_only: opts.resolve_only && opts.dry_run,
-                    estimating: opts.estimate.is_some(),
-                    lock: opts.lock.clone(),
-                    review: review.clone(),
-                };
-                let task = async move {
-                    let idx = job.idx;
-                    TaskResult { idx, outcome: job.run().await }
-                };
-                // Stages waiting on a network provider run on the network runtime.
-                let net = if p.stages[i].stage.network_bound(&services) && !opts.dry_run {
-                    services.net().map_err(|e| tracing::warn!("{e:#}; the stage runs on the main runtime")).ok()
-                } else {
-                    None
-                };
-                match net {
-                    Some(net) => tasks.spawn_on(task, net.handle()),
-                    None => tasks.spawn(task),
-                };
-            }
-        }
-        if tasks.is_empty() {
-            break;
-        }
-        let joined = tokio::select! {
-            _ = cancel.cancelled(), if !stopping => {
-                stopping = true;
-                tracing::warn!("interrupted: no new stages start; stages in flight finish what they hold");
+    /// Start every pending stage whose inputs are done (cancel those whose inputs failed);
+    /// a stage waiting on a network provider runs on the network runtime.
+    fn start_ready(&mut self, tasks: &mut JoinSet<TaskResult>) {
+        let p = self.p.clone();
+        for &i in &p.graph.order {
+            if self.nodes[i] != Node::Pending {
                 continue;
             }
-            joined = tasks.join_next() => joined,
-        };
-        let Some(joined) = joined else { break };
-        let TaskResult { idx, outcome } = match joined {
-            Ok(r) => r,
-            Err(e) => {
-                errors.push(format!("a stage task panicked: {e}"));
-                stopping = true;
+            let ins = &p.graph.inputs[i];
+            if ins.iter().any(|&k| matches!(self.nodes[k], Node::Failed | Node::Cancelled)) {
+                self.nodes[i] = Node::Cancelled;
                 continue;
             }
-        };
+            if !ins.iter().all(|&k| matches!(self.nodes[k], Node::Done(_))) {
+                continue;
+            }
+            let input_fps: BTreeMap<String, Option<String>> = ins
+                .iter()
+                .map(|&k| {
+                    let fp = match &self.nodes[k] {
+                        Node::Done(fp) => fp.clone(),
+                        _ => None,
+                    };
+                    (p.stages[k].name.clone(), fp)
+                })
+                .collect();
+            self.nodes[i] = Node::Running;
+            let opts = &self.opts;
+            if let Some(ms) = self.run.manifest.stages.get_mut(&p.stages[i].name)
+                && !opts.dry_run
+            {
+                ms.status = StageStatus::Running;
+            }
+            let services = &self.run.services;
+            let job = StageJob {
+                p: p.clone(),
+                idx: i,
+                mode: self.modes[i].clone().expect("selected"),
+                input_fps,
+                out_dir: self.run.out_dir.clone(),
+                limit: opts.limit,
+                cancel: self.cancel.clone(),
+                hub: self.hub.clone(),
+                hasher: self.run.hasher.clone(),
+                services: services.clone(),
+                store: self.run.store.clone(),
+                role: opts.role.clone(),
+                dry_run: opts.dry_run,
+                resolve_only: opts.resolve_only && opts.dry_run,
+                estimating: opts.estimate.is_some(),
+                lock: opts.lock.clone(),
+                review: self.run.review.clone(),
+            };
+            let task = async move {
+                let idx = job.idx;
+                TaskResult { idx, outcome: job.run().await }
+            };
+            let net = if p.stages[i].stage.network_bound(services) && !opts.dry_run {
+                services.net().map_err(|e| tracing::warn!("{e:#}; the stage runs on the main runtime")).ok()
+            } else {
+                None
+            };
+            match net {
+                Some(net) => tasks.spawn_on(task, net.handle()),
+                None => tasks.spawn(task),
+            };
+        }
+    }
+
+    /// A stage ended: its node, its line, the manifest (saved), and whether the run stops.
+    async fn settle(&mut self, TaskResult { idx, outcome }: TaskResult) {
+        let p = self.p.clone();
         let decl = &p.stages[idx];
         let name = decl.name.clone();
-        let kind = decl.kind.name.to_string();
         let mut line = StageLine {
             stage: name.clone(),
-            kind: kind.clone(),
+            kind: decl.kind.name.to_string(),
             status: StageStatus::Pending,
             reason: None,
             report: None,
@@ -459,25 +541,27 @@ pub async fn run(
             failures: None,
             resolved: None,
         };
+        let (opts, run) = (&self.opts, &mut self.run);
+        let manifest = &mut run.manifest;
         match outcome {
             Ok(Outcome::UpToDate { fp, state, resolved }) => {
                 line.resolved = Some(resolved);
                 line.fingerprint = Some(fp.clone());
-                nodes[idx] = Node::Done(Some(fp.clone()));
+                self.nodes[idx] = Node::Done(Some(fp.clone()));
                 line.status = StageStatus::UpToDate;
                 line.report = Some(state.report.clone());
-                set_manifest(&mut manifest, &name, StageStatus::UpToDate, Some(fp), Some(&state), None);
+                set_manifest(manifest, &name, StageStatus::UpToDate, Some(fp), Some(&state), None);
             }
             Ok(Outcome::WouldRun { fp, reason, resolved }) => {
                 line.resolved = resolved;
                 line.fingerprint = fp.clone();
-                nodes[idx] = Node::Done(fp);
+                self.nodes[idx] = Node::Done(fp);
                 line.status = StageStatus::Pending;
                 line.reason = Some(reason);
             }
             Ok(Outcome::NotUpToDate { reason }) => {
-                nodes[idx] = Node::Failed;
-                errors.push(match (&opts.role, &opts.only) {
+                self.nodes[idx] = Node::Failed;
+                self.errors.push(match (&opts.role, &opts.only) {
                     (Some(role), _) => role.not_up_to_date(&name, &reason),
                     (None, only) => format!(
                         "stage \"{}\" depends on \"{name}\", which is not up to date ({reason}); run without --only (or with --from {name})",
@@ -485,10 +569,10 @@ pub async fn run(
                     ),
                 });
                 line.status = StageStatus::Failed;
-                stopping = true;
+                self.stopping = true;
             }
             Ok(Outcome::Ran { fp, resolved, ctx }) => {
-                match finish_stage(&store, decl, &fp, resolved.parts.clone(), *ctx, &opts.role, &lease).await {
+                match finish_stage(&run.store, decl, &fp, resolved.parts.clone(), *ctx, &opts.role, &run.lease).await {
                     Ok((state, failures)) => {
                         line.resolved = Some(resolved);
                         line.failures = failures;
@@ -501,131 +585,138 @@ pub async fn run(
                             r.wall_seconds
                         );
                         line.fingerprint = Some(fp.clone());
-                        nodes[idx] = Node::Done(Some(fp.clone()));
+                        self.nodes[idx] = Node::Done(Some(fp.clone()));
                         line.status = StageStatus::Ran;
                         line.report = Some(state.report.clone());
-                        set_manifest(&mut manifest, &name, StageStatus::Ran, Some(fp), Some(&state), None);
+                        set_manifest(manifest, &name, StageStatus::Ran, Some(fp), Some(&state), None);
                     }
                     Err(e) => {
-                        let msg = stage_error(&name, &e, &out_dir);
+                        let msg = stage_error(&name, &e, &run.out_dir);
                         tracing::error!("{msg}");
-                        errors.push(msg.clone());
-                        nodes[idx] = Node::Failed;
+                        self.errors.push(msg.clone());
+                        self.nodes[idx] = Node::Failed;
                         line.status = StageStatus::Failed;
-                        set_manifest(&mut manifest, &name, StageStatus::Failed, None, None, Some(msg));
-                        stopping = true;
+                        set_manifest(manifest, &name, StageStatus::Failed, None, None, Some(msg));
+                        self.stopping = true;
                     }
                 }
             }
             Err(e) if e.downcast_ref::<Detached>().is_some() => {
                 // Its batches run at the provider; what depends on it waits for the next run.
-                nodes[idx] = Node::Cancelled;
+                self.nodes[idx] = Node::Cancelled;
                 line.status = StageStatus::Waiting;
                 line.reason = Some(e.to_string());
                 tracing::info!("{e}");
-                detached.push(e.to_string());
-                set_manifest(&mut manifest, &name, StageStatus::Waiting, None, None, None);
+                self.detached.push(e.to_string());
+                set_manifest(manifest, &name, StageStatus::Waiting, None, None, None);
             }
             Err(e) if e.downcast_ref::<Cancelled>().is_some() => {
-                nodes[idx] = Node::Cancelled;
+                self.nodes[idx] = Node::Cancelled;
                 line.status = StageStatus::Cancelled;
-                set_manifest(&mut manifest, &name, StageStatus::Cancelled, None, None, None);
+                set_manifest(manifest, &name, StageStatus::Cancelled, None, None, None);
             }
             Err(e) => {
-                let msg = stage_error(&name, &e, &out_dir);
+                let msg = stage_error(&name, &e, &run.out_dir);
                 if !opts.dry_run {
                     tracing::error!("{msg}");
                 }
-                errors.push(msg.clone());
-                nodes[idx] = Node::Failed;
+                self.errors.push(msg.clone());
+                self.nodes[idx] = Node::Failed;
                 line.status = StageStatus::Failed;
                 line.reason = Some(msg.clone());
-                set_manifest(&mut manifest, &name, StageStatus::Failed, None, None, Some(msg));
-                stopping = true;
+                set_manifest(manifest, &name, StageStatus::Failed, None, None, Some(msg));
+                self.stopping = true;
             }
         }
-        lines.insert(idx, line);
+        self.lines.insert(idx, line);
         if !opts.dry_run
-            && let Err(e) = save_manifest(&mut manifest, &store).await
+            && let Err(e) = save_manifest(&mut run.manifest, &run.store).await
         {
             let why = synth_core::store::atomic::explain_disk_full(&e).unwrap_or_else(|| format!("{e:#}"));
-            errors.push(format!("after stage \"{name}\", writing the manifest: {why}"));
-            stopping = true;
+            self.errors.push(format!("after stage \"{name}\", writing the manifest: {why}"));
+            self.stopping = true;
         }
     }
 
-    // Stages never reached.
-    for (i, node) in nodes.iter().enumerate() {
-        lines.entry(i).or_insert_with(|| StageLine {
-            stage: p.stages[i].name.clone(),
-            kind: p.stages[i].kind.name.to_string(),
-            // Given stages (inputs of a shard, complete elsewhere) count as not selected.
-            status: match node {
-                Node::Skipped | Node::Done(_) => StageStatus::Skipped,
-                _ => StageStatus::Cancelled,
-            },
-            reason: None,
-            report: None,
-            fingerprint: None,
-            failures: None,
-            resolved: None,
-        });
+    /// Close the run: lines for the stages never reached, the memo and the manifest saved
+    /// with the run's status, the cache published to an object store, the lease released;
+    /// the summary, or why the run did not complete.
+    async fn finish(self) -> Result<RunSummary, RunError> {
+        let Scheduler { p, opts, cancel, run, nodes, mut lines, mut errors, detached, .. } = self;
+        let Opened { store, out_dir, lease, mut manifest, hasher, services, .. } = run;
+        for (i, node) in nodes.iter().enumerate() {
+            lines.entry(i).or_insert_with(|| StageLine {
+                stage: p.stages[i].name.clone(),
+                kind: p.stages[i].kind.name.to_string(),
+                // Given stages (inputs of a shard, complete elsewhere) count as not selected.
+                status: match node {
+                    Node::Skipped | Node::Done(_) => StageStatus::Skipped,
+                    _ => StageStatus::Cancelled,
+                },
+                reason: None,
+                report: None,
+                fingerprint: None,
+                failures: None,
+                resolved: None,
+            });
+        }
+        let mut ordered: Vec<StageLine> = p.graph.order.iter().filter_map(|i| lines.remove(i)).collect();
+        ordered.extend(lines.into_values());
+        let mut summary =
+            RunSummary { lines: ordered, out_dir: out_dir.clone(), location: store.display(), traffic: (0, 0) };
+        if opts.dry_run {
+            return Ok(summary);
+        }
+        let _ = hasher.lock().expect("hasher").save();
+        let lost = lease.as_ref().is_some_and(|l| l.lost().is_cancelled());
+        if lost {
+            errors.push(format!(
+                "another process took over the lease of this run's state ({}): this process stopped committing",
+                store.display()
+            ));
+        }
+        let interrupted = cancel.is_cancelled() && !lost;
+        manifest.finished_at = Some(now_rfc3339());
+        manifest.status = if interrupted {
+            RunStatus::Interrupted
+        } else if errors.is_empty() && !detached.is_empty() {
+            RunStatus::Detached
+        } else if errors.is_empty() {
+            RunStatus::Ok
+        } else {
+            RunStatus::Failed
+        };
+        if !errors.is_empty() {
+            manifest.error = Some(errors.join("\n"));
+        }
+        if store.is_remote()
+            && let Err(e) = publish_cache(&services, &store).await
+        {
+            errors.push(format!("uploading the cache: {e:#}"));
+        }
+        save_manifest(&mut manifest, &store).await.map_err(fail)?;
+        if let Some(lease) = lease {
+            let _ = lease.release().await;
+        }
+        summary.traffic = store.moved();
+        if interrupted {
+            let done =
+                summary.lines.iter().filter(|l| matches!(l.status, StageStatus::Ran | StageStatus::UpToDate)).count();
+            return Err(RunError::Interrupted(format!(
+                "interrupted: {done} of {} stages are complete and kept in {}; run the same command again to resume",
+                p.stages.len(),
+                store.display()
+            )));
+        }
+        if !errors.is_empty() {
+            return Err(RunError::Failed(format!(
+                "{}\ncompleted stages are kept in {}; fix the problem and run again to resume",
+                errors.join("\n"),
+                store.display()
+            )));
+        }
+        Ok(summary)
     }
-    let mut ordered: Vec<StageLine> = p.graph.order.iter().filter_map(|i| lines.remove(i)).collect();
-    ordered.extend(lines.into_values());
-    let mut summary =
-        RunSummary { lines: ordered, out_dir: out_dir.clone(), location: store.display(), traffic: (0, 0) };
-    if opts.dry_run {
-        return Ok(summary);
-    }
-    let _ = hasher.lock().expect("hasher").save();
-    let lost = lease.as_ref().is_some_and(|l| l.lost().is_cancelled());
-    if lost {
-        errors.push(format!(
-            "another process took over the lease of this run's state ({}): this process stopped committing",
-            store.display()
-        ));
-    }
-    let interrupted = cancel.is_cancelled() && !lost;
-    manifest.finished_at = Some(now_rfc3339());
-    manifest.status = if interrupted {
-        RunStatus::Interrupted
-    } else if errors.is_empty() && !detached.is_empty() {
-        RunStatus::Detached
-    } else if errors.is_empty() {
-        RunStatus::Ok
-    } else {
-        RunStatus::Failed
-    };
-    if !errors.is_empty() {
-        manifest.error = Some(errors.join("\n"));
-    }
-    if store.is_remote()
-        && let Err(e) = publish_cache(&services, &store).await
-    {
-        errors.push(format!("uploading the cache: {e:#}"));
-    }
-    save_manifest(&mut manifest, &store).await.map_err(fail)?;
-    if let Some(lease) = lease {
-        let _ = lease.release().await;
-    }
-    summary.traffic = store.moved();
-    if interrupted {
-        let done =
-            summary.lines.iter().filter(|l| matches!(l.status, StageStatus::Ran | StageStatus::UpToDate)).count();
-        return Err(RunError::Interrupted(format!(
-            "interrupted: {done} of {n} stages are complete and kept in {}; run the same command again to resume",
-            store.display()
-        )));
-    }
-    if !errors.is_empty() {
-        return Err(RunError::Failed(format!(
-            "{}\ncompleted stages are kept in {}; fix the problem and run again to resume",
-            errors.join("\n"),
-            store.display()
-        )));
-    }
-    Ok(summary)
 }
 
 /// The message of a stage that failed; a full disk is said in words, with what to do.

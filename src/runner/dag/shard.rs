@@ -218,12 +218,11 @@ impl ShardPart for PartRole {
     }
 
     fn services(&self, p: &Pipeline, out_dir: &Path) -> Arc<Services> {
-        let plain =
-            || Services::new(out_dir, &p.root, p.providers.clone(), p.embedders.clone(), p.registry.shapes.clone());
+        let plain = || Services::new(out_dir, &p.root, p.providers.clone(), p.embedders.clone(), p.registry.catalog());
         if self.share >= 1.0 && self.fallback.is_none() && self.claims.is_none() {
             return plain();
         }
-        let base = Services::new(out_dir, &p.root, p.providers.clone(), p.embedders.clone(), p.registry.shapes.clone());
+        let base = Services::new(out_dir, &p.root, p.providers.clone(), p.embedders.clone(), p.registry.catalog());
         match Services::for_shard(base, self.share, self.fallback.as_deref(), self.claims.clone()) {
             Ok(s) => s,
             Err(e) => {

@@ -22,6 +22,7 @@ use synth_engine::registry::Registry;
 use synth_engine::stages::{
     Arity, BuildCtx, COMMON_OPTIONS, KindInfo, PartitionCtx, Partitioning, PlanCtx, PlanInput, Role, Sharding, Stage,
 };
+use synth_llm::provider::ProviderDesc;
 
 /// Top-level tables of a pipeline file.
 pub const TOP_LEVEL: &[&str] = &["pipeline", "stages", "providers", "embedders", "profiles", "regenerate"];
@@ -401,7 +402,7 @@ fn resolve_redefined(
 fn option_specs(registry: &Registry, section: &str, kind: &str) -> Option<&'static [OptionSpec]> {
     match section {
         "stages" => registry.kind(kind).map(|k| k.options),
-        "providers" => synth_llm::provider::PROVIDER_KINDS.iter().find(|k| k.name == kind).map(|k| k.options),
+        "providers" => registry.provider(kind).map(|k| k.kind.options),
         "embedders" => synth_embed::EMBEDDER_KINDS.iter().find(|k| k.name == kind).map(|k| k.options),
         _ => None,
     }
@@ -489,7 +490,8 @@ fn check(
     });
     let default_ratio = ptable.as_ref().map(|p| p.max_failure_ratio).unwrap_or(0.05);
 
-    let providers = check_decls(&root, "providers", "provider", synth_llm::provider::PROVIDER_KINDS, &root_dir, diags);
+    let provider_kinds: Vec<&'static ProviderKind> = registry.providers.iter().map(|k| &k.kind).collect();
+    let providers = check_decls(&root, "providers", "provider", &provider_kinds, &root_dir, diags);
     let embedders = check_decls(&root, "embedders", "embedder", synth_embed::EMBEDDER_KINDS, &root_dir, diags);
 
     // [stages.NAME]
@@ -520,7 +522,8 @@ fn check(
 
     let regenerate = check_regenerate(&root, &base_dir, &raws, diags);
     let (graph, broken) = check_graph(&raws, diags);
-    plan(&mut raws, &graph, &broken, &root_dir, &providers, &embedders, diags);
+    let declared = Declared { providers: &providers, embedders: &embedders, provider_kinds: &registry.providers };
+    plan(&mut raws, &graph, &broken, &root_dir, declared, diags);
     let runnable = !broken.iter().any(|b| *b);
     let decls: Option<Vec<StageDecl>> = raws.into_iter().map(|r| r.decl).collect();
 
@@ -802,15 +805,23 @@ fn check_graph(raws: &[RawStage], diags: &mut Diagnostics) -> (Graph, Vec<bool>)
 
 /// Plan columns in topological order, collecting stage-specific diagnostics. A
 /// stage whose input could not be planned sees that input's columns as unknown.
+/// What a stage's plan may look at besides its inputs: the declarations, and the provider kinds.
+#[derive(Clone, Copy)]
+struct Declared<'a> {
+    providers: &'a BTreeMap<String, Decl>,
+    embedders: &'a BTreeMap<String, Decl>,
+    provider_kinds: &'a [&'static ProviderDesc],
+}
+
 fn plan(
     raws: &mut [RawStage],
     graph: &Graph,
     broken: &[bool],
     root: &Path,
-    providers: &BTreeMap<String, Decl>,
-    embedders: &BTreeMap<String, Decl>,
+    declared: Declared<'_>,
     diags: &mut Diagnostics,
 ) {
+    let Declared { providers, embedders, provider_kinds } = declared;
     for &i in &graph.order {
         if raws[i].decl.is_none() || (broken[i] && raws[i].inputs.len() != graph.inputs[i].len()) {
             continue;
@@ -824,8 +835,17 @@ fn plan(
             })
             .collect();
         let d = raws[i].decl.as_ref().expect("checked");
-        let mut ctx =
-            PlanCtx { name: &d.name, spans: &d.spans, root, inputs, providers, embedders, diags, files: Vec::new() };
+        let mut ctx = PlanCtx {
+            name: &d.name,
+            spans: &d.spans,
+            root,
+            inputs,
+            providers,
+            embedders,
+            provider_kinds,
+            diags,
+            files: Vec::new(),
+        };
         let schema = d.stage.plan(&mut ctx);
         let files = std::mem::take(&mut ctx.files);
         let shard = d.options.get("shard").and_then(|v| v.as_bool());
@@ -895,13 +915,6 @@ fn check_decls(
         let ctx = CheckCtx { root: root_dir, subject: Some(&subject), extra_keys: &["kind"] };
         let before = diags.n_errors();
         let options = check_table(body, &e.key_span, kind.options, &ctx, "", &mut spans, diags);
-        if kind.name == "openai" && !options.contains_key("model") && !options.contains_key("model_env") {
-            diags.error(
-                &e.key_span,
-                Some(&subject),
-                "set \"model\" or \"model_env\" (an environment variable holding the model name)",
-            );
-        }
         if diags.n_errors() == before
             && let Some(check) = kind.check
         {

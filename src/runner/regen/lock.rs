@@ -105,8 +105,8 @@ pub fn served_mismatches(lock: &PipelineLock, manifest: &Manifest) -> Vec<String
     out
 }
 
-/// The lock's record of a `local` provider's hub file (`commit` empty for a lookup key).
-fn model_upstream(hub: &synth_llm::local::HubModel, commit: String) -> Upstream {
+/// The lock's record of a provider's hub file (`commit` empty for a lookup key).
+fn model_upstream(hub: &synth_core::hub::HubModel, commit: String) -> Upstream {
     Upstream::Hub {
         repo: hub.repo.clone(),
         repo_type: "model".into(),
@@ -116,22 +116,16 @@ fn model_upstream(hub: &synth_llm::local::HubModel, commit: String) -> Upstream 
     }
 }
 
-/// The `local` providers of `p` that read a model through the hub: name, options, hub.
-fn hub_models(p: &Pipeline) -> Vec<(String, synth_llm::local::LocalOptions, synth_llm::local::HubModel)> {
+/// The providers of `p` that read a model through the hub (their kind says which, a `local`
+/// provider's `hub`): name, hub file, whether the file it names instead is on this machine.
+fn hub_models(p: &Pipeline) -> Vec<(String, synth_core::hub::HubModel, bool)> {
     p.providers
         .iter()
-        .filter(|(_, d)| d.kind == "local")
         .filter_map(|(name, d)| {
-            let o: synth_llm::local::LocalOptions = serde_json::from_value(d.options.clone()).ok()?;
-            let hub = o.hub.clone()?;
-            Some((name.clone(), o, hub))
+            let (hub, on_disk) = (p.registry.provider(&d.kind)?.hub_model?)(d, &p.root)?;
+            Some((name.clone(), hub, on_disk))
         })
         .collect()
-}
-
-/// Whether a `local` provider's `model` file is on this machine (then the hub is not read).
-fn model_on_disk(p: &Pipeline, o: &synth_llm::local::LocalOptions) -> bool {
-    o.model.as_ref().is_some_and(|m| p.root.join(m).is_file())
 }
 
 /// Resolve each `local` provider's hub file to the commit its revision points to now
@@ -139,7 +133,7 @@ fn model_on_disk(p: &Pipeline, o: &synth_llm::local::LocalOptions) -> bool {
 /// be reached, a provider whose `model` file is on this machine gets a warning and no
 /// record; one that would need the hub is an error naming it.
 pub async fn record_models(lock: &mut PipelineLock, p: &Pipeline) -> Result<()> {
-    for (name, o, hub) in hub_models(p) {
+    for (name, hub, on_disk) in hub_models(p) {
         let how = synth_core::hub::Resolve { resolve_only: true, ..Default::default() };
         match hub.spec().resolve_with(&p.root, &how).await {
             Ok(files) => {
@@ -150,7 +144,7 @@ pub async fn record_models(lock: &mut PipelineLock, p: &Pipeline) -> Result<()> 
                     .or_insert_with(|| ProviderLock { model: served.unwrap_or_default(), ..Default::default() });
                 entry.upstream = vec![model_upstream(&hub, files.commit)];
             }
-            Err(e) if model_on_disk(p, &o) => eprintln!(
+            Err(e) if on_disk => eprintln!(
                 "warning: provider \"{name}\": {}/{}@{} not locked, the hub cannot tell its commit ({e:#}); the model file on this machine is used",
                 hub.repo, hub.file, hub.revision
             ),
@@ -167,19 +161,20 @@ pub async fn record_models(lock: &mut PipelineLock, p: &Pipeline) -> Result<()> 
 /// provider the lock has no commit for is an error (unless its `model` file is on this
 /// machine, which the hub does not stand in for).
 pub fn pin_models(p: &mut Pipeline, lock: &PipelineLock) -> std::result::Result<(), String> {
-    for (name, o, hub) in hub_models(p) {
+    for (name, hub, on_disk) in hub_models(p) {
         let key = model_upstream(&hub, String::new()).key();
         let pinned = lock.providers.get(&name).and_then(|l| l.upstream.iter().find(|u| u.key() == key));
         match pinned {
             Some(up) => {
                 let commit = up.version().to_string();
+                let registry = p.registry.clone();
                 if let Some(decl) = p.providers.get_mut(&name)
-                    && let Some(h) = decl.options.get_mut("hub").and_then(|h| h.as_object_mut())
+                    && let Some(pin) = registry.provider(&decl.kind).and_then(|k| k.pin_hub_model)
                 {
-                    h.insert("revision".into(), commit.into());
+                    pin(decl, &commit);
                 }
             }
-            None if model_on_disk(p, &o) => {}
+            None if on_disk => {}
             None => {
                 return Err(format!(
                     "provider \"{name}\": the model {}/{}@{} is not in synth.lock; run `synth lock --update` to lock it",

@@ -184,9 +184,8 @@ pub fn secrets_of(p: &Pipeline, push_token: Option<&str>) -> Vec<(String, String
     }
     let providers: Vec<(&String, &Decl)> = p.providers.iter().chain(p.embedders.iter()).collect();
     for (name, d) in providers {
-        if d.kind == "openai"
-            && let Some(var) = d.options.get("api_key_env").and_then(|v| v.as_str())
-        {
+        // Every kind that reads a key names its variable `api_key_env`.
+        if let Some(var) = d.options.get("api_key_env").and_then(|v| v.as_str()) {
             add(var, format!("API key of provider \"{name}\""));
         }
     }

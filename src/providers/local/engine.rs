@@ -124,7 +124,7 @@ use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::LlamaToken;
 
-use crate::{ErrorKind, LlmError};
+use synth_llm::{ErrorKind, LlmError};
 
 /// How the engine runs (from the provider's options).
 #[derive(Debug, Clone)]
@@ -166,7 +166,7 @@ pub enum Work {
 #[derive(Debug, Clone)]
 pub struct Generate {
     /// The conversation, rendered with the model's chat template.
-    pub messages: Vec<crate::Message>,
+    pub messages: Vec<synth_llm::Message>,
     pub max_tokens: u32,
     pub sampling: Sampling,
     pub stop: Vec<String>,
@@ -205,18 +205,7 @@ pub struct Done {
 }
 
 /// Counters of the engine, for the manifest and benchmarks.
-#[derive(Debug, Clone, Default)]
-pub struct Stats {
-    pub requests: u64,
-    pub prompt_tokens: u64,
-    pub generated_tokens: u64,
-    /// Prompt tokens copied from another sequence's cache instead of decoded.
-    pub reused_prompt_tokens: u64,
-    pub decode_calls: u64,
-    pub decode_seconds: f64,
-    pub sample_seconds: f64,
-    pub load_seconds: f64,
-}
+pub use synth_llm::EngineStats as Stats;
 
 struct Job {
     work: Work,
@@ -251,7 +240,7 @@ impl Engine {
     }
 
     pub fn stats(&self) -> Stats {
-        self.stats.lock().expect("stats").clone()
+        *self.stats.lock().expect("stats")
     }
 }
 
@@ -592,7 +581,7 @@ impl Loop<'_> {
     /// changes no number: see the module's invariant.)
     fn admit(&mut self) {
         while self.slots.iter().any(Option::is_none) {
-            let goes_on = |j: &Job| matches!(&j.work, Work::Generate(g) if g.messages.iter().any(|m| m.role == crate::Role::Assistant));
+            let goes_on = |j: &Job| matches!(&j.work, Work::Generate(g) if g.messages.iter().any(|m| m.role == synth_llm::Role::Assistant));
             let next = self.queue.iter().position(goes_on).unwrap_or(0);
             let Some(job) = self.queue.remove(next) else { return };
             match self.start(&job.work) {

@@ -17,9 +17,16 @@ use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::schema::Form;
-use super::{ChatBackend, ChatRequest, ChatResponse, ErrorKind, GenParams, LlmError, Loglik, LoglikRequest, Usage};
+use synth_core::config::decl::{Decl, ProviderKind};
 use synth_core::config::options::{OptionSpec, POSITIVE, Ty};
+pub use synth_core::hub::{HubModel, is_gguf};
+use synth_llm::provider::{BuildCtx, Provider, ProviderDesc};
+use synth_llm::rate::RateConfig;
+use synth_llm::schema::Form;
+use synth_llm::schema::Negotiation;
+use synth_llm::{
+    ChatBackend, ChatRequest, ChatResponse, EngineStats, ErrorKind, GenParams, LlmError, Loglik, LoglikRequest, Usage,
+};
 
 /// Options of the `local` provider kind.
 pub const OPTIONS: &[OptionSpec] = &[
@@ -128,24 +135,6 @@ fn chunk_tokens() -> u32 {
     64
 }
 
-/// A GGUF file in a Hugging Face model repository.
-#[derive(Debug, Clone, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct HubModel {
-    pub repo: String,
-    pub file: String,
-    #[serde(default = "main")]
-    pub revision: String,
-    #[serde(default)]
-    pub endpoint: Option<String>,
-    #[serde(default)]
-    pub cache_dir: Option<String>,
-}
-
-fn main() -> String {
-    "main".into()
-}
-
 fn f16() -> String {
     "f16".into()
 }
@@ -156,31 +145,6 @@ fn yes() -> bool {
 
 fn auto() -> String {
     "auto".into()
-}
-
-impl HubModel {
-    /// The model repository as the hub code resolves it (one file, `repo_type = "model"`).
-    pub fn spec(&self) -> synth_core::hub::HubSpec {
-        synth_core::hub::HubSpec {
-            repo: self.repo.clone(),
-            revision: self.revision.clone(),
-            files: Some(vec![self.file.clone()]),
-            config: None,
-            split: None,
-            repo_type: "model".into(),
-            endpoint: self.endpoint.clone(),
-            cache_dir: self.cache_dir.clone(),
-            token_env: "HF_TOKEN".into(),
-        }
-    }
-}
-
-/// Whether a file starts with GGUF's magic bytes.
-pub fn is_gguf(path: &Path) -> std::io::Result<bool> {
-    use std::io::Read;
-    let mut magic = [0u8; 4];
-    let mut f = std::fs::File::open(path)?;
-    Ok(f.read_exact(&mut magic).is_ok() && &magic == b"GGUF")
 }
 
 /// Plan-time check of a `local` provider's options: a model is named, and a named local
@@ -447,9 +411,13 @@ impl ChatBackend for LocalChat {
             system_fingerprint: None,
         })
     }
+
+    fn engine_stats(&self) -> Option<EngineStats> {
+        Some(self.stats())
+    }
 }
 
-/// A built `local` provider's parts for [`super::provider::Provider`].
+/// A built `local` provider's parts for [`synth_llm::provider::Provider`].
 pub struct Built {
     pub backend: Arc<LocalChat>,
     pub path: PathBuf,
@@ -479,6 +447,78 @@ fn sha256_file(path: &Path) -> Result<String> {
     let mut h = sha2::Sha256::new();
     std::io::copy(&mut f, &mut h).with_context(|| format!("reading {}", path.display()))?;
     Ok(format!("{:x}", h.finalize()))
+}
+
+/// The `local` provider kind.
+pub static PROVIDER: ProviderDesc = ProviderDesc {
+    kind: ProviderKind {
+        name: "local",
+        about: "a GGUF model run inside synth through llama.cpp: continuous batching, JSON-Schema constrained decoding, the model's chat template, log-likelihoods",
+        options: OPTIONS,
+        check: Some(check),
+    },
+    networked: false,
+    identity: provider_identity,
+    build: build_provider,
+    with_model: Some(with_model),
+    hub_model: Some(hub_model),
+    pin_hub_model: Some(pin_hub_model),
+    batch_apis: &[],
+};
+
+fn provider_identity(decl: &Decl, root: &Path) -> Result<Value> {
+    let o: LocalOptions = serde_json::from_value(decl.options.clone())?;
+    Ok(identity(&o, root))
+}
+
+fn build_provider(decl: &Decl, ctx: &BuildCtx) -> Result<Provider> {
+    let name = decl.name.as_str();
+    let o: LocalOptions = serde_json::from_value(decl.options.clone()).context("provider options")?;
+    let built = build(&o, ctx.root, name)?;
+    // An in-process model: no limits to learn, nothing to retry (its errors are the
+    // request's or the engine's), and a request waits for its turn however long
+    // the queue (a timeout would send it again beside the one still decoding).
+    let cfg = RateConfig {
+        max_concurrency: o.max_concurrency,
+        initial_concurrency: o.max_concurrency,
+        timeout: std::time::Duration::from_secs(7 * 24 * 3600),
+        max_retries: 0,
+        learn_limits: false,
+        ..Default::default()
+    };
+    let rate = ctx.rates.get(&format!("local|{name}|{}", built.cache_identity), name, cfg);
+    let model = built.backend.name.clone();
+    let mut p = Provider::new(name, &PROVIDER, model, o.generation, built.backend, rate);
+    p.base_url = built.path.display().to_string();
+    p.price = Some(synth_llm::pricing::Price { input: 0.0, output: 0.0 });
+    // The model's content stands for its path and name in cache keys.
+    p.cache_identity = Some(built.cache_identity);
+    p.model_by_content = true;
+    p.structured = Negotiation::new(vec![Form::Grammar]);
+    Ok(p)
+}
+
+/// A checkpoint's file instead of the declared model (it has its own hash, and no hub).
+fn with_model(decl: &mut Decl, model: &Path) {
+    if let Some(o) = decl.options.as_object_mut() {
+        o.insert("model".into(), model.display().to_string().into());
+        o.remove("hub");
+        o.remove("sha256");
+    }
+}
+
+/// Read the hub file at `commit` (the lock's).
+fn pin_hub_model(decl: &mut Decl, commit: &str) {
+    if let Some(h) = decl.options.get_mut("hub").and_then(|h| h.as_object_mut()) {
+        h.insert("revision".into(), commit.into());
+    }
+}
+
+/// The hub file a declaration reads, and whether its `model` file is on this machine.
+fn hub_model(decl: &Decl, root: &Path) -> Option<(HubModel, bool)> {
+    let o: LocalOptions = serde_json::from_value(decl.options.clone()).ok()?;
+    let on_disk = o.model.as_ref().is_some_and(|m| root.join(m).is_file());
+    Some((o.hub?, on_disk))
 }
 
 #[cfg(test)]

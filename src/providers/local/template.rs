@@ -5,7 +5,7 @@
 
 use llama_cpp_2::model::{LlamaChatMessage, LlamaModel};
 
-use crate::Message;
+use synth_llm::Message;
 
 pub struct ChatTemplate {
     /// The Jinja source from the GGUF, when there is one.

@@ -11,8 +11,11 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use super::batch::{BatchApi, BatchBody, BatchInfo, BatchState, LineOutcome, PartRef, Results, now, parse_openai_line};
-use super::{ErrorKind, LlmError};
+use synth_llm::batch::{
+    BatchApi, BatchBody, BatchInfo, BatchState, Endpoint as LineEndpoint, LineOutcome, PartRef, Results, now,
+    parse_openai_line,
+};
+use synth_llm::{ChatResponse, ErrorKind, LlmError};
 
 /// The command run for a part when none is configured (shown to the user).
 pub const DEFAULT_COMMAND: &[&str] = &["vllm", "run-batch", "-i", "{input}", "-o", "{output}", "--model", "{model}"];
@@ -117,8 +120,23 @@ impl BatchApi for LocalBatch {
         "vllm"
     }
 
+    fn answer(
+        &self,
+        endpoint: LineEndpoint,
+        body: &serde_json::value::RawValue,
+        doc: &str,
+        model: &str,
+    ) -> Result<ChatResponse, LlmError> {
+        synth_llm::openai::answer_line(endpoint, body, doc, model)
+    }
+
+    /// `vllm run-batch` has no limits of its own: OpenAI's, so parts stay the same size.
+    fn limits(&self) -> (u64, u64) {
+        (50_000, 200_000_000)
+    }
+
     fn line(&self, key: &str, body: &BatchBody) -> String {
-        super::batch::openai_line(key, body)
+        synth_llm::batch::openai_line(key, body)
     }
 
     async fn upload(&self, _part: &PartRef) -> Result<Option<String>, LlmError> {

@@ -15,9 +15,12 @@ use async_openai::types::InputSource;
 use async_openai::types::files::{CreateFileRequest, FileInput, FilePurpose};
 use serde::Deserialize;
 
-use super::batch::{BatchApi, BatchBody, BatchInfo, BatchState, LineOutcome, PartRef, Results, parse_openai_line};
-use super::openai::{Endpoint, observed};
-use super::{ErrorKind, LlmError};
+use synth_llm::batch::{
+    BatchApi, BatchBody, BatchInfo, BatchState, Endpoint as LineEndpoint, LineOutcome, PartRef, Results,
+    parse_openai_line,
+};
+use synth_llm::openai::{Endpoint, observed};
+use synth_llm::{ChatResponse, ErrorKind, LlmError};
 
 /// Tries of a control call (upload, retrieve, list, download) on transient failures.
 const TRIES: u32 = 8;
@@ -34,7 +37,7 @@ impl OpenAiBatches {
         if let Some(a) = after {
             query.push(("after", a.to_string()));
         }
-        super::batch::with_retries(TRIES, || {
+        synth_llm::batch::with_retries(TRIES, || {
             let query = query.clone();
             async move {
                 let batches = self.client.batches();
@@ -47,7 +50,7 @@ impl OpenAiBatches {
 
     pub fn new(endpoint: Endpoint, completion_window: &str) -> Result<OpenAiBatches, String> {
         Ok(OpenAiBatches {
-            client: super::openai::client(&endpoint)?,
+            client: synth_llm::openai::client(&endpoint)?,
             completion_window: completion_window.to_string(),
         })
     }
@@ -158,8 +161,22 @@ impl BatchApi for OpenAiBatches {
         "openai"
     }
 
+    fn answer(
+        &self,
+        endpoint: LineEndpoint,
+        body: &serde_json::value::RawValue,
+        doc: &str,
+        model: &str,
+    ) -> Result<ChatResponse, LlmError> {
+        synth_llm::openai::answer_line(endpoint, body, doc, model)
+    }
+
+    fn limits(&self) -> (u64, u64) {
+        (50_000, 200_000_000)
+    }
+
     fn line(&self, key: &str, body: &BatchBody) -> String {
-        super::batch::openai_line(key, body)
+        synth_llm::batch::openai_line(key, body)
     }
 
     async fn upload(&self, part: &PartRef) -> Result<Option<String>, LlmError> {
@@ -180,7 +197,7 @@ impl BatchApi for OpenAiBatches {
         };
         let request =
             CreateFileRequest { file: FileInput { source }, purpose: FilePurpose::Batch, expires_after: None };
-        let file: FileObject = super::batch::with_retries(TRIES, || {
+        let file: FileObject = synth_llm::batch::with_retries(TRIES, || {
             let request = request.clone();
             async move { observed(self.client.files().create_byot(request)).await }
         })
@@ -196,7 +213,7 @@ impl BatchApi for OpenAiBatches {
             if let Some(a) = &after {
                 query.push(("after", a.clone()));
             }
-            let list: FileList = super::batch::with_retries(TRIES, || {
+            let list: FileList = synth_llm::batch::with_retries(TRIES, || {
                 let query = query.clone();
                 async move {
                     let files = self.client.files();
@@ -282,7 +299,7 @@ impl BatchApi for OpenAiBatches {
     }
 
     async fn retrieve(&self, id: &str) -> Result<BatchInfo, LlmError> {
-        let b: BatchObject = super::batch::with_retries(TRIES, || async move {
+        let b: BatchObject = synth_llm::batch::with_retries(TRIES, || async move {
             let batches = self.client.batches();
             observed(batches.retrieve_byot(id)).await
         })
@@ -291,7 +308,7 @@ impl BatchApi for OpenAiBatches {
     }
 
     async fn cancel(&self, id: &str) -> Result<BatchInfo, LlmError> {
-        let b: BatchObject = super::batch::with_retries(TRIES, || async move {
+        let b: BatchObject = synth_llm::batch::with_retries(TRIES, || async move {
             let batches = self.client.batches();
             observed(batches.cancel_byot(id)).await
         })
@@ -303,7 +320,7 @@ impl BatchApi for OpenAiBatches {
         let mut results = Results::default();
         for (file, got) in [(&info.output, &mut results.output), (&info.errors, &mut results.errors)] {
             let Some(file) = file else { continue };
-            let bytes = super::batch::with_retries(TRIES, || async move {
+            let bytes = synth_llm::batch::with_retries(TRIES, || async move {
                 let files = self.client.files();
                 observed(files.content(file)).await
             })
@@ -314,7 +331,7 @@ impl BatchApi for OpenAiBatches {
     }
 
     async fn delete_file(&self, id: &str) -> Result<(), LlmError> {
-        let _: serde_json::Value = super::batch::with_retries(TRIES, || async move {
+        let _: serde_json::Value = synth_llm::batch::with_retries(TRIES, || async move {
             let files = self.client.files();
             observed(files.delete_byot(id)).await
         })

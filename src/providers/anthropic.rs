@@ -10,20 +10,199 @@
 //! part of the journal holds (see `find_batch`).
 
 use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::{Context, Result, anyhow, bail};
 use serde::Deserialize;
 
-use super::batch::{
+use synth_core::config::decl::{Decl, ProviderKind};
+use synth_core::config::options::{OptionSpec, POSITIVE, Ty};
+use synth_core::store::batch::PartInfo;
+use synth_llm::batch::{
     BatchApi, BatchBody, BatchInfo, BatchState, Endpoint as BatchEndpoint, LineOutcome, PartRef, Results,
 };
-use super::{Call, ChatBackend, ChatRequest, ChatResponse, ErrorKind, GenParams, LlmError, Role, Usage};
+use synth_llm::endpoint::{ENDPOINT_OPTIONS, resolve_endpoint};
+use synth_llm::provider::{
+    BATCH_OPTIONS, BatchApiKind, BatchSettings, BuildCtx, GEN_OPTIONS, Provider, ProviderDesc, RateOptions,
+    rate_options,
+};
+use synth_llm::schema::{Form, Negotiation};
+use synth_llm::{Call, ChatBackend, ChatRequest, ChatResponse, ErrorKind, GenParams, LlmError, Role, Usage};
 
 pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
 pub const API_VERSION: &str = "2023-06-01";
 /// `max_tokens` is required by the Messages API: the default when none is set.
 pub const DEFAULT_MAX_TOKENS: u32 = 1024;
 const TRIES: u32 = 8;
+
+const RATE: [OptionSpec; 14] = rate_options(
+    "600",
+    "pace by the limits the server advertises (anthropic-ratelimit-requests-limit / -tokens-limit): the lower of those and the configured ones",
+    "retries of 429, 529, 5xx, timeouts, resets, malformed answers",
+);
+
+const OPTIONS: &[OptionSpec] = &[
+    OptionSpec::optional(
+        "base_url",
+        Ty::Str,
+        "API base URL, without /v1 (default: $base_url_env, else https://api.anthropic.com)",
+    ),
+    OptionSpec::default(
+        "base_url_env",
+        Ty::Str,
+        "\"ANTHROPIC_BASE_URL\"",
+        "environment variable read when base_url is not set",
+    )
+    .instead_of(&["base_url"]),
+    ENDPOINT_OPTIONS[2],
+    ENDPOINT_OPTIONS[3],
+    OptionSpec::default("api_key_env", Ty::Str, "\"ANTHROPIC_API_KEY\"", "environment variable holding the API key")
+        .runtime_only(),
+    OptionSpec::default("anthropic_version", Ty::Str, "\"2023-06-01\"", "the anthropic-version header"),
+    OptionSpec::default(
+        "structured_output",
+        Ty::Enum(&["tool", "none"]),
+        "\"tool\"",
+        "how a stage's JSON Schema (`schema`) is sent: \"tool\" (a forced tool whose input_schema is the schema; its input is the answer), \"none\" (the text protocol)",
+    )
+    .runtime_only(),
+    GEN_OPTIONS[0],
+    GEN_OPTIONS[1],
+    OptionSpec::optional(
+        "max_tokens",
+        POSITIVE,
+        "most tokens per answer (the Messages API requires one: default 1024)",
+    ),
+    GEN_OPTIONS[4],
+    GEN_OPTIONS[5],
+    RATE[0],
+    RATE[1],
+    RATE[2],
+    RATE[3],
+    RATE[4],
+    RATE[5],
+    RATE[6],
+    RATE[7],
+    RATE[8],
+    RATE[9],
+    RATE[10],
+    RATE[11],
+    RATE[12],
+    RATE[13],
+    BATCH_OPTIONS[0],
+    BATCH_OPTIONS[1],
+    BATCH_OPTIONS[2],
+    BATCH_OPTIONS[3],
+    BATCH_OPTIONS[4],
+    BATCH_OPTIONS[5],
+    BATCH_OPTIONS[6],
+    BATCH_OPTIONS[7],
+];
+
+/// The `anthropic` provider kind.
+pub static PROVIDER: ProviderDesc = ProviderDesc {
+    kind: ProviderKind {
+        name: "anthropic",
+        about: "Claude through Anthropic's Messages API (plain HTTP), online or as Message Batches",
+        options: OPTIONS,
+        check: None,
+    },
+    networked: true,
+    identity,
+    build,
+    with_model: None,
+    hub_model: None,
+    pin_hub_model: None,
+    batch_apis: &[BatchApiKind { name: "anthropic", open: open_batches }],
+};
+
+#[derive(Debug, Clone, Deserialize)]
+struct AnthropicOptions {
+    base_url: Option<String>,
+    base_url_env: String,
+    model: Option<String>,
+    model_env: Option<String>,
+    api_key_env: String,
+    anthropic_version: String,
+    structured_output: String,
+    #[serde(flatten)]
+    generation: GenParams,
+    #[serde(flatten)]
+    rate: RateOptions,
+}
+
+impl AnthropicOptions {
+    /// Base URL (without `/v1`) and model, from the options and the environment.
+    fn resolve(&self, name: &str) -> Result<(String, String)> {
+        let base_url = self
+            .base_url
+            .clone()
+            .or_else(|| std::env::var(&self.base_url_env).ok().filter(|v| !v.trim().is_empty()))
+            .unwrap_or_else(|| DEFAULT_BASE_URL.to_string());
+        let base_url = base_url.trim_end_matches('/').trim_end_matches("/v1").to_string();
+        let r = resolve_endpoint(name, &Some(base_url), "", &self.model, &self.model_env, &self.api_key_env)?;
+        Ok((r.base_url, r.model))
+    }
+}
+
+fn identity(decl: &Decl, _root: &Path) -> Result<serde_json::Value> {
+    let o: AnthropicOptions = serde_json::from_value(decl.options.clone())?;
+    let (base_url, model) = o.resolve(&decl.name)?;
+    Ok(
+        serde_json::json!({"kind": "anthropic", "base_url": base_url, "model": model, "version": o.anthropic_version, "params": o.generation}),
+    )
+}
+
+fn build(decl: &Decl, ctx: &BuildCtx) -> Result<Provider> {
+    let name = decl.name.as_str();
+    let o: AnthropicOptions = serde_json::from_value(decl.options.clone()).context("provider options")?;
+    let (base_url, model) = o.resolve(name)?;
+    let api_key = synth_core::secrets::key_from_env(&o.api_key_env);
+    if api_key.is_none() && base_url == DEFAULT_BASE_URL && !ctx.keyless {
+        bail!(
+            "provider \"{name}\": the environment variable {} is not set (the Anthropic API needs a key)",
+            o.api_key_env
+        );
+    }
+    let endpoint = AnthropicEndpoint {
+        base_url: base_url.clone(),
+        model: model.clone(),
+        api_key: api_key.clone(),
+        version: o.anthropic_version.clone(),
+    };
+    let backend = AnthropicChat::new(endpoint.clone()).map_err(|e| anyhow!("provider \"{name}\": {e}"))?;
+    let batch: BatchSettings = serde_json::from_value(decl.options.clone()).context("provider batch options")?;
+    let key_hash = blake3::hash(api_key.unwrap_or_default().as_bytes()).to_hex().to_string();
+    let rate = ctx.rates.get(&format!("anthropic|{base_url}|{model}|{key_hash}"), name, o.rate.rate());
+    let mut p = Provider::new(name, &PROVIDER, model.clone(), o.generation, Arc::new(backend), rate);
+    p.base_url = base_url;
+    p.price = o.rate.price(&model);
+    p.api_key_env = o.api_key_env.clone();
+    p.structured = Negotiation::new(match o.structured_output.as_str() {
+        "none" => vec![],
+        _ => vec![Form::AnthropicTool],
+    });
+    Ok(p.with_batch(
+        batch,
+        "anthropic",
+        Box::new(move |_: &BatchSettings, _dir: &Path| -> Result<Arc<dyn BatchApi>> {
+            Ok(Arc::new(AnthropicBatches::new(endpoint.clone()).map_err(|e| anyhow!(e))?))
+        }),
+    ))
+}
+
+/// The Message Batches a part was submitted to (`synth batch`).
+fn open_batches(i: &PartInfo, api_key: Option<String>, _dir: &Path) -> Result<Arc<dyn BatchApi>> {
+    let endpoint = AnthropicEndpoint {
+        base_url: i.base_url.clone(),
+        model: i.model.clone(),
+        api_key,
+        version: API_VERSION.into(),
+    };
+    Ok(Arc::new(AnthropicBatches::new(endpoint).map_err(anyhow::Error::msg)?))
+}
 
 /// Where and how to connect.
 #[derive(Debug, Clone)]
@@ -90,7 +269,7 @@ pub fn message_body(model: &str, req: &ChatRequest, params: &GenParams) -> serde
         obj.insert(k.clone(), v.clone());
     }
     if let Some(st) = &req.structured
-        && st.form == super::schema::Form::AnthropicTool
+        && st.form == Form::AnthropicTool
     {
         // A forced tool: the answer is the tool's input, an object of the schema.
         obj.insert(
@@ -201,8 +380,8 @@ fn error_message(status: u16, body: &str) -> String {
 async fn send(request: reqwest::RequestBuilder) -> Result<Vec<u8>, LlmError> {
     let response = request.send().await.map_err(transport)?;
     let status = response.status().as_u16();
-    let retry_after = super::rate::retry_after(response.headers());
-    super::rate::observe(response.headers());
+    let retry_after = synth_llm::rate::retry_after(response.headers());
+    synth_llm::rate::observe(response.headers());
     let body = response.bytes().await.map_err(transport)?;
     if (200..300).contains(&status) {
         return Ok(body.to_vec());
@@ -369,6 +548,28 @@ impl BatchApi for AnthropicBatches {
         "anthropic"
     }
 
+    fn answer(
+        &self,
+        endpoint: BatchEndpoint,
+        body: &serde_json::value::RawValue,
+        _doc: &str,
+        model: &str,
+    ) -> Result<ChatResponse, LlmError> {
+        if endpoint != BatchEndpoint::Messages {
+            return Err(LlmError::new(
+                ErrorKind::Malformed,
+                format!("Message Batches have no {} lines", endpoint.path()),
+            ));
+        }
+        let body = serde_json::from_str(body.get())
+            .map_err(|e| LlmError::new(ErrorKind::Malformed, format!("response is not valid JSON: {e}")))?;
+        message_response(body, model)
+    }
+
+    fn limits(&self) -> (u64, u64) {
+        (100_000, 256_000_000)
+    }
+
     fn line(&self, key: &str, body: &BatchBody) -> String {
         #[derive(serde::Serialize)]
         struct Line<'a> {
@@ -425,7 +626,8 @@ impl BatchApi for AnthropicBatches {
                 url.push_str(&format!("&after_id={a}"));
             }
             let answer =
-                super::batch::with_retries(TRIES, || send(e.request(&self.http, reqwest::Method::GET, &url))).await?;
+                synth_llm::batch::with_retries(TRIES, || send(e.request(&self.http, reqwest::Method::GET, &url)))
+                    .await?;
             let list: BatchList = json(&answer, "a list of message batches")?;
             let mut older = false;
             let last = list.last_id.clone().or_else(|| list.data.last().map(|b| b.id.clone()));
@@ -451,7 +653,7 @@ impl BatchApi for AnthropicBatches {
         let e = &self.endpoint;
         let url = e.url(&format!("/v1/messages/batches/{id}"));
         let answer =
-            super::batch::with_retries(TRIES, || send(e.request(&self.http, reqwest::Method::GET, &url))).await?;
+            synth_llm::batch::with_retries(TRIES, || send(e.request(&self.http, reqwest::Method::GET, &url))).await?;
         json::<MessageBatch>(&answer, "a message batch")?.info()
     }
 
@@ -459,7 +661,7 @@ impl BatchApi for AnthropicBatches {
         let e = &self.endpoint;
         let url = e.url(&format!("/v1/messages/batches/{id}/cancel"));
         let answer =
-            super::batch::with_retries(TRIES, || send(e.request(&self.http, reqwest::Method::POST, &url))).await?;
+            synth_llm::batch::with_retries(TRIES, || send(e.request(&self.http, reqwest::Method::POST, &url))).await?;
         json::<MessageBatch>(&answer, "a message batch")?.info()
     }
 
@@ -467,7 +669,7 @@ impl BatchApi for AnthropicBatches {
         let Some(url) = &info.output else { return Ok(Results::default()) };
         let e = &self.endpoint;
         let answer =
-            super::batch::with_retries(TRIES, || send(e.request(&self.http, reqwest::Method::GET, url))).await?;
+            synth_llm::batch::with_retries(TRIES, || send(e.request(&self.http, reqwest::Method::GET, url))).await?;
         Ok(Results { output: Some(answer.into()), errors: None })
     }
 
@@ -509,7 +711,7 @@ impl BatchApi for AnthropicBatches {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Message;
+    use synth_llm::Message;
 
     #[test]
     fn system_messages_go_to_the_top_and_stop_reasons_read_as_openai() {
