@@ -187,6 +187,39 @@ fn crates_depend_only_on_the_layers_below() {
     assert!(bad.is_empty(), "dependencies against the layer map (ARCHITECTURE.md, \"Crates\"):\n{}", bad.join("\n"));
 }
 
+/// The library crates that `[profile.release]` does not build as one code-generation unit
+/// (Cargo.toml: the workspace's crates build side by side, a unit each; dependencies and
+/// the `synth` package keep cargo's 16).
+fn crates_not_one_unit(root: &Path) -> Vec<String> {
+    let top = manifest(&root.join("Cargo.toml"));
+    let packages = top["profile"]["release"].get("package").and_then(|p| p.as_table()).cloned().unwrap_or_default();
+    let units = |name: &str| packages.get(name).and_then(|p| p.get("codegen-units")).and_then(|u| u.as_integer());
+    let mut bad: Vec<String> = workspace(root)
+        .into_keys()
+        .filter(|name| name != "synth" && units(name) != Some(1))
+        .map(|name| format!("{name}: no `[profile.release.package.{name}] codegen-units = 1`"))
+        .collect();
+    if units("synth").is_some_and(|u| u < 16) {
+        bad.push("synth: its integration tests are the last unit of a test build; keep 16".into());
+    }
+    bad
+}
+
+#[test]
+fn every_crate_builds_as_one_unit() {
+    let bad = crates_not_one_unit(&repo());
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+    let tmp = tempfile::tempdir().unwrap();
+    copy_manifests(tmp.path());
+    let top = tmp.path().join("Cargo.toml");
+    let text = std::fs::read_to_string(&top).unwrap();
+    let dropped = text.replacen("[profile.release.package.synth-view]\ncodegen-units = 1\n", "", 1);
+    assert_ne!(dropped, text, "the synth-view entry moved: update this test");
+    std::fs::write(&top, dropped).unwrap();
+    let bad = crates_not_one_unit(tmp.path());
+    assert!(bad.len() == 1 && bad[0].starts_with("synth-view:"), "{bad:?}");
+}
+
 /// A copy of the repository's manifests (Cargo.toml and every one under `src/`).
 fn copy_manifests(to: &Path) {
     std::fs::copy(repo().join("Cargo.toml"), to.join("Cargo.toml")).unwrap();

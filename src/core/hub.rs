@@ -5,7 +5,9 @@
 
 pub mod commit;
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 
 use anyhow::{Context, Result, bail};
 use hf_hub::api::tokio::{Api, ApiBuilder};
@@ -128,7 +130,18 @@ impl HubSpec {
     /// files; download them unless `resolve_only` (then the paths are where the cache
     /// would hold them). With `offline_only`, or when the hub cannot be reached, use only
     /// what the local cache holds.
-    pub async fn resolve_with(&self, root: &Path, how: &Resolve<'_>) -> Result<HubFiles> {
+    ///
+    /// The future is boxed here so that hf-hub's download code is compiled once, in this
+    /// crate: an `async fn` is compiled in each crate that awaits it, and four crates do.
+    pub fn resolve_with<'a>(
+        &'a self,
+        root: &'a Path,
+        how: &'a Resolve<'a>,
+    ) -> Pin<Box<dyn Future<Output = Result<HubFiles>> + Send + 'a>> {
+        Box::pin(self.resolve_here(root, how))
+    }
+
+    async fn resolve_here(&self, root: &Path, how: &Resolve<'_>) -> Result<HubFiles> {
         let revision = how.pin.unwrap_or(&self.revision).to_string();
         if how.offline_only {
             return self.resolve_from_cache(root, &revision);
