@@ -25,6 +25,10 @@ use synth_llm::{ChatResponse, ErrorKind, LlmError};
 /// Tries of a control call (upload, retrieve, list, download) on transient failures.
 const TRIES: u32 = 8;
 
+/// OpenAI's Batch API limits on one input file: requests, bytes. `vllm run-batch` files
+/// keep them too, so a part is the same size on either.
+pub const LIMITS: (u64, u64) = (50_000, 200_000_000);
+
 pub struct OpenAiBatches {
     client: Client<OpenAIConfig>,
     completion_window: String,
@@ -172,7 +176,7 @@ impl BatchApi for OpenAiBatches {
     }
 
     fn limits(&self) -> (u64, u64) {
-        (50_000, 200_000_000)
+        LIMITS
     }
 
     fn line(&self, key: &str, body: &BatchBody) -> String {

@@ -132,7 +132,7 @@ impl BatchApi for LocalBatch {
 
     /// `vllm run-batch` has no limits of its own: OpenAI's, so parts stay the same size.
     fn limits(&self) -> (u64, u64) {
-        (50_000, 200_000_000)
+        super::batch::LIMITS
     }
 
     fn line(&self, key: &str, body: &BatchBody) -> String {
